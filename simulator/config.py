@@ -1,0 +1,358 @@
+"""Model configuration: Hugging Face `config.json` -> one frozen, validated `ModelConfig`.
+
+Three families are understood:
+- `kimi_k3`     the multimodal wrapper; the text model is nested under `text_config`;
+- `kimi_linear` KDA + MLA hybrid with (latent) MoE, Block Attention Residuals, SiTU-GLU;
+- `deepseek_v3` MLA (RoPE) + classic MoE with grouped top-k, SiLU-GLU, plain residual.
+
+Dimension legend (scaling-book letters): D hidden, F expert hidden, E routed experts, k active experts,
+N heads, H head dim, L latent (routed_expert_hidden_size), P tensor-parallel degree.
+
+Only JSON is read, never executed. Every problem becomes one `UserError` sentence naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from simulator.errors import UserError
+
+LayerKind = Literal["kda", "mla"]
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+ACTIVATIONS = ("situ", "silu")
+EXPERT_DTYPES = ("mxfp4", "fp8", "bf16")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """One decoder stack. Field names follow the math, not any one checkpoint's keys."""
+
+    name: str
+    family: str
+    hidden_size: int  # D
+    vocab_size: int
+    num_layers: int
+    rms_norm_eps: float
+    attn_kinds: tuple[str, ...]  # per 0-based layer: "kda" or "mla"
+    first_k_dense: int  # layers [0, first_k_dense) use a dense FFN instead of MoE
+    dense_intermediate: int  # dense FFN width
+    hidden_act: str  # "situ" | "silu"
+    situ_beta: float  # beta_1 on the gate branch
+    situ_linear_beta: float  # beta_2 on the up branch
+    # --- MLA ---
+    mla_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_dim: int
+    qk_rope_dim: int
+    v_head_dim: int
+    mla_nope: bool  # True: the rope slot is never rotated (Kimi); False: RoPE (DeepSeek)
+    mla_output_gate: bool  # sigmoid(g_proj x) multiplies the attention output before o_proj
+    mla_lora_eps: float  # eps of q_a / kv_a RMSNorms (first-party Kimi uses 1e-6)
+    rope_theta: float
+    # --- KDA ---
+    kda_heads: int
+    kda_head_dim: int
+    conv_size: int
+    gate_lower_bound: float
+    # --- MoE ---
+    num_experts: int  # E
+    top_k: int  # k
+    moe_intermediate: int  # F
+    num_shared_experts: int  # S (stored as one MLP of width S*F)
+    latent_dim: int  # L; 0 means classic MoE (experts run on D)
+    latent_norm: bool  # RMSNorm of the weighted latent sum before the up-projection
+    router_act: str  # "sigmoid" | "softmax"
+    n_group: int
+    topk_group: int
+    renormalize: bool
+    routed_scaling_factor: float
+    # --- residual stream ---
+    attn_res_block: int  # Block AttnRes block size; 0 means a plain residual
+    expert_dtype: str  # storage of routed experts: "mxfp4" | "fp8" | "bf16"
+    source: str = field(default="", compare=False)  # file the config came from
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # derived quantities ------------------------------------------------------------
+    @property
+    def shared_intermediate(self) -> int:
+        return self.num_shared_experts * self.moe_intermediate
+
+    @property
+    def mla_qk_head_dim(self) -> int:
+        return self.qk_nope_dim + self.qk_rope_dim
+
+    @property
+    def kda_width(self) -> int:
+        return self.kda_heads * self.kda_head_dim
+
+    @property
+    def expert_in_dim(self) -> int:
+        """Width the routed experts run in: the latent L when present, else D."""
+        return self.latent_dim or self.hidden_size
+
+    @property
+    def has_kda(self) -> bool:
+        return "kda" in self.attn_kinds
+
+    def layer_type(self, layer: int) -> str:
+        """`kda`, `mla` or `dense` (a dense FFN layer; its attention kind is `attn_kinds[layer]`)."""
+        return "dense" if layer < self.first_k_dense else self.attn_kinds[layer]
+
+    def first_layer_of(self, layer_type: str) -> int:
+        for i in range(self.num_layers):
+            if self.layer_type(i) == layer_type:
+                return i
+        raise UserError(f"model '{self.name}' has no layer of type '{layer_type}'.")
+
+    def layer_counts(self) -> dict[str, int]:
+        counts = {"kda": 0, "mla": 0, "dense": 0}
+        for i in range(self.num_layers):
+            counts[self.layer_type(i)] += 1
+        return counts
+
+
+# ---------------------------------------------------------------------------------------
+# validation
+# ---------------------------------------------------------------------------------------
+
+def _bad(cfg: ModelConfig, fname: str, msg: str) -> UserError:
+    where = f" ({cfg.source})" if cfg.source else ""
+    return UserError(f"model '{cfg.name}'{where}: field '{fname}' = {getattr(cfg, fname)!r} {msg}.")
+
+
+def _validate(cfg: ModelConfig) -> None:
+    positive = ("hidden_size", "vocab_size", "num_layers", "mla_heads", "q_lora_rank", "kv_lora_rank",
+                "qk_nope_dim", "v_head_dim", "num_experts", "top_k", "moe_intermediate", "n_group",
+                "topk_group")
+    for name in positive:
+        if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) <= 0:
+            raise _bad(cfg, name, "must be a positive integer")
+    for name in ("qk_rope_dim", "first_k_dense", "num_shared_experts", "latent_dim", "attn_res_block",
+                 "kda_heads", "kda_head_dim", "conv_size", "dense_intermediate"):
+        if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 0:
+            raise _bad(cfg, name, "must be a non-negative integer")
+    if not cfg.rms_norm_eps > 0:
+        raise _bad(cfg, "rms_norm_eps", "must be positive")
+    if cfg.hidden_act not in ACTIVATIONS:
+        raise _bad(cfg, "hidden_act", f"is not a known activation (known: {', '.join(ACTIVATIONS)})")
+    if cfg.router_act not in ("sigmoid", "softmax"):
+        raise _bad(cfg, "router_act", "must be 'sigmoid' or 'softmax'")
+    if cfg.expert_dtype not in EXPERT_DTYPES:
+        raise _bad(cfg, "expert_dtype", f"is not a known expert format (known: {', '.join(EXPERT_DTYPES)})")
+    if cfg.top_k > cfg.num_experts:
+        raise _bad(cfg, "top_k", f"exceeds the number of routed experts ({cfg.num_experts})")
+    if cfg.num_experts % cfg.n_group:
+        raise _bad(cfg, "n_group", f"does not divide the number of routed experts ({cfg.num_experts})")
+    if cfg.topk_group > cfg.n_group:
+        raise _bad(cfg, "topk_group", f"exceeds the number of expert groups ({cfg.n_group})")
+    if cfg.top_k > cfg.topk_group * (cfg.num_experts // cfg.n_group):
+        raise _bad(cfg, "top_k", "exceeds the experts available in the selected groups")
+    if len(cfg.attn_kinds) != cfg.num_layers:
+        raise _bad(cfg, "attn_kinds", f"lists {len(cfg.attn_kinds)} layers but num_layers is {cfg.num_layers}")
+    if any(kind not in ("kda", "mla") for kind in cfg.attn_kinds):
+        raise _bad(cfg, "attn_kinds", "may only hold 'kda' and 'mla'")
+    if cfg.has_kda and (cfg.kda_heads <= 0 or cfg.kda_head_dim <= 0 or cfg.conv_size <= 0):
+        raise _bad(cfg, "kda_heads", "must be positive (with kda_head_dim and conv_size) when KDA layers exist")
+    if cfg.first_k_dense > cfg.num_layers:
+        raise _bad(cfg, "first_k_dense", f"exceeds num_layers ({cfg.num_layers})")
+    if cfg.first_k_dense and cfg.dense_intermediate <= 0:
+        raise _bad(cfg, "dense_intermediate", "must be positive when dense layers exist")
+    if cfg.expert_dtype == "mxfp4" and cfg.expert_in_dim % 32:
+        raise _bad(cfg, "latent_dim", "must be a multiple of 32 for MXFP4 experts (one scale per 32)")
+    if cfg.expert_dtype == "mxfp4" and cfg.moe_intermediate % 32:
+        raise _bad(cfg, "moe_intermediate", "must be a multiple of 32 for MXFP4 experts (one scale per 32)")
+    if not cfg.mla_nope and cfg.qk_rope_dim % 2:
+        raise _bad(cfg, "qk_rope_dim", "must be even for RoPE")
+
+
+def validate_tp(cfg: ModelConfig, tp: int) -> None:
+    """Raise one sentence when TP degree `tp` cannot shard this model's heads and widths."""
+    if not isinstance(tp, int) or tp <= 0:
+        raise UserError(f"--tp = {tp!r} must be a positive integer.")
+    checks = [("mla_heads", cfg.mla_heads), ("moe_intermediate", cfg.moe_intermediate),
+              ("shared intermediate (num_shared_experts x moe_intermediate)", cfg.shared_intermediate),
+              ("hidden_size", cfg.hidden_size)]
+    if cfg.has_kda:
+        checks.append(("kda_heads", cfg.kda_heads))
+    if cfg.first_k_dense:
+        checks.append(("dense_intermediate", cfg.dense_intermediate))
+    for name, value in checks:
+        if value and value % tp:
+            raise UserError(f"TP = {tp} does not divide {name} = {value} of model '{cfg.name}'.")
+
+
+# ---------------------------------------------------------------------------------------
+# parsing Hugging Face config.json
+# ---------------------------------------------------------------------------------------
+
+class _Reader:
+    """Typed field access on a JSON object, with one-sentence errors naming the key."""
+
+    def __init__(self, raw: dict[str, Any], source: str, nested: tuple[str, ...] = ()):
+        self.raw, self.source, self.nested = raw, source, nested
+
+    def _find(self, key: str) -> tuple[bool, Any]:
+        if key in self.raw:
+            return True, self.raw[key]
+        for sub in self.nested:
+            inner = self.raw.get(sub)
+            if isinstance(inner, dict) and key in inner:
+                return True, inner[key]
+        return False, None
+
+    def get(self, key: str, kind: type, default: Any = ...) -> Any:
+        found, value = self._find(key)
+        if not found or value is None:
+            if default is ...:
+                raise UserError(f"{self.source}: required field '{key}' is missing.")
+            return default
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if not ok:
+            raise UserError(f"{self.source}: field '{key}' = {value!r} should be of type {kind.__name__}.")
+        return value
+
+
+def _layer_kinds(r: _Reader, num_layers: int) -> tuple[str, ...]:
+    """MLA layers come from `full_attn_layers` (1-based, as Kimi configs store them); the rest are KDA."""
+    full = r.get("full_attn_layers", list, None)
+    if full is None:
+        return ("mla",) * num_layers
+    for item in full:
+        if not isinstance(item, int) or not 1 <= item <= num_layers:
+            raise UserError(f"{r.source}: field 'full_attn_layers' holds {item!r}, "
+                            f"not a 1-based layer number in 1..{num_layers}.")
+    kinds = ["kda"] * num_layers
+    for item in full:
+        kinds[item - 1] = "mla"
+    kda = r.get("kda_layers", list, None)
+    if kda is not None and sorted(kda) != [i + 1 for i, k in enumerate(kinds) if k == "kda"]:
+        raise UserError(f"{r.source}: fields 'kda_layers' and 'full_attn_layers' do not partition the "
+                        f"{num_layers} layers.")
+    return tuple(kinds)
+
+
+def _common(r: _Reader, name: str, family: str) -> dict[str, Any]:
+    num_layers = r.get("num_hidden_layers", int)
+    return dict(
+        name=name, family=family, source=r.source,
+        hidden_size=r.get("hidden_size", int), vocab_size=r.get("vocab_size", int),
+        num_layers=num_layers, rms_norm_eps=r.get("rms_norm_eps", float, 1e-6),
+        first_k_dense=r.get("first_k_dense_replace", int, 0),
+        dense_intermediate=r.get("intermediate_size", int, 0),
+        hidden_act=r.get("hidden_act", str, "silu"),
+        situ_beta=r.get("activation_situ_beta", float, 4.0),
+        situ_linear_beta=r.get("activation_situ_linear_beta", float, 25.0),
+        mla_heads=r.get("num_attention_heads", int), q_lora_rank=r.get("q_lora_rank", int),
+        kv_lora_rank=r.get("kv_lora_rank", int), qk_nope_dim=r.get("qk_nope_head_dim", int),
+        qk_rope_dim=r.get("qk_rope_head_dim", int), v_head_dim=r.get("v_head_dim", int),
+        rope_theta=r.get("rope_theta", float, 10000.0),
+        moe_intermediate=r.get("moe_intermediate_size", int),
+        routed_scaling_factor=r.get("routed_scaling_factor", float, 1.0),
+    )
+
+
+def _parse_kimi_linear(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
+    r = _Reader(raw, source, nested=("linear_attn_config",))
+    base = _common(r, name, "kimi_linear")
+    grouped = r.get("use_grouped_topk", bool, False)
+    return ModelConfig(
+        **base,
+        attn_kinds=_layer_kinds(r, base["num_layers"]),
+        mla_nope=r.get("mla_use_nope", bool, True),
+        mla_output_gate=r.get("mla_use_output_gate", bool, False),
+        mla_lora_eps=r.get("mla_lora_norm_eps", float, 1e-6),
+        kda_heads=r.get("num_heads", int, 0), kda_head_dim=r.get("head_dim", int, 0),
+        conv_size=r.get("short_conv_kernel_size", int, 4),
+        gate_lower_bound=r.get("gate_lower_bound", float, -5.0),
+        num_experts=r.get("num_experts", int), top_k=r.get("num_experts_per_token", int),
+        num_shared_experts=r.get("num_shared_experts", int, 0),
+        latent_dim=r.get("routed_expert_hidden_size", int, 0),
+        latent_norm=r.get("latent_moe_use_norm", bool, False),
+        router_act=r.get("moe_router_activation_func", str, "sigmoid"),
+        n_group=r.get("num_expert_group", int, 1) if grouped else 1,
+        topk_group=r.get("topk_group", int, 1) if grouped else 1,
+        renormalize=r.get("moe_renormalize", bool, True),
+        attn_res_block=r.get("attn_res_block_size", int, 0),
+        expert_dtype=_expert_dtype(r),
+    )
+
+
+def _expert_dtype(r: _Reader) -> str:
+    """`quantization_config` names the routed-expert format; absent means BF16 experts."""
+    quant = r.get("quantization_config", dict, None)
+    if quant is None:
+        return "bf16"
+    fmt = str(quant.get("format", quant.get("quant_method", ""))).lower()
+    if "mxfp4" in fmt:
+        return "mxfp4"
+    if "fp8" in fmt:
+        return "fp8"
+    raise UserError(f"{r.source}: field 'quantization_config' names format {fmt!r}, not one of mxfp4, fp8.")
+
+
+def _parse_deepseek_v3(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
+    r = _Reader(raw, source)
+    base = _common(r, name, "deepseek_v3")
+    return ModelConfig(
+        **base,
+        attn_kinds=("mla",) * base["num_layers"],
+        mla_nope=False, mla_output_gate=False, mla_lora_eps=base["rms_norm_eps"],
+        kda_heads=0, kda_head_dim=0, conv_size=0, gate_lower_bound=0.0,
+        num_experts=r.get("n_routed_experts", int), top_k=r.get("num_experts_per_tok", int),
+        num_shared_experts=r.get("n_shared_experts", int, 0), latent_dim=0, latent_norm=False,
+        router_act=r.get("scoring_func", str, "sigmoid"),
+        n_group=r.get("n_group", int, 1), topk_group=r.get("topk_group", int, 1),
+        renormalize=r.get("norm_topk_prob", bool, True), attn_res_block=0,
+        expert_dtype=_expert_dtype(r),
+    )
+
+
+def parse_config(raw: Any, name: str, source: str) -> ModelConfig:
+    """Dispatch on `model_type`; `kimi_k3` unwraps `text_config`."""
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: the top level must be a JSON object, not {type(raw).__name__}.")
+    model_type = raw.get("model_type")
+    if model_type == "kimi_k3":
+        text = raw.get("text_config")
+        if not isinstance(text, dict):
+            raise UserError(f"{source}: field 'text_config' is missing or not an object (kimi_k3 nests the text model there).")
+        return _parse_kimi_linear(text, name, source)
+    if model_type == "kimi_linear":
+        return _parse_kimi_linear(raw, name, source)
+    if model_type == "deepseek_v3":
+        return _parse_deepseek_v3(raw, name, source)
+    raise UserError(f"{source}: field 'model_type' = {model_type!r} is not one of kimi_k3, kimi_linear, deepseek_v3.")
+
+
+def list_models() -> list[str]:
+    return sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+
+
+def load_model(name_or_path: str) -> ModelConfig:
+    """Load a model by registry name (a file in models/) or by path to a config.json."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        candidate = MODELS_DIR / f"{name_or_path}.json"
+        if not candidate.is_file():
+            raise UserError(f"unknown model '{name_or_path}': not a file and not one of "
+                            f"{', '.join(list_models())}.")
+        path = candidate
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON ({exc}).") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({exc.strerror}).") from None
+    return parse_config(raw, path.stem, str(path))
+
+
+def describe(cfg: ModelConfig) -> dict[str, Any]:
+    return {f.name: getattr(cfg, f.name) for f in fields(cfg)}
