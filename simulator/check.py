@@ -1,0 +1,183 @@
+"""Numerical equivalence check: reference vs standard vs specialized for one or more layer types.
+
+For every layer type the check builds both plans, runs them over P simulated ranks in the chosen
+precision, runs the float64 single-device reference on the same weights, inputs and state, and
+reports per output tensor and per state tensor:
+
+    max_abs_error  = max |x - x_ref|
+    rel_rms_error  = ||x - x_ref||_2 / ||x_ref||_2          (scale-free, STYLE item 18)
+
+and the routing agreement: a token "flips" when its selected expert set differs from the
+reference's. A flip is legitimate only when the reference's selection margin (gap between the
+k-th and (k+1)-th biased score) is below the precision's flip bound: rounding cannot move a
+score by more than that. Rows of flipped tokens are excluded from the output errors (they are
+reported as flips instead), so the tolerance measures rounding, not discrete decisions.
+
+Tolerances (one table, tuned on the tiny and full-size models with a safety factor):
+    fp64 : rel RMS 1e-12  (algebraic identity: only re-association differs)
+    fp32 : rel RMS 1e-5
+    bf16 : rel RMS 3e-2 for bf16 tensors, 8e-2 for the FP8 cache rows; flips only below margin 2e-2
+       (observed max 1.1e-2 on tiny-deepseek, 3e-3 on tiny-k3: about the score shift of a 1% upstream error)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from simulator.config import ModelConfig
+from simulator.dtypes import Precision
+from simulator.execute import LayerIO, run_plan
+from simulator.plans import specialized, standard
+from simulator.plans.common import Dims, make_dims
+from simulator.plans.kernel import DecodeShape
+from simulator.reference import reference_layer
+from simulator.state import LayerState, initial_state
+from simulator.weights import LayerWeights
+
+REL_RMS_TOL = {"fp64": 1e-12, "fp32": 1e-5, "bf16": 3e-2}
+FP8_REL_RMS_TOL = {"fp64": 1e-12, "fp32": 1e-5, "bf16": 8e-2}
+FLIP_MARGIN = {"fp64": 1e-9, "fp32": 1e-4, "bf16": 2e-2}
+VARIANTS = {"standard": standard.build, "specialized": specialized.build}
+
+
+@dataclass
+class TensorError:
+    name: str
+    max_abs_error: float
+    rel_rms_error: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rel_rms_error <= self.tolerance)
+
+
+@dataclass
+class VariantResult:
+    variant: str
+    kernel_count: int
+    tensors: list[TensorError]
+    flips: list[dict[str, float]]  # {"token": t, "margin": m}
+    flip_bound: float
+
+    @property
+    def max_abs_error(self) -> float:
+        return max(t.max_abs_error for t in self.tensors)
+
+    @property
+    def rel_rms_error(self) -> float:
+        return max(t.rel_rms_error for t in self.tensors)
+
+    @property
+    def passed(self) -> bool:
+        return all(t.passed for t in self.tensors) and all(f["margin"] < self.flip_bound for f in self.flips)
+
+
+@dataclass
+class LayerCheck:
+    layer: str
+    layer_index: int
+    variants: dict[str, VariantResult] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(v.passed for v in self.variants.values())
+
+
+def make_inputs(cfg: ModelConfig, d: Dims, rng: np.random.Generator) -> tuple[LayerIO, LayerState]:
+    """A residual stream entering layer d.layer (O(1) rows) and a state for `context` past tokens."""
+    M, D = d.M, d.D
+    io = LayerIO(prefix=rng.standard_normal((M, D)), delta=rng.standard_normal((M, D)) * 0.5,
+                 blocks=[rng.standard_normal((M, D)) for _ in range(d.n_blocks)])
+    return io, initial_state(cfg, cfg.attn_kinds[d.layer], d.shape, rng)
+
+
+def check_layer(cfg: ModelConfig, layer_type: str, tp: int, shape: DecodeShape, precision: str,
+                seed: int = 0, all_reduce: str = "one_shot", layer: int | None = None) -> LayerCheck:
+    prec = Precision(precision)
+    d = make_dims(cfg, tp, shape, layer, layer_type)
+    plans = {name: build(cfg, tp, shape, layer_type, d.layer) for name, build in VARIANTS.items()}
+    io, state = make_inputs(cfg, d, np.random.default_rng(seed))
+    weights = LayerWeights(cfg, d.layer, seed)
+    ref_io, ref_state, ref_diag = reference_layer(d, weights, io, state)
+    result = LayerCheck(layer_type, d.layer)
+    for name, plan in plans.items():
+        out, new_state, diag = run_plan(plan, d, weights, io, state, prec, all_reduce)
+        flips = _flips(ref_diag, diag, d.shape.tokens)
+        keep = np.ones(d.M, dtype=bool)
+        keep[[f["token"] for f in flips]] = False
+        tensors = _output_errors(out, ref_io, keep, precision) + _state_errors(new_state, ref_state, d, precision)
+        result.variants[name] = VariantResult(name, len(plan), tensors, flips, FLIP_MARGIN[precision])
+    return result
+
+
+def _flips(ref_diag: dict[str, Any], diag: dict[str, Any], tokens: int) -> list[dict[str, float]]:
+    if "topk_idx" not in ref_diag:
+        return []
+    flips = []
+    for t in range(tokens):
+        if set(ref_diag["topk_idx"][t].tolist()) != set(diag["topk_idx"][t].tolist()):
+            flips.append({"token": t, "margin": float(ref_diag["margin"][t])})
+    return flips
+
+
+def _err(name: str, x: np.ndarray, ref: np.ndarray, tol: float) -> TensorError:
+    diff = x.astype(np.float64) - ref.astype(np.float64)
+    denom = float(np.linalg.norm(ref)) or 1.0
+    max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
+    return TensorError(name, max_abs, float(np.linalg.norm(diff)) / denom, tol)
+
+
+def _output_errors(out: LayerIO, ref: LayerIO, keep: np.ndarray, precision: str) -> list[TensorError]:
+    tol = REL_RMS_TOL[precision]
+    errors = [_err("prefix", out.prefix, ref.prefix, tol), _err("moe_out", out.delta[keep], ref.delta[keep], tol)]
+    errors += [_err(f"block.{i}", b, rb, tol) for i, (b, rb) in enumerate(zip(out.blocks, ref.blocks))]
+    return errors
+
+
+def _state_errors(state: LayerState, ref: LayerState, d: Dims, precision: str) -> list[TensorError]:
+    errors = []
+    if "kda.state" in ref:
+        errors.append(_err("kda.state", state["kda.state"], ref["kda.state"], REL_RMS_TOL[precision]))
+        errors.append(_err("kda.conv", state["kda.conv"], ref["kda.conv"], REL_RMS_TOL[precision]))
+    if "mla.cache" in ref:
+        new = slice(d.shape.context, d.shape.context + d.shape.tokens_per_seq)  # the rows this step wrote
+        errors.append(_err("mla.cache[new]", state["mla.cache"][:, new], ref["mla.cache"][:, new],
+                           FP8_REL_RMS_TOL[precision]))
+        if not np.array_equal(state["mla.lengths"], ref["mla.lengths"]):
+            errors.append(TensorError("mla.lengths", float("inf"), float("inf"), 0.0))
+    return errors
+
+
+def layer_types(cfg: ModelConfig, which: str) -> list[str]:
+    present = [t for t in ("kda", "mla", "dense") if any(cfg.layer_type(i) == t for i in range(cfg.num_layers))]
+    return present if which == "all" else [which]
+
+
+def run_check(cfg: ModelConfig, which: str, tp: int, shape: DecodeShape, precision: str, seed: int = 0,
+              all_reduce: str = "one_shot") -> list[LayerCheck]:
+    return [check_layer(cfg, t, tp, shape, precision, seed, all_reduce) for t in layer_types(cfg, which)]
+
+
+def report_json(checks: list[LayerCheck], precision: str, cfg: ModelConfig, tp: int, shape: DecodeShape) -> dict:
+    layers = []
+    for ch in checks:
+        worst = max(ch.variants.values(), key=lambda v: v.rel_rms_error)
+        layers.append({
+            "layer": ch.layer, "layer_index": ch.layer_index, "passed": ch.passed,
+            "kernel_counts": {n: v.kernel_count for n, v in ch.variants.items()},
+            "max_abs_error": max(v.max_abs_error for v in ch.variants.values()),
+            "rel_rms_error": worst.rel_rms_error,
+            "routing_flips": max(len(v.flips) for v in ch.variants.values()),
+            "variants": {n: {"passed": v.passed, "kernel_count": v.kernel_count, "flip_bound": v.flip_bound,
+                             "flips": v.flips,
+                             "tensors": [vars(t) | {"passed": t.passed} for t in v.tensors]}
+                         for n, v in ch.variants.items()},
+        })
+    return {"passed": all(c.passed for c in checks), "precision": precision, "model": cfg.name, "tp": tp,
+            "batch": shape.batch, "tokens_per_seq": shape.tokens_per_seq, "context": shape.context,
+            "metric": "errors vs the float64 single-device reference on the same weights and inputs",
+            "layers": layers}

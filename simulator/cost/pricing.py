@@ -1,0 +1,143 @@
+"""Price one kernel on one GPU: a latency floor, bytes over achievable bandwidth, math where it dominates.
+
+Dimension legend: S bytes the kernel moves through HBM on one rank (weights + activations/state read and
+written, `Kernel.hbm_bytes`), F its FLOPs, BW peak HBM bandwidth, eta the achievable fraction of BW
+(streaming kernels vs grouped MoE GEMMs), R the dense peak FLOP/s of the kernel's math format.
+
+    t_launch = gap | gap_pdl                       idle time at the kernel boundary (the timeline adds it)
+    t_fixed  = kernel_fixed (+ gemm_fixed for gemm, moe, gemm_collective kernels)
+    t_mem    = S / (eta BW)
+    t_math   = F / R
+    t_comm   = alpha + transfer                    collective and gemm_collective only (collectives.py)
+    duration = t_fixed + max(t_mem, t_math) + t_comm
+
+So the bandwidth a kernel achieves depends on its size,
+
+    BW_achieved(S) = S / (t_fixed + S / (eta BW)),
+
+~0 for tiny kernels, half of eta BW at S = t_fixed eta BW, and eta BW for large S. Napkin (H200): a
+streaming kernel reaches half speed at 0.44 us x 4.56 TB/s = 2 MB; a cuBLAS-like GEMM (2.44 us fixed) only
+at 11 MB. A 30 MB bf16 GEMM at M = 1 takes 2.44 + 30e6 / 4.56e12 = 9.0 us (+1.6 us gap), measured 10-13 us
+(hardware.md §3.2). Its intensity is ~M FLOP/B (2 M K N flops over 2 K N bytes), far below H200's 206
+FLOP/B critical intensity, so the time stays flat from M = 1 to M = 64.
+
+`bound` names the largest term: latency (t_fixed + alpha), memory, compute or communication (transfer).
+A GPU without FP4 tensor cores prices FP4 math at its `fp4_runs_as` format's rate (Hopper: BF16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from simulator.cost.collectives import collective_cost
+from simulator.hardware import HardwareProfile
+from simulator.plans.kernel import Kernel
+
+Bound = Literal["memory", "compute", "latency", "communication"]
+GEMM_KINDS = frozenset({"gemm", "moe", "gemm_collective"})  # pay the tensor-core GEMM fixed cost
+COLLECTIVE_KINDS = frozenset({"collective", "gemm_collective"})
+
+
+@dataclass(frozen=True, slots=True)
+class KernelCost:
+    """One kernel alone on one rank. Times in µs; `bytes` through HBM, `comm_bytes` over NVLink."""
+
+    key: str
+    name: str
+    kind: str
+    launch_us: float
+    fixed_us: float
+    mem_us: float
+    math_us: float
+    comm_us: float
+    comm_alpha_us: float
+    algorithm: str  # collective algorithm, "" for none
+    bytes: int
+    flops: int
+    comm_bytes: int
+    peak_bandwidth: float  # B/s, datasheet HBM
+    stream_bandwidth: float  # B/s, eta BW: what this kernel's byte phase reaches alone
+
+    @property
+    def duration_us(self) -> float:
+        return self.fixed_us + max(self.mem_us, self.math_us) + self.comm_us
+
+    @property
+    def total_us(self) -> float:
+        """Duration plus the launch gap before it (serial, no overlap)."""
+        return self.launch_us + self.duration_us
+
+    @property
+    def achieved_gbps(self) -> float:
+        """HBM GB/s over the kernel's duration, as a profiler would report it (B/µs = 1e-3 GB/s x 1e6)."""
+        return self.bytes / self.duration_us * 1e-3 if self.duration_us > 0 else 0.0
+
+    @property
+    def fraction_of_peak(self) -> float:
+        return self.achieved_gbps * 1e9 / self.peak_bandwidth
+
+    @property
+    def intensity(self) -> float:
+        """FLOP per HBM byte (~M for a bf16 GEMM at M decode tokens)."""
+        return self.flops / self.bytes if self.bytes else 0.0
+
+    @property
+    def bound(self) -> Bound:
+        terms: dict[Bound, float] = {
+            "latency": self.fixed_us + self.comm_alpha_us,
+            "memory": self.mem_us,
+            "compute": self.math_us,
+            "communication": self.comm_us - self.comm_alpha_us,
+        }
+        return max(terms, key=terms.__getitem__)
+
+
+def hbm_efficiency(kind: str, hw: HardwareProfile) -> float:
+    """eta: grouped MoE GEMMs stream less efficiently than dense or pointwise kernels."""
+    return hw.moe_hbm_efficiency if kind == "moe" else hw.hbm_efficiency
+
+
+def fixed_us(kind: str, hw: HardwareProfile) -> float:
+    """Per-kernel latency PDL cannot hide; collectives carry theirs in alpha instead."""
+    if kind == "collective":
+        return 0.0
+    return hw.kernel_fixed_us + (hw.gemm_fixed_us if kind in GEMM_KINDS else 0.0)
+
+
+def launch_gap_us(pdl: bool, hw: HardwareProfile) -> float:
+    """Idle time at a kernel boundary in CUDA-graph replay (H200 run: 1.62 µs, 0 with PDL)."""
+    return hw.launch_gap_pdl_us if pdl else hw.launch_gap_us
+
+
+def achievable_bandwidth(nbytes: float, kind: str, hw: HardwareProfile) -> float:
+    """BW_achieved(S) = S / (t_fixed + S / (eta BW)) in B/s: small kernels never reach peak."""
+    stream = hbm_efficiency(kind, hw) * hw.hbm_bandwidth
+    seconds = fixed_us(kind, hw) * 1e-6 + nbytes / stream
+    return nbytes / seconds if seconds > 0 else 0.0
+
+
+def price_kernel(kernel: Kernel, hw: HardwareProfile) -> KernelCost:
+    """The cost of `kernel` alone on `hw` (formulas in the module docstring)."""
+    _check_collective(kernel)
+    stream = hbm_efficiency(kernel.kind, hw) * hw.hbm_bandwidth
+    comm = collective_cost(kernel.collective, hw) if kernel.collective else None
+    return KernelCost(
+        key=kernel.key, name=kernel.name, kind=kernel.kind,
+        launch_us=launch_gap_us(kernel.pdl, hw),
+        fixed_us=fixed_us(kernel.kind, hw),
+        mem_us=kernel.hbm_bytes / stream * 1e6,
+        math_us=kernel.flops / hw.peak_flops(kernel.math) * 1e6,
+        comm_us=comm.time_us if comm else 0.0,
+        comm_alpha_us=comm.alpha_us if comm else 0.0,
+        algorithm=comm.algorithm if comm else "",
+        bytes=kernel.hbm_bytes, flops=kernel.flops, comm_bytes=kernel.comm_bytes,
+        peak_bandwidth=hw.hbm_bandwidth, stream_bandwidth=stream,
+    )
+
+
+def _check_collective(kernel: Kernel) -> None:
+    """A collective kind needs a `Collective`; other kinds must not carry one (a plan bug, not user input)."""
+    if (kernel.kind in COLLECTIVE_KINDS) != (kernel.collective is not None):
+        raise ValueError(f"kernel {kernel.key!r} of kind {kernel.kind!r} "
+                         f"{'lacks' if kernel.collective is None else 'must not carry'} a collective")

@@ -1,0 +1,219 @@
+"""Multi-head Latent Attention (MLA) decode on one tensor-parallel rank, in the absorbed (latent) form.
+
+MLA caches one low-rank latent per token instead of per-head keys and values:
+
+    c_q = RMSNorm(x W_qa),  q = c_q W_qb -> per head [q_nope (Dn) | q_pe (R)]
+    [c_kv | k_pe] = x W_kva,  c_kv = RMSNorm(c_kv)           cache per token: [c_kv (L) | k_pe (R)]
+    k_nope[s, n] = W_UK[n] c_kv[s],   v[s, n] = c_kv[s] W_UV[n]       (textbook, non-absorbed)
+    score[t, n, s] = (q_nope . k_nope[s] + q_pe . k_pe[s]) * scale,   o = softmax_s(score) v
+
+Absorbing W_UK into the query turns every head into attention over the shared latent (MQA in L dims):
+
+    q_lat = W_UK[n]^T q_nope;  score = (q_lat . c_kv[s] + q_pe . k_pe[s]) * scale
+    o_lat = softmax_s(score) c_kv   [L];   o = o_lat W_UV[n]   [Dv]
+
+Decode reads the cache once for all heads (576 elements = 1152 B/token in bf16 for K3) instead of
+N * (Dn + R + Dv) per-head keys and values.
+
+Dimension legend: B sequences, T new tokens per sequence (1, or 1 + draft tokens), S cache slots,
+N heads on this rank (N/P; 12 for K3 at TP8), Dn nope head dim (128), R rope/pe dim (64),
+Dv value head dim (128), L latent (kv_lora_rank, 512), Rq q latent (q_lora_rank, 1536).
+
+What differs from DeepSeek's MLA (reference/kimi_k3.md section 1b):
+- Kimi K3 is NoPE: the R "rope" dims are projected, cached and scored but never rotated, so
+  `rope` is only called for DeepSeek-style models; the scale stays (Dn + R)^-1/2 = 192^-1/2;
+- the LoRA RMSNorms use eps 1e-6 (first-party) and the kv norm covers the latent only, not k_pe;
+- the output gate sigmoid(g_proj x) multiplies o before o_proj, with no norm (done by the plan).
+
+Cache convention: the cache already holds this step's T tokens at positions lengths[b] ..
+lengths[b]+T-1, and token t attends to positions s < lengths[b] + t + 1; slots beyond are garbage and
+never read. Functions are pure and compute in the inputs' dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+Array = npt.NDArray[np.floating]
+KV_TILE = 64  # cache positions per tile of the fused kernel (FlashMLA's page/block size)
+
+
+def _rms_norm(x: Array, w: Array, eps: float) -> Array:
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + float(eps)) * w
+
+
+def _causal_softmax(scores: Array, length: int) -> Array:
+    """Softmax over s of scores [T, N, S_b] with token t allowed positions s <= length + t."""
+    T, _, S_b = scores.shape
+    allowed = np.arange(S_b) <= length + np.arange(T)[:, None]  # [T, S_b]
+    scores = np.where(allowed[:, None, :], scores, -np.inf)  # [T, N, S_b]
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))  # position 0 is always allowed
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def _check_cache(kv_cache: Array, lengths: Array, T: int) -> None:
+    if np.any(lengths < 0) or np.any(lengths + T > kv_cache.shape[1]):
+        raise ValueError(f"a cache of {kv_cache.shape[1]} slots cannot hold lengths {lengths} + T={T}")
+
+
+# ============================================================================ projections and RoPE
+def mla_qkv_a_norm(
+    q_a: Array, kv_a: Array, q_a_norm_w: Array, kv_a_norm_w: Array, kv_lora: int, eps: float
+) -> tuple[Array, Array, Array]:
+    """LoRA norms: q_a [B, T, Rq], kv_a [B, T, L+R] -> c_q [B, T, Rq], c_kv [B, T, L], k_pe [B, T, R].
+
+    The kv norm covers the latent only; k_pe passes through unnormalised.
+    """
+    c_q = _rms_norm(q_a, q_a_norm_w, eps)  # [B, T, Rq]
+    c_kv = _rms_norm(kv_a[..., :kv_lora], kv_a_norm_w, eps)  # [B, T, L]
+    return c_q, c_kv, kv_a[..., kv_lora:].copy()  # ..., [B, T, R]
+
+
+def rope(x: Array, positions: Array, theta: float) -> Array:
+    """Rotary embedding in the "half" layout: pairs (x[i], x[i + R/2]) rotate by positions * theta^(-2i/R).
+
+    x [B, T, (N,) R], positions [B, T] ints -> same shape as x. Angles are computed in float64 (a cos/sin
+    table, as kernels precompute) and cast to x's dtype, so position 1M does not lose precision.
+    """
+    R = x.shape[-1]
+    assert R % 2 == 0, f"rope dim must be even, got {R}"
+    inv_freq = float(theta) ** (-np.arange(0, R, 2, dtype=np.float64) / R)  # [R/2]
+    angles = np.asarray(positions, np.float64)[..., None] * inv_freq  # [B, T, R/2]
+    angles = angles.reshape(angles.shape[:2] + (1,) * (x.ndim - 3) + (R // 2,))  # [B, T, (1,) R/2]
+    cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
+    x1, x2 = x[..., : R // 2], x[..., R // 2 :]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # [B, T, (N,) R]
+
+
+def mla_absorb_q(q_nope: Array, w_uk: Array) -> Array:
+    """q_lat[n] = W_UK[n]^T q_nope[n]: q_nope [B, T, N, Dn], w_uk [N, Dn, L] -> q_lat [B, T, N, L]."""
+    return np.einsum("btnd,ndl->btnl", q_nope, w_uk)
+
+
+def mla_uv(o_lat: Array, w_uv: Array) -> Array:
+    """o[n] = o_lat[n] W_UV[n]: o_lat [B, T, N, L], w_uv [N, L, Dv] -> o [B, T, N, Dv]."""
+    return np.einsum("btnl,nlv->btnv", o_lat, w_uv)
+
+
+# ============================================================================ textbook oracle
+def mla_attention_reference(
+    c_q: Array, c_kv_all: Array, k_pe_all: Array, w_qb: Array, w_uk: Array, w_uv: Array,
+    lengths: Array, scale: float, *, rope_theta: float | None = None,
+) -> Array:
+    """Non-absorbed MLA: up-project per-head keys and values from the latent, then plain attention.
+
+    c_q [B, T, Rq] (normed), c_kv_all [B, S, L] (normed) and k_pe_all [B, S, R] (*unrotated*) for every
+    cache position, w_qb [Rq, N*(Dn+R)] (per head [nope | pe]), w_uk [N, Dn, L], w_uv [N, L, Dv],
+    lengths [B]. With rope_theta, q_pe rotates at positions lengths[b] + t and k_pe at s.
+    Returns o [B, T, N, Dv] (before the output gate and o_proj).
+    """
+    B, T, _ = c_q.shape
+    N, Dn, _ = w_uk.shape
+    lengths = np.asarray(lengths)
+    q = (c_q @ w_qb).reshape(B, T, N, -1)  # [B, T, N, Dn+R]
+    k_nope = np.einsum("ndl,bsl->bsnd", w_uk, c_kv_all)  # [B, S, N, Dn]
+    v = np.einsum("bsl,nlv->bsnv", c_kv_all, w_uv)  # [B, S, N, Dv]
+    q_pe, k_pe = q[..., Dn:], k_pe_all[:, :, None, :]  # [B, T, N, R], [B, S, 1, R]: one k_pe for all heads
+    if rope_theta is not None:
+        q_pe = rope(q_pe, lengths[:, None] + np.arange(T), rope_theta)
+        k_pe = rope(k_pe, np.broadcast_to(np.arange(k_pe.shape[1]), k_pe.shape[:2]), rope_theta)
+    q = np.concatenate([q[..., :Dn], q_pe], axis=-1)  # [B, T, N, Dn+R]
+    k = np.concatenate([k_nope, np.broadcast_to(k_pe, k_nope.shape[:3] + k_pe.shape[3:])], axis=-1)
+    o = np.empty((B, T, N, w_uv.shape[2]), np.result_type(q, k, v))  # [B, T, N, Dv]
+    for b in range(B):
+        ctx = int(lengths[b]) + T
+        p = _causal_softmax(np.einsum("tnd,snd->tns", q[b], k[b, :ctx]) * scale, int(lengths[b]))
+        o[b] = np.einsum("tns,snv->tnv", p, v[b, :ctx])  # [T, N, Dv]
+    return o
+
+
+# ============================================================================ absorbed reference: two kernels
+def mla_decode_attention(
+    q_lat: Array, q_pe: Array, kv_cache: Array, lengths: Array, scale: float
+) -> Array:
+    """Absorbed decode attention over the latent cache.
+
+    q_lat [B, T, N, L], q_pe [B, T, N, R], kv_cache [B, S, L+R] ([c_kv | k_pe] per slot), lengths [B]
+    -> o_lat [B, T, N, L]. scores = (q_lat . c_kv + q_pe . k_pe) * scale, causal softmax over the cache.
+    """
+    B, T, N, L = q_lat.shape
+    _check_cache(kv_cache, lengths, T)
+    o_lat = np.empty(q_lat.shape, np.result_type(q_lat, q_pe, kv_cache))  # [B, T, N, L]
+    for b in range(B):
+        cache = kv_cache[b, : int(lengths[b]) + T]  # [S_b, L+R], the valid slots only
+        scores = (q_lat[b] @ cache[:, :L].T + q_pe[b] @ cache[:, L:].T) * float(scale)  # [T, N, S_b]
+        o_lat[b] = _causal_softmax(scores, int(lengths[b])) @ cache[:, :L]  # [T, N, L]
+    return o_lat
+
+
+def mla_decode_reference(
+    q_lat: Array, q_pe: Array, kv_cache: Array, lengths: Array, scale: float, w_uv: Array
+) -> Array:
+    """The unfused pair: `mla_decode_attention` then `mla_uv`; o [B, T, N, Dv]."""
+    return mla_uv(mla_decode_attention(q_lat, q_pe, kv_cache, lengths, scale), w_uv)
+
+
+# ============================================================================ fused: attention + W_UV
+def mla_decode_fused(
+    q_lat: Array, q_pe: Array, kv_cache: Array, lengths: Array, scale: float, w_uv: Array,
+    *, kv_tile: int = KV_TILE,
+) -> Array:
+    """Flash-decoding over cache tiles (online softmax) with W_UV applied in the epilogue.
+
+    Same inputs and result as `mla_decode_reference`. o_lat stays on-chip: per token per rank it is
+    not written and re-read, saving 2 * N*L*2 B in bf16 = 24,576 B for K3 at TP8 (N=12, L=512) and
+    one launch. Against the cache read (576*2 B per slot: 9.4 MB at 8k context) the bytes are noise;
+    the launch (a few us at batch 1) is the win.
+    """
+    B, T, N, _ = q_lat.shape
+    _check_cache(kv_cache, lengths, T)
+    o = np.empty((B, T, N, w_uv.shape[2]), np.result_type(q_lat, q_pe, kv_cache, w_uv))  # [B, T, N, Dv]
+    for b in range(B):
+        o_lat = _flash_decode(q_lat[b], q_pe[b], kv_cache[b], int(lengths[b]), float(scale), kv_tile)
+        o[b] = np.einsum("tnl,nlv->tnv", o_lat, w_uv)  # [T, N, Dv], epilogue on the registers
+    return o
+
+
+def _flash_decode(q_lat: Array, q_pe: Array, cache: Array, length: int, scale: float, kv_tile: int) -> Array:
+    """One sequence, online softmax tile by tile: running max m, denominator l, numerator acc."""
+    T, N, L = q_lat.shape
+    dtype = np.result_type(q_lat, q_pe, cache)
+    m = np.full((T, N), -np.inf, dtype)  # [T, N]
+    l = np.zeros((T, N), dtype)  # [T, N]
+    acc = np.zeros((T, N, L), dtype)  # [T, N, L]
+    for s0 in range(0, length + T, kv_tile):
+        tile = cache[s0 : min(s0 + kv_tile, length + T)]  # [S_t, L+R]
+        scores = (q_lat @ tile[:, :L].T + q_pe @ tile[:, L:].T) * scale  # [T, N, S_t]
+        allowed = s0 + np.arange(tile.shape[0]) <= length + np.arange(T)[:, None]  # [T, S_t]
+        scores = np.where(allowed[:, None, :], scores, -np.inf)
+        m_new = np.maximum(m, scores.max(axis=-1))  # finite from the first tile on (slot 0 is allowed)
+        p = np.exp(scores - m_new[..., None])  # [T, N, S_t]
+        rescale = np.exp(m - m_new)  # [T, N]; 0 on the first tile
+        l = l * rescale + p.sum(axis=-1)
+        acc = acc * rescale[..., None] + p @ tile[:, :L]  # [T, N, L]
+        m = m_new
+    return acc / l[..., None]  # [T, N, L]
+
+
+# ============================================================================ demo
+if __name__ == "__main__":
+    rng = np.random.default_rng(0)
+    B, T, N, Dn, R, Dv, L, Rq, S = 2, 4, 4, 8, 4, 8, 16, 32, 150  # tiny-k3 at TP4, 3 draft tokens
+    lengths = np.array([100, 37])
+    c_q = rng.standard_normal((B, T, Rq))
+    c_kv, k_pe = rng.standard_normal((B, S, L)), rng.standard_normal((B, S, R))
+    w_qb = rng.standard_normal((Rq, N * (Dn + R))) / np.sqrt(Rq)
+    w_uk, w_uv = rng.standard_normal((N, Dn, L)) / np.sqrt(L), rng.standard_normal((N, L, Dv)) / np.sqrt(L)
+    scale = (Dn + R) ** -0.5
+    oracle = mla_attention_reference(c_q, c_kv, k_pe, w_qb, w_uk, w_uv, lengths, scale)
+    q = (c_q @ w_qb).reshape(B, T, N, Dn + R)  # [B, T, N, Dn+R]
+    q_lat, q_pe = mla_absorb_q(q[..., :Dn], w_uk), q[..., Dn:]  # [B, T, N, L], [B, T, N, R]
+    cache = np.concatenate([c_kv, k_pe], axis=-1)  # [B, S, L+R]
+    print(f"MLA decode (NoPE)  B={B} T={T} N={N} Dn={Dn} R={R} Dv={Dv} L={L} S={S} lengths={lengths}")
+    print("  q_lat", q_lat.shape, " cache", cache.shape, " o", oracle.shape)
+    for name, fn in (("reference", mla_decode_reference), ("fused", mla_decode_fused)):
+        for dt in (np.float64, np.float32):
+            o = fn(q_lat.astype(dt), q_pe.astype(dt), cache.astype(dt), lengths, scale, w_uv.astype(dt))
+            err = float(np.abs(o - oracle).max())
+            print(f"  absorbed {name:9s} {np.dtype(dt).name:7s} max |err| vs non-absorbed fp64 = {err:.2e}")
