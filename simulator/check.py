@@ -96,12 +96,13 @@ def make_inputs(cfg: ModelConfig, d: Dims, rng: np.random.Generator) -> tuple[La
 
 
 def check_layer(cfg: ModelConfig, layer_type: str, tp: int, shape: DecodeShape, precision: str,
-                seed: int = 0, all_reduce: str = "one_shot", layer: int | None = None) -> LayerCheck:
+                seed: int = 0, all_reduce: str = "one_shot", layer: int | None = None,
+                weights: LayerWeights | None = None) -> LayerCheck:
     prec = Precision(precision)
     d = make_dims(cfg, tp, shape, layer, layer_type)
     plans = {name: build(cfg, tp, shape, layer_type, d.layer) for name, build in VARIANTS.items()}
     io, state = make_inputs(cfg, d, np.random.default_rng(seed))
-    weights = LayerWeights(cfg, d.layer, seed)
+    weights = weights or LayerWeights(cfg, d.layer, seed)
     ref_io, ref_state, ref_diag = reference_layer(d, weights, io, state)
     result = LayerCheck(layer_type, d.layer)
     for name, plan in plans.items():

@@ -241,6 +241,8 @@ def _layer_kinds(r: _Reader, num_layers: int) -> tuple[str, ...]:
 
 def _common(r: _Reader, name: str, family: str) -> dict[str, Any]:
     num_layers = r.get("num_hidden_layers", int)
+    if num_layers <= 0:
+        raise UserError(f"{r.source}: field 'num_hidden_layers' = {num_layers} must be a positive integer.")
     return dict(
         name=name, family=family, source=r.source,
         hidden_size=r.get("hidden_size", int), vocab_size=r.get("vocab_size", int),

@@ -212,7 +212,7 @@ def _stop_prefetch(r: _Run, runs: list[_Run], now: float) -> bool:
 def _start(r: _Run, runs: list[_Run], now: float, hw: HardwareProfile) -> bool:
     if r.start is not None:
         return False
-    if r.ready is None and _inputs_done(r, runs):
+    if r.ready is None and None not in _input_ends(r, runs):
         r.ready = _ready_time(r, runs, hw)
     if r.ready is not None and r.ready <= now + EPS:  # any prefetch stopped when the predecessor ended
         r.start, r.phases = r.ready, _phases(r)
@@ -226,14 +226,9 @@ def _start(r: _Run, runs: list[_Run], now: float, hw: HardwareProfile) -> bool:
     return True
 
 
-def _inputs_done(r: _Run, runs: list[_Run]) -> bool:
-    inputs = r.deps + ((r.pred,) if r.pred is not None else ())
-    return all(runs[i].end is not None for i in inputs)
-
-
-def _inputs_end(r: _Run, runs: list[_Run]) -> float:
-    inputs = r.deps + ((r.pred,) if r.pred is not None else ())
-    return max((runs[i].end for i in inputs), default=0.0)
+def _input_ends(r: _Run, runs: list[_Run]) -> list[float | None]:
+    """End times of the kernels `r` waits for (None while one still runs)."""
+    return [runs[i].end for i in r.deps + ((r.pred,) if r.pred is not None else ())]
 
 
 def _ready_time(r: _Run, runs: list[_Run], hw: HardwareProfile) -> float:
@@ -272,6 +267,7 @@ def _phases(r: _Run) -> list[list[float]]:
 def _span(r: _Run, runs: list[_Run]) -> Span:
     k = r.kernel
     assert r.start is not None and r.end is not None
-    return Span(k.key, k.name, k.stream, k.kind, r.start, r.end, r.start - _inputs_end(r, runs),
+    inputs_end = max([0.0] + [end for end in _input_ends(r, runs) if end is not None])
+    return Span(k.key, k.name, k.stream, k.kind, r.start, r.end, r.start - inputs_end,
                 r.prefetch_start, r.prefetch_end, r.prefetch_target if r.prefetch_start is not None else 0.0,
                 r.cost)

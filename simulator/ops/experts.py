@@ -34,7 +34,7 @@ ExpertFn = Callable[[int], tuple[Array, Array, Array]]  # e -> (w_gate [Din, F/P
 
 def glu(g: Array, u: Array, cfg: ModelConfig) -> Array:
     """The gated activation named by `cfg.hidden_act`."""
-    sig = 1.0 / (1.0 + np.exp(-g))
+    sig = 0.5 * (1.0 + np.tanh(0.5 * g))  # sigmoid without overflow for large |g|
     if cfg.hidden_act == "situ":
         b1, b2 = cfg.situ_beta, cfg.situ_linear_beta
         return (b1 * np.tanh(g / b1) * sig) * (b2 * np.tanh(u / b2))

@@ -197,7 +197,7 @@ def attn_res_post_tensors(d: Dims) -> tuple[tuple[Tensor, ...], tuple[Tensor, ..
 def kda_in_proj(d: Dims, name: str, pdl: bool = False, prefetch: bool = False) -> Kernel:
     """x @ [W_q | W_k | W_v | W_g | W_fa | W_b] per rank: q, k, v, g column shards, f_a replicated."""
     M, D, C, Nh, H = d.M, d.D, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim
-    n = 4 * C + H + Nh
+    n = -(-(4 * C + H + Nh) // 16) * 16  # vLLM pads the fused projection to a multiple of 16 rows
 
     def run(rank: Any) -> None:
         x, b = rank.buf["x"], rank.buf

@@ -136,14 +136,16 @@ def attention_output(d: Dims, on: frozenset[str]) -> list[Kernel]:
 
 # ======================================================================= MoE
 def moe(d: Dims, on: frozenset[str]) -> list[Kernel]:
+    from dataclasses import replace
     cfg = d.cfg
-    if "split_router" in on and cfg.latent_dim:
-        kernels = split_router(d)
+    split = "split_router" in on and bool(cfg.latent_dim)
+    if split:
+        front, routing = split_router(d), []
     else:
-        kernels = [std.router_gemm(d)] + ([std.latent_down(d)] if cfg.latent_dim else []) + [std.topk(d)]
-    if cfg.num_shared_experts:
-        kernels += shared_mlp(d, on)
-    kernels.append(std.fc1(d))
+        front, routing = [std.router_gemm(d)] + ([std.latent_down(d)] if cfg.latent_dim else []), [std.topk(d)]
+    shared = shared_mlp(d, on) if cfg.num_shared_experts else []
+    fc1 = replace(std.fc1(d), deps=()) if split else std.fc1(d)  # the gather kernel already waited
+    kernels = front + shared + routing + [fc1]
     kernels += [fc2_finalize(d)] if "moe_finalize" in on else [std.fc2(d), std.finalize(d)]
     if cfg.latent_dim and "latent_tail" in on:
         return kernels + latent_tail(d)

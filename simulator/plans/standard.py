@@ -26,7 +26,7 @@ from simulator.ops import experts as ex
 from simulator.ops import kda as kda_ops
 from simulator.ops import mla as mla_ops
 from simulator.ops import norm
-from simulator.ops.router import route_reference
+from simulator.ops.router import route_fused
 from simulator.plans import common as c
 from simulator.plans.common import Dims, act, gemm_flops, per_rank, wt
 from simulator.plans.kernel import DecodeShape, Kernel, Plan
@@ -420,7 +420,7 @@ def topk(d: Dims) -> Kernel:
 
     def run(rank: Any) -> None:
         b = rank.buf
-        routing = route_reference(b["router.logits"], rank.w["router.bias"], cfg)
+        routing = route_fused(b["router.logits"], rank.w["router.bias"], cfg)  # FP32 on the GPU
         b["topk.idx"], b["topk.weight"], b["diag.margin"] = routing.topk_idx, routing.topk_weight, routing.margin
         b["diag.topk_idx"] = routing.topk_idx
 

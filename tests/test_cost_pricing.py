@@ -1,0 +1,118 @@
+"""Kernel pricing: the textbook decode takeaways as assertions on synthetic kernels (scaling-book style)."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.cost.pricing import achievable_bandwidth, price_kernel
+from simulator.hardware import list_hardware, load_hardware
+from simulator.plans.kernel import Collective, Kernel, Tensor
+
+PROFILES = list_hardware()
+
+
+def gemm(m: int, k: int = 7168, n: int = 2112, kind: str = "gemm", math: str = "bf16",
+         weight_dtype: str = "bf16", **extra) -> Kernel:
+    """y[M, N] = x[M, K] @ w[K, N]: 2 M K N FLOPs; 7168 x 2112 bf16 = 30.3 MB (DeepSeek fused_a)."""
+    return Kernel(f"gemm{m}", "gemm", kind, reads=(Tensor("x", (m, k), "bf16"),),
+                  writes=(Tensor("y", (m, n), "bf16"),), weights=(Tensor("w", (k, n), weight_dtype),),
+                  flops=2 * m * k * n, math=math, **extra)
+
+
+def all_reduce(nbytes: int, ranks: int) -> Kernel:
+    return Kernel("ar", "all_reduce", "collective", collective=Collective("all_reduce", nbytes, ranks))
+
+
+def attention(batch: int, context: int = 8192, heads: int = 8) -> Kernel:
+    """MLA decode over an FP8 latent cache [B, T, 576]: 2 B H T (576 + 512) FLOPs, B independent caches."""
+    return Kernel("attn", "mla_decode", "attention", reads=(Tensor("kv", (batch, context, 576), "fp8"),),
+                  writes=(Tensor("o", (batch, heads, 512), "bf16"),),
+                  flops=2 * batch * heads * context * (576 + 512))
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_30mb_bf16_gemm_is_memory_bound_and_flat_from_m1_to_m64(name: str) -> None:
+    hw = load_hardware(name)
+    one, sixty_four = price_kernel(gemm(1), hw), price_kernel(gemm(64), hw)
+    assert one.bound == "memory" and sixty_four.bound == "memory"
+    assert 30e6 < one.bytes < 31e6
+    assert sixty_four.duration_us / one.duration_us < 1.1  # +4% activations, weights dominate
+
+
+@pytest.mark.parametrize("m", [1, 2, 8, 16])
+def test_decode_gemm_intensity_is_about_m(m: int) -> None:
+    cost = price_kernel(gemm(m), load_hardware("h200"))
+    assert cost.intensity == pytest.approx(m, rel=0.02)
+
+
+def test_large_batch_gemm_turns_compute_bound_past_the_critical_intensity() -> None:
+    hw = load_hardware("h200")
+    assert hw.critical_intensity == pytest.approx(206, rel=0.01)
+    assert price_kernel(gemm(128), hw).bound == "memory"
+    assert price_kernel(gemm(4096, n=7168), hw).bound == "compute"
+
+
+@pytest.mark.parametrize("name", PROFILES)
+@pytest.mark.parametrize("batch", [1, 16, 64])
+def test_decode_attention_is_bandwidth_bound_at_any_batch(name: str, batch: int) -> None:
+    assert price_kernel(attention(batch), load_hardware(name)).bound == "memory"
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_small_kernels_do_not_reach_peak_bandwidth(name: str) -> None:
+    hw = load_hardware(name)
+    sizes = [64e3, 1e6, 16e6, 256e6, 4e9]
+    achieved = [achievable_bandwidth(s, "pointwise", hw) for s in sizes]
+    assert achieved == sorted(achieved)  # grows with size ...
+    assert achieved[0] < 0.1 * hw.hbm_bandwidth  # a 64 KB kernel is nowhere near peak
+    assert 0.99 * hw.hbm_efficiency * hw.hbm_bandwidth < achieved[-1] < hw.hbm_efficiency * hw.hbm_bandwidth
+
+
+def test_h200_gemm_times_land_near_the_measured_cublas_table() -> None:
+    """hardware.md §3.2 (M=1, CUDA graph): 30.3 MB fused_a 13.3 us, 29.4 MB o-proj 10.1 us."""
+    hw = load_hardware("h200")
+    cost = price_kernel(gemm(1), hw)
+    assert 10.1 * 0.9 < cost.total_us < 13.3 * 1.1
+    assert cost.fraction_of_peak < 0.8  # measured 2.3-2.9 TB/s of 4.8
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_14kib_all_reduce_is_latency_bound(name: str) -> None:
+    cost = price_kernel(all_reduce(7168 * 2, 8), load_hardware(name))
+    assert cost.bound == "latency" and cost.algorithm == "one_shot"
+    assert cost.comm_us == pytest.approx(cost.duration_us)
+
+
+def test_gemm_collective_is_the_gemm_part_plus_the_collective_part() -> None:
+    hw = load_hardware("gb300")
+    collective = Collective("all_reduce", 7168 * 2, 16)
+    fused = price_kernel(gemm(1, kind="gemm_collective", collective=collective), hw)
+    parts = price_kernel(gemm(1), hw).duration_us + price_kernel(all_reduce(7168 * 2, 16), hw).duration_us
+    assert fused.duration_us == pytest.approx(parts)
+    assert fused.total_us < parts + 2 * hw.launch_gap_us  # fusion saves one launch gap
+
+
+def test_pdl_shortens_the_launch_gap_not_the_kernel() -> None:
+    hw = load_hardware("h200")
+    plain, pdl = price_kernel(gemm(1), hw), price_kernel(gemm(1, pdl=True), hw)
+    assert pdl.launch_us < plain.launch_us and pdl.duration_us == plain.duration_us
+
+
+def test_fp4_math_runs_at_bf16_rate_on_hopper_and_faster_on_blackwell() -> None:
+    big = dict(m=8192, n=8192, weight_dtype="mxfp4")
+    h200, gb300 = load_hardware("h200"), load_hardware("gb300")
+    assert price_kernel(gemm(math="fp4", **big), h200).math_us == price_kernel(gemm(math="bf16", **big), h200).math_us
+    assert price_kernel(gemm(math="fp4", **big), gb300).math_us < price_kernel(gemm(math="bf16", **big), gb300).math_us
+
+
+def test_grouped_moe_streams_less_efficiently_than_a_dense_gemm() -> None:
+    hw = load_hardware("gb300")
+    assert price_kernel(gemm(1, kind="moe"), hw).mem_us > price_kernel(gemm(1), hw).mem_us
+
+
+def test_collective_kinds_must_carry_a_collective() -> None:
+    hw = load_hardware("h200")
+    with pytest.raises(ValueError, match="lacks a collective"):
+        price_kernel(Kernel("ar", "all_reduce", "collective"), hw)
+    with pytest.raises(ValueError, match="must not carry"):
+        price_kernel(gemm(1, collective=Collective("all_reduce", 100, 8)), hw)

@@ -1,0 +1,105 @@
+"""End to end: standard == specialized == float64 reference, over layer types, TP, batch, tokens, seeds."""
+
+import numpy as np
+import pytest
+
+from simulator.check import FLIP_MARGIN, check_layer, make_inputs
+from simulator.dtypes import Precision
+from simulator.execute import run_plan
+from simulator.plans import specialized, standard
+from simulator.plans.common import make_dims
+from simulator.plans.kernel import DecodeShape
+from simulator.weights import LayerWeights
+
+GRID = [(tp, b, t) for tp in (1, 2, 4, 8, 16) for b in (1, 3, 8) for t in (1, 8) if not (b == 8 and t == 8 and tp < 16)]
+
+
+@pytest.mark.parametrize("layer", ["kda", "mla", "dense"])
+@pytest.mark.parametrize("tp, batch, tokens", GRID, ids=[f"P{p}-B{b}-T{t}" for p, b, t in GRID])
+def test_fp64_all_agree(tiny, layer, tp, batch, tokens):
+    seed = tp * 100 + batch * 10 + tokens
+    result = check_layer(tiny, layer, tp, DecodeShape(batch, tokens, 6), "fp64", seed=seed)
+    for v in result.variants.values():
+        assert not v.flips, f"{v.variant} flipped routing in fp64"
+        for t in v.tensors:
+            assert t.rel_rms_error < 1e-12, f"{v.variant} {t.name}: rel RMS {t.rel_rms_error:.2e}, max abs {t.max_abs_error:.2e}"
+
+
+@pytest.mark.parametrize("layer", ["mla", "dense"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fp64_deepseek(tiny_ds, layer, seed):
+    result = check_layer(tiny_ds, layer, 4, DecodeShape(3, 2, 5), "fp64", seed=seed)
+    assert result.passed and all(t.rel_rms_error < 1e-12 for v in result.variants.values() for t in v.tensors)
+
+
+@pytest.mark.parametrize("algo", ["one_shot", "two_shot", "ring"])
+def test_all_reduce_orders_agree(tiny, algo):
+    assert check_layer(tiny, "kda", 8, DecodeShape(2, 1, 4), "fp64", all_reduce=algo).passed
+
+
+@pytest.mark.parametrize("layer", ["kda", "mla"])
+def test_p_ranks_equal_one_rank(tiny, layer):
+    shape = DecodeShape(3, 2, 5)
+    outs = []
+    for tp in (1, 16):
+        d = make_dims(tiny, tp, shape, None, layer)
+        io, st = make_inputs(tiny, d, np.random.default_rng(4))
+        out, new_state, _ = run_plan(specialized.build(tiny, tp, shape, layer), d, LayerWeights(tiny, d.layer, 4), io, st,
+                                     Precision("fp64"))
+        outs.append((out, new_state))
+    np.testing.assert_allclose(outs[1][0].delta, outs[0][0].delta, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(outs[1][0].prefix, outs[0][0].prefix, rtol=1e-12, atol=1e-12)
+    for k in outs[0][1]:
+        np.testing.assert_allclose(outs[1][1][k], outs[0][1][k], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", ["kda", "mla", "dense"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bf16_within_tolerance(tiny, layer, seed):
+    result = check_layer(tiny, layer, 4, DecodeShape(4, 2, 16), "bf16", seed=seed)
+    assert result.passed, {n: [(t.name, t.rel_rms_error) for t in v.tensors] for n, v in result.variants.items()}
+    std, spec = result.variants["standard"], result.variants["specialized"]
+    assert 1e-5 < std.rel_rms_error and 1e-5 < spec.rel_rms_error  # bf16 really rounds
+
+
+def test_fp32_within_tolerance(tiny):
+    assert check_layer(tiny, "mla", 2, DecodeShape(2, 3, 9), "fp32").passed
+
+
+class NearTieWeights(LayerWeights):
+    """Experts 0 and 1 compete for the last top-k slot with biased scores 1e-7 apart.
+
+    Their router columns are zero (score exactly 0.5); k-1 other experts are forced in by a +10 bias,
+    the rest pushed out by -10, and expert 1 is ahead by 1e-7. float64 picks expert 1; FP32 cannot
+    resolve 1e-7 at 5.5 (one ulp is 4.8e-7), sees a tie, and the documented tie-break picks expert 0.
+    """
+
+    def _make(self, name):
+        w = super()._make(name)
+        k = self.cfg.top_k
+        if name == "router.w":
+            w[:, :2] = 0.0
+        if name == "router.bias":
+            w = np.full(self.cfg.num_experts, -10.0)
+            w[2:k + 1] = 10.0
+            w[0], w[1] = 5.0, 5.0 + 1e-7
+        return w
+
+
+def test_near_tie_is_reported_as_flip_with_its_margin(tiny):
+    shape = DecodeShape(4, 1, 4)
+    d = make_dims(tiny, 2, shape, None, "kda")
+    weights = NearTieWeights(tiny, d.layer, 0)
+    result = check_layer(tiny, "kda", 2, shape, "bf16", weights=weights)
+    for v in result.variants.values():
+        assert len(v.flips) == shape.tokens, v.variant
+        assert all(abs(f["margin"] - 1e-7) < 1e-9 for f in v.flips)
+        assert v.passed  # a flip below the bound is reported, not counted as an error
+    exact = check_layer(tiny, "kda", 2, shape, "fp64", weights=weights)
+    assert all(not v.flips for v in exact.variants.values())
+
+
+def test_flip_above_bound_fails(tiny):
+    from simulator.check import VariantResult
+    v = VariantResult("x", 1, [], [{"token": 0, "margin": FLIP_MARGIN["bf16"] * 2}], FLIP_MARGIN["bf16"])
+    assert not v.passed

@@ -1,0 +1,128 @@
+"""Router, experts, norms and collectives: fused == reference (STYLE items 15-18)."""
+
+import numpy as np
+import pytest
+
+from simulator.ops import collectives as col
+from simulator.ops import experts as ex
+from simulator.ops import norm
+from simulator.ops.router import route_fused, route_reference
+from simulator.weights import LayerWeights
+
+TOL = {np.float64: 1e-12, np.float32: 1e-5}
+DTYPES = [np.float64, np.float32]
+
+
+def assert_close(actual, desired, dtype):
+    assert actual.shape == desired.shape and actual.dtype == desired.dtype
+    tol = TOL[dtype]
+    rel = np.linalg.norm(actual - desired) / (np.linalg.norm(desired) or 1.0)
+    np.testing.assert_allclose(actual, desired, rtol=tol, atol=tol * 10,
+                               err_msg=f"max abs {np.abs(actual - desired).max():.2e}, rel RMS {rel:.2e}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float64", "float32"])
+@pytest.mark.parametrize("m, d, s", [(1, 64, 1), (5, 33, 3), (8, 7, 9)], ids=lambda v: str(v))
+def test_attn_res_mix_fused_matches_reference(m, d, s, dtype):
+    rng = np.random.default_rng(m + d + s)
+    sources = [rng.standard_normal((m, d)).astype(dtype) for _ in range(s)]
+    nw, pw = 1 + 0.1 * rng.standard_normal(d), rng.standard_normal(d) / np.sqrt(d)
+    assert_close(norm.attn_res_mix(sources, nw, pw, 1e-5), norm.attn_res_mix_reference(sources, nw, pw, 1e-5), dtype)
+    assert_close(norm.rms_norm(sources[0], nw, 1e-5), norm.rms_norm_reference(sources[0], nw, 1e-5), dtype)
+
+
+def test_attn_res_single_source_is_identity():
+    x = np.random.default_rng(0).standard_normal((3, 16))
+    np.testing.assert_array_equal(norm.attn_res_mix([x], np.ones(16), np.ones(16), 1e-5), x)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("model", ["tiny", "tiny_ds"])
+def test_route_fused_matches_reference(request, model, seed):
+    cfg = request.getfixturevalue(model)
+    rng = np.random.default_rng(seed)
+    logits, bias = rng.standard_normal((9, cfg.num_experts)), rng.standard_normal(cfg.num_experts) * 0.05
+    ref, fused = route_reference(logits, bias, cfg), route_fused(logits, bias, cfg)
+    np.testing.assert_array_equal(fused.topk_idx, ref.topk_idx)
+    assert_close(fused.topk_weight, ref.topk_weight, np.float64)
+    assert np.all(ref.margin >= 0)
+    if cfg.renormalize:
+        np.testing.assert_allclose(ref.topk_weight.sum(-1), cfg.routed_scaling_factor)
+
+
+def test_bias_selects_but_does_not_weight(tiny):
+    logits = np.zeros((1, tiny.num_experts))
+    logits[0, :] = np.linspace(-1, 1, tiny.num_experts)
+    bias = np.zeros(tiny.num_experts)
+    bias[0] = 10.0  # expert 0 has the lowest score but is forced in by the bias
+    r = route_reference(logits, bias, tiny)
+    assert r.topk_idx[0, 0] == 0
+    scores = 1 / (1 + np.exp(-logits[0, r.topk_idx[0]]))
+    np.testing.assert_allclose(r.topk_weight[0], scores / scores.sum())
+
+
+def test_tie_break_lower_index_wins(tiny):
+    logits = np.zeros((1, tiny.num_experts))  # every score ties
+    for route in (route_reference, route_fused):
+        r = route(logits, np.zeros(tiny.num_experts), tiny)
+        np.testing.assert_array_equal(r.topk_idx[0], np.arange(tiny.top_k))
+        assert r.margin[0] == 0.0
+
+
+def test_grouped_topk_only_uses_best_groups(tiny_ds):
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((16, tiny_ds.num_experts))
+    r = route_reference(logits, np.zeros(tiny_ds.num_experts), tiny_ds)
+    per_group = tiny_ds.num_experts // tiny_ds.n_group
+    for t in range(16):
+        assert len(set(r.topk_idx[t] // per_group)) <= tiny_ds.topk_group
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float64", "float32"])
+@pytest.mark.parametrize("m", [1, 4, 11])
+def test_routed_experts_fused_matches_reference(tiny, m, dtype):
+    w = LayerWeights(tiny, 1, 0)
+    rng = np.random.default_rng(m)
+    z = rng.standard_normal((m, tiny.expert_in_dim)).astype(dtype)
+    r = route_reference(rng.standard_normal((m, tiny.num_experts)), np.zeros(tiny.num_experts), tiny)
+    expert = lambda e: tuple(t.astype(dtype) for t in w.expert(e))  # noqa: E731
+    ref = ex.routed_experts_reference(z, r.topk_idx, r.topk_weight.astype(dtype), expert, tiny)
+    assert_close(ex.routed_experts_fused(z, r.topk_idx, r.topk_weight.astype(dtype), expert, tiny), ref, dtype)
+    chain = ex.expert_finalize(ex.expert_fc2(ex.expert_fc1(z, r.topk_idx, expert, tiny), r.topk_idx, expert),
+                               r.topk_weight.astype(dtype))
+    assert_close(chain, ref, dtype)
+
+
+def test_situ_is_bounded(tiny):
+    g = np.linspace(-1e4, 1e4, 101)
+    y = ex.glu(g, g, tiny)
+    assert np.all(np.abs(y) <= tiny.situ_beta * tiny.situ_linear_beta + 1e-9)
+
+
+def test_expected_unique_experts():
+    assert ex.expected_unique_experts(1, 896, 16) == pytest.approx(16)
+    assert ex.expected_unique_experts(8, 256, 8) == pytest.approx(57.4, abs=0.1)  # hardware.md table 5.1
+    assert ex.expected_unique_experts(10_000, 256, 8) == pytest.approx(256)
+
+
+@pytest.mark.parametrize("p", [1, 2, 4, 8, 16])
+def test_collectives(p):
+    rng = np.random.default_rng(p)
+    parts = [rng.standard_normal((3, 32)) for _ in range(p)]
+    one = col.all_reduce_one_shot(parts)
+    two = col.all_reduce_two_shot(parts)
+    ring = col.all_reduce_ring(parts)
+    for r in range(p):
+        np.testing.assert_array_equal(two[r], one[r])  # same order per element: bitwise equal
+        np.testing.assert_allclose(ring[r], one[r], rtol=1e-13, atol=1e-13)
+        np.testing.assert_array_equal(ring[r], ring[0])  # identical on every rank
+    np.testing.assert_allclose(one[0], np.sum(parts, axis=0), atol=1e-12)
+    rs = col.reduce_scatter(parts)
+    np.testing.assert_array_equal(np.concatenate(rs, axis=-1), one[0])
+    np.testing.assert_array_equal(col.all_gather(rs)[p - 1], one[0])
+
+
+def test_ring_order_differs_in_float32():
+    rng = np.random.default_rng(0)
+    parts = [(rng.standard_normal((64, 64)) * 10 ** rng.uniform(-3, 3)).astype(np.float32) for _ in range(8)]
+    assert not np.array_equal(col.all_reduce_ring(parts)[0], col.all_reduce_one_shot(parts)[0])

@@ -1,0 +1,88 @@
+"""Kernel plans: counts come from len(plan), fused kernels never move more bytes, every switch works."""
+
+import pytest
+
+from simulator.plans import specialized, standard
+from simulator.plans.kernel import DecodeShape
+from simulator.plans.specialized import FUSIONS
+
+K3_TRACE = DecodeShape(batch=1, tokens_per_seq=8, context=1024)  # the configuration assumed for the trace
+
+
+def test_published_counts_kda_layer_tp16(k3):
+    for shape in (K3_TRACE, DecodeShape(1, 1, 1024)):
+        assert len(standard.build(k3, 16, shape, "kda")) == 23
+        assert len(specialized.build(k3, 16, shape, "kda")) == 13
+
+
+def test_other_layer_counts(k3):
+    assert len(standard.build(k3, 16, K3_TRACE, "mla")) == 27
+    assert len(specialized.build(k3, 16, K3_TRACE, "mla")) == 18
+    assert len(standard.build(k3, 16, K3_TRACE, "dense")) == 13
+    assert len(specialized.build(k3, 16, K3_TRACE, "dense")) == 8
+
+
+def test_stock_fused_kda_only_where_vllm_supports_it(k3):
+    # TP8 = 12 local heads, one token per sequence: the stock fused KDA decode kernel applies.
+    assert len(standard.build(k3, 8, DecodeShape(1, 1), "kda")) == 21
+    assert len(standard.build(k3, 8, DecodeShape(1, 8), "kda")) == 23  # draft tokens: fallback chain
+
+
+FUSION_SAVINGS = {"fused_kda": 2, "oproj_allreduce_norm": 2, "split_router": 1, "glu_epilogue": 1,
+                  "moe_finalize": 1, "latent_tail": 3, "shared_overlap": 0, "pdl_prefetch": 0, "small_batch_proj": 0}
+
+
+@pytest.mark.parametrize("fusion", list(FUSIONS))
+def test_each_fusion_switches_off_alone(k3, fusion):
+    full = specialized.build(k3, 16, K3_TRACE, "kda")
+    without = specialized.build(k3, 16, K3_TRACE, "kda", fusions=set(FUSIONS) - {fusion})
+    assert len(without) - len(full) == FUSION_SAVINGS[fusion]
+    assert fusion not in without.fusions
+    assert all(fusion not in k.fusions for k in without)
+
+
+def test_no_fusion_is_standard_traffic(k3):
+    none = specialized.build(k3, 16, K3_TRACE, "kda", fusions=())
+    std = standard.build(k3, 16, K3_TRACE, "kda")
+    assert [k.key for k in none] == [k.key for k in std]
+    assert none.hbm_bytes == std.hbm_bytes
+
+
+@pytest.mark.parametrize("layer", ["kda", "mla", "dense"])
+@pytest.mark.parametrize("tp, batch, tokens", [(8, 1, 1), (16, 1, 8), (16, 32, 1), (4, 3, 4)])
+def test_fused_kernels_never_move_more_bytes(k3, layer, tp, batch, tokens):
+    shape = DecodeShape(batch, tokens, 512)
+    std = {k.key: k for k in standard.build(k3, tp, shape, layer)}
+    spec = specialized.build(k3, tp, shape, layer)
+    for fusion in spec.fusions:  # a fusion's kernels together vs the standard kernels they replace
+        group = [k for k in spec if fusion in k.fusions and k.replaces]
+        replaced = {key for k in group for key in k.replaces if key in std} or {k.key for k in group if k.key in std}
+        if group:
+            assert sum(k.hbm_bytes for k in group) <= sum(std[key].hbm_bytes for key in replaced), fusion
+    assert spec.hbm_bytes <= standard.build(k3, tp, shape, layer).hbm_bytes
+
+
+@pytest.mark.parametrize("layer", ["kda", "mla", "dense"])
+@pytest.mark.parametrize("build", [standard.build, specialized.build], ids=["standard", "specialized"])
+def test_plan_is_well_formed(k3, layer, build):
+    plan = build(k3, 16, K3_TRACE, layer)
+    keys = [k.key for k in plan]
+    assert len(keys) == len(set(keys))
+    for i, k in enumerate(plan):
+        assert set(k.deps) <= set(keys[:i]), f"{k.key} depends on a later or missing kernel"
+        assert k.effect is not None and k.note
+        assert k.hbm_bytes > 0
+
+
+def test_traffic_is_derived_from_shapes(k3):
+    one = standard.build(k3, 16, DecodeShape(1, 1), "kda").kernel("kda_in_proj")
+    assert one.weight_bytes == 7168 * 3216 * 2  # 4 x 768 + 128 + 6 = 3206 columns; padded N is 3216 in vLLM
+    router = standard.build(k3, 16, DecodeShape(1, 1), "kda").kernel("router")
+    assert router.weight_bytes == 7168 * 896 * 2
+    fc1 = standard.build(k3, 16, DecodeShape(1, 1), "kda").kernel("fc1")
+    assert fc1.weight_bytes == 16 * (3584 * 2 * 192 // 2 + 3584 * 2 * 192 // 32)  # MXFP4: 4.25 bits
+
+
+def test_expert_traffic_grows_with_unique_experts(k3):
+    b = [standard.build(k3, 16, DecodeShape(batch, 1), "kda").kernel("fc1").weight_bytes for batch in (1, 8, 64)]
+    assert b[0] < b[1] < b[2]
