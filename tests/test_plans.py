@@ -86,3 +86,11 @@ def test_traffic_is_derived_from_shapes(k3):
 def test_expert_traffic_grows_with_unique_experts(k3):
     b = [standard.build(k3, 16, DecodeShape(batch, 1), "kda").kernel("fc1").weight_bytes for batch in (1, 8, 64)]
     assert b[0] < b[1] < b[2]
+
+
+def test_kernels_doc_is_current():
+    from pathlib import Path
+
+    from simulator.report.kernels_doc import kernels_markdown
+    committed = Path(__file__).resolve().parent.parent / "docs" / "kernels.md"
+    assert committed.read_text() == kernels_markdown(), "run: python -m simulator.report.kernels_doc > docs/kernels.md"
