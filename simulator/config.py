@@ -97,6 +97,10 @@ class ModelConfig:
         return self.latent_dim or self.hidden_size
 
     @property
+    def has_moe(self) -> bool:
+        return self.first_k_dense < self.num_layers
+
+    @property
     def has_kda(self) -> bool:
         return "kda" in self.attn_kinds
 
@@ -127,9 +131,10 @@ def _bad(cfg: ModelConfig, fname: str, msg: str) -> UserError:
 
 
 def _validate(cfg: ModelConfig) -> None:
-    positive = ("hidden_size", "vocab_size", "num_layers", "mla_heads", "q_lora_rank", "kv_lora_rank",
-                "qk_nope_dim", "v_head_dim", "num_experts", "top_k", "moe_intermediate", "n_group",
-                "topk_group")
+    positive = ["hidden_size", "vocab_size", "num_layers", "mla_heads", "q_lora_rank", "kv_lora_rank",
+                "qk_nope_dim", "v_head_dim", "n_group", "topk_group"]
+    if cfg.has_moe:  # an all-dense model (a drafter) needs no expert fields
+        positive += ["num_experts", "top_k", "moe_intermediate"]
     for name in positive:
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) <= 0:
             raise _bad(cfg, name, "must be a positive integer")
@@ -145,6 +150,8 @@ def _validate(cfg: ModelConfig) -> None:
         raise _bad(cfg, "router_act", "must be 'sigmoid' or 'softmax'")
     if cfg.expert_dtype not in EXPERT_DTYPES:
         raise _bad(cfg, "expert_dtype", f"is not a known expert format (known: {', '.join(EXPERT_DTYPES)})")
+    if not cfg.has_moe:
+        return _validate_layers(cfg)
     if cfg.top_k > cfg.num_experts:
         raise _bad(cfg, "top_k", f"exceeds the number of routed experts ({cfg.num_experts})")
     if cfg.num_experts % cfg.n_group:
@@ -153,6 +160,14 @@ def _validate(cfg: ModelConfig) -> None:
         raise _bad(cfg, "topk_group", f"exceeds the number of expert groups ({cfg.n_group})")
     if cfg.top_k > cfg.topk_group * (cfg.num_experts // cfg.n_group):
         raise _bad(cfg, "top_k", "exceeds the experts available in the selected groups")
+    if cfg.expert_dtype == "mxfp4" and cfg.expert_in_dim % 32:
+        raise _bad(cfg, "latent_dim", "must be a multiple of 32 for MXFP4 experts (one scale per 32)")
+    if cfg.expert_dtype == "mxfp4" and cfg.moe_intermediate % 32:
+        raise _bad(cfg, "moe_intermediate", "must be a multiple of 32 for MXFP4 experts (one scale per 32)")
+    _validate_layers(cfg)
+
+
+def _validate_layers(cfg: ModelConfig) -> None:
     if len(cfg.attn_kinds) != cfg.num_layers:
         raise _bad(cfg, "attn_kinds", f"lists {len(cfg.attn_kinds)} layers but num_layers is {cfg.num_layers}")
     if any(kind not in ("kda", "mla") for kind in cfg.attn_kinds):
@@ -163,10 +178,6 @@ def _validate(cfg: ModelConfig) -> None:
         raise _bad(cfg, "first_k_dense", f"exceeds num_layers ({cfg.num_layers})")
     if cfg.first_k_dense and cfg.dense_intermediate <= 0:
         raise _bad(cfg, "dense_intermediate", "must be positive when dense layers exist")
-    if cfg.expert_dtype == "mxfp4" and cfg.expert_in_dim % 32:
-        raise _bad(cfg, "latent_dim", "must be a multiple of 32 for MXFP4 experts (one scale per 32)")
-    if cfg.expert_dtype == "mxfp4" and cfg.moe_intermediate % 32:
-        raise _bad(cfg, "moe_intermediate", "must be a multiple of 32 for MXFP4 experts (one scale per 32)")
     if not cfg.mla_nope and cfg.qk_rope_dim % 2:
         raise _bad(cfg, "qk_rope_dim", "must be even for RoPE")
 
@@ -256,7 +267,7 @@ def _common(r: _Reader, name: str, family: str) -> dict[str, Any]:
         kv_lora_rank=r.get("kv_lora_rank", int), qk_nope_dim=r.get("qk_nope_head_dim", int),
         qk_rope_dim=r.get("qk_rope_head_dim", int), v_head_dim=r.get("v_head_dim", int),
         rope_theta=r.get("rope_theta", float, 10000.0),
-        moe_intermediate=r.get("moe_intermediate_size", int),
+        moe_intermediate=r.get("moe_intermediate_size", int, 0),
         routed_scaling_factor=r.get("routed_scaling_factor", float, 1.0),
     )
 
@@ -308,7 +319,7 @@ def _parse_deepseek_v3(raw: dict[str, Any], name: str, source: str) -> ModelConf
         attn_kinds=("mla",) * base["num_layers"],
         mla_nope=False, mla_output_gate=False, mla_lora_eps=base["rms_norm_eps"],
         kda_heads=0, kda_head_dim=0, conv_size=0, gate_lower_bound=0.0,
-        num_experts=r.get("n_routed_experts", int), top_k=r.get("num_experts_per_tok", int),
+        num_experts=r.get("n_routed_experts", int, 0), top_k=r.get("num_experts_per_tok", int, 0),
         num_shared_experts=r.get("n_shared_experts", int, 0), latent_dim=0, latent_norm=False,
         router_act=r.get("scoring_func", str, "sigmoid"),
         n_group=r.get("n_group", int, 1), topk_group=r.get("topk_group", int, 1),

@@ -80,7 +80,11 @@ def test_traffic_is_derived_from_shapes(k3):
     router = standard.build(k3, 16, DecodeShape(1, 1), "kda").kernel("router")
     assert router.weight_bytes == 7168 * 896 * 2
     fc1 = standard.build(k3, 16, DecodeShape(1, 1), "kda").kernel("fc1")
-    assert fc1.weight_bytes == 16 * (3584 * 2 * 192 // 2 + 3584 * 2 * 192 // 32)  # MXFP4: 4.25 bits
+    assert fc1.weight_bytes == 16 * (3584 * 2 * 256 // 2 + 3584 * 2 * 256 // 32)  # MXFP4 4.25 bits; 192 padded to 256
+    fusions = set(specialized.FUSIONS) | {"unpadded_experts"}  # a what-if beyond the published path
+    spec = specialized.build(k3, 16, DecodeShape(1, 1), "kda", fusions=fusions).kernel("fc1")
+    assert spec.weight_bytes == 16 * (3584 * 2 * 192 // 2 + 3584 * 2 * 192 // 32)
+    assert "unpadded_experts" not in specialized.build(k3, 16, DecodeShape(1, 1), "kda").fusions
 
 
 def test_expert_traffic_grows_with_unique_experts(k3):

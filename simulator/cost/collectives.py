@@ -125,6 +125,9 @@ def choose_algorithm(op: CollectiveOp, nbytes: int, ranks: int, hw: HardwareProf
 def collective_cost(collective: Collective, hw: HardwareProfile,
                     algorithm: Algorithm | None = None) -> CollectiveCost:
     """Price a kernel's `Collective`: the engine's choice, or a named all-reduce algorithm."""
+    if collective.in_kernel:  # the exchange rides inside a computing kernel: only the flag round trip remains
+        from dataclasses import replace
+        hw = replace(hw, alpha_one_shot_us=hw.alpha_in_kernel_us, alpha_two_shot_us=hw.alpha_in_kernel_us)
     if algorithm is None:
         return choose_algorithm(collective.op, collective.nbytes, collective.ranks, hw)
     if collective.op != "all_reduce" or algorithm not in ALL_REDUCE_ALGORITHMS:
@@ -137,7 +140,5 @@ def min_alpha_us(op: CollectiveOp, ranks: int, hw: HardwareProfile) -> float:
     """The least latency any algorithm pays for one exchange: the speed-of-light floor's collective term."""
     if ranks <= 1:
         return 0.0
-    if op != "all_reduce":
-        return hw.alpha_one_shot_us
     ring_alpha = hw.alpha_ring_us + 2 * (ranks - 1) * hw.alpha_ring_step_us
-    return min(hw.alpha_one_shot_us, hw.alpha_two_shot_us, ring_alpha)
+    return min(hw.alpha_one_shot_us, hw.alpha_two_shot_us, ring_alpha, hw.alpha_in_kernel_us)

@@ -117,10 +117,18 @@ def achievable_bandwidth(nbytes: float, kind: str, hw: HardwareProfile) -> float
     return nbytes / seconds if seconds > 0 else 0.0
 
 
+def stream_bandwidth(kernel: Kernel, hw: HardwareProfile) -> float:
+    """eta BW, or less when the kernel has only `ctas` independent work items: each CTA streams at most
+    `cta_bandwidth` on its own (latency-bound), so 6 CTAs (one per KDA head at TP16, batch 1) reach
+    6 x 35 GB/s = 0.21 TB/s, not 6.8 TB/s."""
+    full = hbm_efficiency(kernel.kind, hw) * hw.hbm_bandwidth
+    return full if kernel.ctas is None else min(full, kernel.ctas * hw.cta_bandwidth)
+
+
 def price_kernel(kernel: Kernel, hw: HardwareProfile) -> KernelCost:
     """The cost of `kernel` alone on `hw` (formulas in the module docstring)."""
     _check_collective(kernel)
-    stream = hbm_efficiency(kernel.kind, hw) * hw.hbm_bandwidth
+    stream = stream_bandwidth(kernel, hw)
     comm = collective_cost(kernel.collective, hw) if kernel.collective else None
     return KernelCost(
         key=kernel.key, name=kernel.name, kind=kernel.kind,

@@ -72,6 +72,8 @@ class HardwareProfile:
     hbm_efficiency: float  # asymptotic fraction of peak HBM bandwidth, streaming kernel
     moe_hbm_efficiency: float  # same for a grouped MoE GEMM
     alpha_one_shot_us: float  # latency of a one-shot all-reduce
+    alpha_in_kernel_us: float  # latency of an exchange done inside a computing kernel (symmetric-memory flags)
+    cta_bandwidth: float  # B/s one CTA streams on its own (latency-bound: bytes in flight / DRAM latency)
     alpha_two_shot_us: float  # latency of a two-shot (reduce-scatter + all-gather) all-reduce
     alpha_ring_us: float  # ring all-reduce base latency
     alpha_ring_step_us: float  # ring all-reduce latency per step (2(P-1) steps)
@@ -102,7 +104,7 @@ UNITS: dict[str, str] = {
     "sm_count": "count", "l2_bytes": "B", "nvlink_bandwidth": "B/s", "nvlink_domain": "GPUs",
     "launch_gap_us": "us", "launch_gap_pdl_us": "us", "kernel_fixed_us": "us", "gemm_fixed_us": "us",
     "hbm_efficiency": "fraction", "moe_hbm_efficiency": "fraction",
-    "alpha_one_shot_us": "us", "alpha_two_shot_us": "us", "alpha_ring_us": "us", "alpha_ring_step_us": "us",
+    "alpha_one_shot_us": "us", "alpha_in_kernel_us": "us", "cta_bandwidth": "B/s", "alpha_two_shot_us": "us", "alpha_ring_us": "us", "alpha_ring_step_us": "us",
     "beta_one_shot": "B/s", "beta_two_shot": "B/s", "beta_ring": "B/s", "one_shot_threshold_bytes": "B",
 }
 INTEGER_KEYS = ("sm_count", "nvlink_domain")

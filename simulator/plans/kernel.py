@@ -47,6 +47,7 @@ class Collective:
     op: CollectiveOp
     nbytes: int
     ranks: int
+    in_kernel: bool = False  # done inside a computing kernel via symmetric-memory flags: no collective launch
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class Kernel:
     collective: Collective | None = None
     prefetch_bytes: int = 0  # weight bytes this kernel may load before its inputs are ready
     pdl: bool = False  # launched with programmatic dependent launch (overlaps its launch with the predecessor's tail)
+    ctas: int | None = None  # independent work items when fewer than the GPU can hold (e.g. one per sequence x head)
     fusions: tuple[str, ...] = ()  # named fusions of the specialized plan this kernel embodies
     replaces: tuple[str, ...] = ()  # keys of the standard-plan kernels this fused kernel replaces
     note: str = ""  # source or reasoning (docs/kernels.md is generated from these)

@@ -23,6 +23,9 @@ the standard kernels it replaced, so a user can ablate one at a time.
 
 KDA + MoE at TP16: 23 standard kernels -> 13 (fused_kda -2, oproj_allreduce_norm -2,
 split_router -1, glu_epilogue -1, moe_finalize -1, latent_tail -3).
+What-if, off by default (the published path keeps the weights unchanged, padding included):
+    unpadded_experts      expert GEMMs built for the true per-rank intermediate (192 rows at TP16)
+                          instead of streaming the stock loader's zero padding to 256
 Dimension legend: M tokens, D hidden, P TP degree, E experts, L latent, k active experts.
 """
 
@@ -54,14 +57,21 @@ FUSIONS: dict[str, str] = {
     "small_batch_proj": "MLA g_proj joins the fused q_a/kv_a skinny GEMM at small batch",
     "pdl_prefetch": "PDL launches and weight prefetch while the predecessor (often a collective) runs",
 }
+# What-ifs beyond the published path: off unless asked for by name.
+WHAT_IF_FUSIONS: dict[str, str] = {
+    "unpadded_experts": "expert GEMMs built for the true per-rank intermediate (192 at TP16), skipping the "
+                        "stock loader's zero padding to 256",
+}
 SMALL_BATCH_MAX_TOKENS = 64  # the published path supports non-speculative decode up to batch 64
 
 
 def resolve_fusions(enabled: Iterable[str] | None = None, disabled: Iterable[str] = ()) -> frozenset[str]:
+    """The published fusions by default; any subset, plus what-ifs, when named."""
     chosen = set(FUSIONS if enabled is None else enabled) - set(disabled)
+    known = FUSIONS | WHAT_IF_FUSIONS
     for name in chosen | set(disabled):
-        if name not in FUSIONS:
-            raise UserError(f"unknown fusion '{name}': known fusions are {', '.join(FUSIONS)}.")
+        if name not in known:
+            raise UserError(f"unknown fusion '{name}': known fusions are {', '.join(known)}.")
     return frozenset(chosen)
 
 
@@ -127,7 +137,7 @@ def attention_output(d: Dims, on: frozenset[str]) -> list[Kernel]:
         key="oproj_ar_norm", name="fused_oproj_allreduce_attnres_rmsnorm", kind="gemm_collective",
         reads=(act("attn.core", M, n),) + reads, writes=writes, weights=(wt(wname, n, D),) + weights,
         flops=gemm_flops(M, n, D) + (d.n_blocks + 2) * M * D * 6,
-        collective=Collective("all_reduce", payload.nbytes, d.P), fusions=("oproj_allreduce_norm",),
+        collective=Collective("all_reduce", payload.nbytes, d.P, in_kernel=True), fusions=("oproj_allreduce_norm",),
         replaces=("o_proj", "attn_all_reduce", "attn_res_post"), effect=run,
         note="GEMM epilogue pushes bf16 partials to peers (one-shot, Lamport flags), reduces in FP32, "
              "adds to the AttnRes prefix, mixes and normalises; the [M, D] partial and reduced outputs "
@@ -144,9 +154,12 @@ def moe(d: Dims, on: frozenset[str]) -> list[Kernel]:
     else:
         front, routing = [std.router_gemm(d)] + ([std.latent_down(d)] if cfg.latent_dim else []), [std.topk(d)]
     shared = shared_mlp(d, on) if cfg.num_shared_experts else []
-    fc1 = replace(std.fc1(d), deps=()) if split else std.fc1(d)  # the gather kernel already waited
+    pad = "unpadded_experts" not in on
+    fc1 = replace(std.fc1(d, pad), deps=()) if split else std.fc1(d, pad)  # the gather kernel already waited
+    if not pad:
+        fc1 = replace(fc1, fusions=("unpadded_experts",))
     kernels = front + shared + routing + [fc1]
-    kernels += [fc2_finalize(d)] if "moe_finalize" in on else [std.fc2(d), std.finalize(d)]
+    kernels += [fc2_finalize(d, pad)] if "moe_finalize" in on else [std.fc2(d, pad), std.finalize(d)]
     if cfg.latent_dim and "latent_tail" in on:
         return kernels + latent_tail(d)
     return kernels + (std.latent_tail(d) if cfg.latent_dim else std.classic_tail(d))
@@ -186,7 +199,7 @@ def split_router(d: Dims) -> list[Kernel]:
         Kernel(key="router_gather_topk", name="allgather_sigmoid_bias_topk", kind="collective", reads=shards,
                writes=(act("latent.z", M, L), act("topk.idx", M, k, dtype="int32"), act("topk.weight", M, k, dtype="fp32")),
                weights=(wt("router.bias", E, dtype="fp32"),), flops=4 * M * E, math="fp32",
-               collective=Collective("all_gather", payload, P), fusions=("split_router",),
+               collective=Collective("all_gather", payload, P, in_kernel=True), fusions=("split_router",),
                replaces=("topk",), effect=gather_topk,
                note="one collective kernel: all-gather the logit and latent shards, exact top-k on the full "
                     "logits (b12x issue #225: top-16 kernel 6.2-7.0 us)"),
@@ -218,8 +231,9 @@ def _gate_up_act(d: Dims) -> Kernel:
                   note="activation in the GEMM epilogue: the [M, 2S/P] gate/up output is never written")
 
 
-def fc2_finalize(d: Dims) -> Kernel:
+def fc2_finalize(d: Dims, pad: bool = False) -> Kernel:
     cfg, M, L, F, k, U = d.cfg, d.M, d.L, d.F_r, d.cfg.top_k, c.expected_experts(d)
+    Fp = std.stock_expert_shard(d, pad)
 
     def run(rank: Any) -> None:
         b = rank.buf
@@ -231,8 +245,8 @@ def fc2_finalize(d: Dims) -> Kernel:
 
     return Kernel(key="fc2_finalize", name="moe_fc2_down_finalize", kind="moe",
                   reads=(act("moe.h", M, k, F), act("topk.weight", M, k, dtype="fp32")), writes=(act("moe.partial", M, L),),
-                  weights=(wt("experts.w_down", U, F, L, dtype=cfg.expert_dtype),), flops=gemm_flops(M * k, F, L) + 2 * M * k * L,
-                  math=c.expert_math(cfg), fusions=("moe_finalize",), replaces=("fc2", "finalize"), effect=per_rank(run),
+                  weights=(wt("experts.w_down", U, Fp, L, dtype=cfg.expert_dtype),), flops=gemm_flops(M * k, F, L) + 2 * M * k * L,
+                  math=c.expert_math(cfg), fusions=("moe_finalize",) + (() if pad else ("unpadded_experts",)), replaces=("fc2", "finalize"), effect=per_rank(run),
                   note="routing weight and scatter-add in the FC2 epilogue: the [M, k, L] slot outputs are never written")
 
 
@@ -261,14 +275,14 @@ def latent_tail(d: Dims) -> list[Kernel]:
         Kernel(key="tail_ar_norm_rs", name="latent_tail_allreduce_rmsnorm_reducescatter", kind="collective",
                reads=(act("moe.partial", M, L), act("shared.partial", M, D)),
                writes=(act("latent.normed", M, L), act("shared.slice", M, D // P)), weights=(wt("latent.norm", L),),
-               flops=4 * M * L, collective=Collective("all_reduce", ar_bytes, P), fusions=("latent_tail",),
+               flops=4 * M * L, collective=Collective("all_reduce", ar_bytes, P, in_kernel=True), fusions=("latent_tail",),
                deps=("shared_down",) if has_shared else (),
                replaces=("tail_concat", "moe_all_reduce", "latent_norm"), effect=ar_norm_rs,
                note="one collective kernel: AR(latent) + RMSNorm + RS(shared) (V-TAIL tier 0 kernel a)"),
         Kernel(key="tail_up_add_gather", name="latent_up_shard_add_allgather", kind="gemm_collective",
                reads=(act("latent.normed", M, L), act("shared.slice", M, D // P)), writes=(act("moe_out", M, D),),
                weights=(wt("latent.w_up_shard", L, D // P),), flops=gemm_flops(M, L, D // P),
-               collective=Collective("all_gather", act("u", M, D // P).nbytes, P), fusions=("latent_tail",),
+               collective=Collective("all_gather", act("u", M, D // P).nbytes, P, in_kernel=True), fusions=("latent_tail",),
                replaces=("latent_up", "tail_add"), effect=up_add_gather,
                note="sharded up-projection, epilogue adds the shared slice and multicast-stores into every "
                     "rank's output (V-TAIL tier 0 kernels b + c; NVLS)"),

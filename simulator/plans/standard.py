@@ -42,7 +42,21 @@ def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer:
     kernels += kda_attention(d) if cfg.attn_kinds[d.layer] == "kda" else mla_attention(d)
     kernels += attention_output(d)
     kernels += dense_ffn(d) if layer_type == "dense" else moe(d)
+    if shape.batch == 1 and shape.tokens_per_seq == 1:
+        kernels = stock_c1_pipeline(kernels)
     return Plan("standard", layer_type, tp, shape, tuple(kernels))
+
+
+# The stock path's single-request (C=1) pipeline: these kernels launch with PDL and load their weights
+# (and state / conv prep) before the dependency wait. vLLM PR #53525 (C=1 KDA PDL pipeline: CuTe skinny
+# GEMM and dsv3 fused-A early trigger) and PR #53524 (M=1 router: weight tiles before the PDL wait).
+STOCK_C1_PDL = frozenset({"kda_in_proj", "kda_fb_proj", "kda_conv", "kda_recurrent", "kda_gated_norm",
+                          "kda_decode", "o_proj", "router"})
+
+
+def stock_c1_pipeline(kernels: list[Kernel]) -> list[Kernel]:
+    from dataclasses import replace
+    return [replace(k, pdl=True, prefetch_bytes=k.weight_bytes) if k.key in STOCK_C1_PDL else k for k in kernels]
 
 
 # ======================================================================= attention: KDA
@@ -99,8 +113,9 @@ def kda_recurrent(d: Dims) -> Kernel:
                   reads=(act("kda.qkv_conv", M, 3 * C), act("kda.z", M, C), act("kda.b", M, Nh), state),
                   writes=(act("kda.o", M, C), state),
                   weights=(wt("kda.dt_bias", C, dtype="fp32"), wt("kda.a_log", Nh, dtype="fp32")),
-                  flops=M * Nh * H * H * 8, math="fp32", effect=per_rank(run),
-                  note="gate + beta + L2 norm + delta-rule update of the FP32 state (V-KDA fallback chain)")
+                  flops=M * Nh * H * H * 8, math="fp32", ctas=B * Nh, effect=per_rank(run),
+                  note="gate + beta + L2 norm + delta-rule update of the FP32 state, one CTA per (sequence, head) "
+                       "(V-KDA fallback chain)")
 
 
 def kda_gated_norm(d: Dims) -> Kernel:
@@ -138,7 +153,7 @@ def kda_fused_kernel(d: Dims, name: str, fusions: tuple[str, ...] = (), pdl: boo
                   writes=(act("attn.core", M, C), state, conv),
                   weights=(wt("kda.conv_w", 3 * C, W), wt("kda.dt_bias", C, dtype="fp32"),
                            wt("kda.a_log", Nh, dtype="fp32"), wt("kda.o_norm", H, dtype="fp32")),
-                  flops=M * Nh * H * H * 8 + 2 * M * 3 * C * W, math="fp32", fusions=fusions, pdl=pdl,
+                  flops=M * Nh * H * H * 8 + 2 * M * 3 * C * W, math="fp32", fusions=fusions, pdl=pdl, ctas=B * Nh,
                   replaces=("kda_conv", "kda_recurrent", "kda_gated_norm"), effect=per_rank(run),
                   note="one pass per (sequence, head): conv, gate, delta rule, norm, output gate; "
                        "q/k/v/o intermediates stay on chip (V-KDA fused_kda_decode; FlashInfer PR #4243)")
@@ -432,8 +447,18 @@ def topk(d: Dims) -> Kernel:
                   note="sigmoid + selection bias + top-k + renormalise (TRT-LLM-gen MoE routing kernel)")
 
 
-def fc1(d: Dims) -> Kernel:
+# The stock loader pads each rank's slice of the expert intermediate to at least 256 (V-MODEL: 3072 / 16
+# = 192 -> 256 at TP16); the padded rows are zeros but are streamed like any other weight bytes.
+STOCK_MIN_EXPERT_SHARD = 256
+
+
+def stock_expert_shard(d: Dims, pad: bool = True) -> int:
+    return max(d.F_r, STOCK_MIN_EXPERT_SHARD) if pad and d.P > 1 else d.F_r
+
+
+def fc1(d: Dims, pad: bool = True) -> Kernel:
     cfg, M, L, F, k, U = d.cfg, d.M, d.L, d.F_r, d.cfg.top_k, c.expected_experts(d)
+    Fp = stock_expert_shard(d, pad)
     src = "latent.z" if cfg.latent_dim else "x2"
 
     def run(rank: Any) -> None:
@@ -442,23 +467,24 @@ def fc1(d: Dims) -> Kernel:
     return Kernel(key="fc1", name="moe_fc1_gate_up_act", kind="moe",
                   deps=("latent_down",) if cfg.latent_dim else (),
                   reads=(act(src, M, L), act("topk.idx", M, k, dtype="int32")), writes=(act("moe.h", M, k, F),),
-                  weights=(wt("experts.w_gate_up", U, L, 2 * F, dtype=cfg.expert_dtype),),
+                  weights=(wt("experts.w_gate_up", U, L, 2 * Fp, dtype=cfg.expert_dtype),),
                   flops=gemm_flops(M * k, L, 2 * F), math=c.expert_math(cfg), effect=per_rank(run),
-                  note=f"grouped GEMM over the U(M) = {U} touched experts' TP shards, activation in the epilogue "
-                       "(TRT-LLM-gen MXFP4 MoE)")
+                  note=f"grouped GEMM over the U(M) = {U} touched experts' TP shards ({Fp} intermediate rows per rank"
+                       + (", padded by the stock loader" if Fp != F else "") + "), activation in the epilogue")
 
 
-def fc2(d: Dims) -> Kernel:
+def fc2(d: Dims, pad: bool = True) -> Kernel:
     cfg, M, L, F, k, U = d.cfg, d.M, d.L, d.F_r, d.cfg.top_k, c.expected_experts(d)
+    Fp = stock_expert_shard(d, pad)
 
     def run(rank: Any) -> None:
         rank.buf["moe.slots"] = ex.expert_fc2(rank.buf["moe.h"], rank.buf["topk.idx"], c.expert_shard(rank))
 
     return Kernel(key="fc2", name="moe_fc2_down", kind="moe", reads=(act("moe.h", M, k, F),),
                   writes=(act("moe.slots", M, k, L),),
-                  weights=(wt("experts.w_down", U, F, L, dtype=cfg.expert_dtype),),
+                  weights=(wt("experts.w_down", U, Fp, L, dtype=cfg.expert_dtype),),
                   flops=gemm_flops(M * k, F, L), math=c.expert_math(cfg), effect=per_rank(run),
-                  note="grouped down GEMM, one output row per (token, slot)")
+                  note="grouped down GEMM, one output row per (token, slot); intermediate padded like FC1")
 
 
 def finalize(d: Dims) -> Kernel:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from simulator.config import load_model
 from simulator.plans import specialized, standard
 from simulator.plans.kernel import DecodeShape, Plan
-from simulator.plans.specialized import FUSIONS
+from simulator.plans.specialized import FUSIONS, WHAT_IF_FUSIONS
 
 TRACE_SHAPE = DecodeShape(batch=1, tokens_per_seq=8, context=1024)
 
@@ -66,6 +66,7 @@ def kernels_markdown() -> str:
                        for lt in ("kda", "mla", "dense"))
     tp8 = len(standard.build(cfg, 8, DecodeShape(1, 1, 1024), "kda"))
     fusions = "\n".join(f"| `{name}` | {text} |" for name, text in FUSIONS.items())
+    fusions += "\n" + "\n".join(f"| `{name}` (what-if, off by default) | {text} |" for name, text in WHAT_IF_FUSIONS.items())
     parts = [HEADER.format(counts=counts, tp8=tp8, fusions=fusions)]
     for (lt, variant), plan in plans.items():
         parts.append(f"## {lt.upper()} layer, {variant} ({len(plan)} kernels)\n\n{_plan_table(plan)}\n")

@@ -4,7 +4,8 @@ One process (pid) per timeline, e.g. standard and specialized side by side; one 
 named by a `thread_name` metadata event. Each kernel is a complete event (ph "X") with ts and dur in µs,
 the trace format's unit; its args carry bytes, FLOPs, bound, GB/s and fraction of peak. A kernel's early
 weight loading (prefetch) is a "prefetch" slice on the same track, nested inside the predecessor it hides
-behind. Format: "Trace Event Format" (Google, docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU).
+behind. Format: Google's "Trace Event Format"
+(docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU).
 """
 
 from __future__ import annotations

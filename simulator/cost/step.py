@@ -1,0 +1,176 @@
+"""Decode step: per-layer-type cost x layer counts + the model head, with speculative decoding.
+
+    T_step = sum_{type in kda, mla, dense} n_type * T_layer(type, M) + T_head(M) + T_draft
+
+with M = batch x (1 + draft tokens) tokens in the verify forward. The head is the embedding lookup
+(vocab-parallel, so one all-reduce), the final AttnRes mix over every block snapshot + the final
+RMSNorm, the vocab-sharded LM head and greedy sampling (local argmax + an all-gather of the winners).
+
+Speculative decoding (draft length d, mean acceptance length a):
+- a is vLLM's *mean acceptance length*: tokens emitted per verify step per sequence, bonus token
+  included, so 1 <= a <= d + 1 (a = 1 without speculation).
+- the drafter (its own config, e.g. models/dspark-k3.json) is costed with the same dense-layer plans:
+  'block' drafting proposes all d tokens in one forward of M = batch x d tokens; 'autoregressive'
+  drafting runs d forwards of M = batch. It reads the target's LM head for its own logits. The
+  drafter is identical in both variants (the published change leaves it untouched).
+
+    tokens/s (aggregate) = batch x a / T_step        tokens/s per user = a / T_step
+
+Dimension legend: M tokens per forward, D hidden, V vocab, P TP degree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from simulator.config import ModelConfig
+from simulator.cost.timeline import Timeline, schedule
+from simulator.errors import UserError
+from simulator.hardware import HardwareProfile
+from simulator.plans import specialized, standard
+from simulator.plans.common import act, gemm_flops, wt
+from simulator.plans.kernel import Collective, DecodeShape, Kernel, Plan
+
+BUILDERS: dict[str, Callable[..., Plan]] = {"standard": standard.build, "specialized": specialized.build}
+
+
+def representative_layer(cfg: ModelConfig, layer_type: str) -> int:
+    """The median layer of a type: its AttnRes source count is the type's typical one."""
+    layers = [i for i in range(cfg.num_layers) if cfg.layer_type(i) == layer_type]
+    if not layers:
+        raise UserError(f"model '{cfg.name}' has no layer of type '{layer_type}'.")
+    return layers[len(layers) // 2]
+
+
+def build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, layer_type: str,
+               fusions: frozenset[str] | None = None, layer: int | None = None) -> Plan:
+    if variant not in BUILDERS:
+        raise UserError(f"variant '{variant}' is not one of {', '.join(BUILDERS)}.")
+    index = representative_layer(cfg, layer_type) if layer is None else layer
+    if variant == "specialized":
+        return specialized.build(cfg, tp, shape, layer_type, index, fusions=fusions)
+    return standard.build(cfg, tp, shape, layer_type, index)
+
+
+def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape,
+                   layer_type: str, fusions: frozenset[str] | None = None) -> Timeline:
+    return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions), hw)
+
+
+# ---------------------------------------------------------------------------------------
+# the model head: embedding, final mix + norm, LM head, sampling (cost-only kernels)
+# ---------------------------------------------------------------------------------------
+
+def head_plan(cfg: ModelConfig, tp: int, shape: DecodeShape, variant: str) -> Plan:
+    M, D, P, V = shape.tokens, cfg.hidden_size, tp, cfg.vocab_size
+    n_src = (-(-cfg.num_layers // cfg.attn_res_block) if cfg.attn_res_block else 0) + 1
+    x = act("hidden", M, D)
+    kernels = [
+        Kernel(key="embed", name="vocab_parallel_embedding", kind="pointwise", writes=(x,),
+               weights=(wt("embed.rows", M, D),), note="each rank gathers the rows it owns (V/P of them)"),
+        Kernel(key="embed_all_reduce", name="allreduce", kind="collective", reads=(x,), writes=(x,),
+               collective=Collective("all_reduce", x.nbytes, P), note="vocab-parallel embedding: rows from their owner"),
+        Kernel(key="final_mix_norm", name="attn_res_final_mix_rmsnorm", kind="pointwise",
+               reads=(act("sources", n_src, M, D),), writes=(x,), weights=(wt("final_norm", D), wt("final_res", 2, D)),
+               note="output AttnRes mix over every snapshot + prefix, then model.norm"),
+        Kernel(key="lm_head", name="gemm_lm_head", kind="gemm", reads=(x,), writes=(act("logits", M, V // P, dtype="fp32"),),
+               weights=(wt("lm_head", D, V // P),), flops=gemm_flops(M, D, V // P),
+               note="vocab-sharded LM head (10240 x 7168 per rank at TP16; V-LLG)"),
+        Kernel(key="argmax", name="argmax_local", kind="pointwise", reads=(act("logits", M, V // P, dtype="fp32"),),
+               writes=(act("best", M, 2, dtype="fp32"),), note="greedy: each rank's best logit and its id"),
+        Kernel(key="sample_gather", name="allgather_argmax", kind="collective", reads=(act("best", M, 2, dtype="fp32"),),
+               writes=(act("tokens", M, dtype="int32"),), collective=Collective("all_gather", M * 8, P),
+               note="gather the P candidates per token and pick the winner (and accept / reject drafts)"),
+    ]
+    pdl = variant == "specialized"  # the fused path launches everything with PDL
+    from dataclasses import replace
+    return Plan(variant, "head", tp, shape, tuple(replace(k, pdl=pdl) for k in kernels))
+
+
+def drafter_plans(drafter: ModelConfig, tp: int, batch: int, draft_tokens: int, context: int,
+                  drafting: str, taps: int) -> tuple[list[Plan], int]:
+    """(plans of one drafting forward, how many forwards) for the drafter's dense layers + its head."""
+    m_tokens = batch * draft_tokens if drafting == "block" else batch
+    shape = DecodeShape(m_tokens, 1, context)
+    layers = [standard.build(drafter, tp, shape, "dense", i) for i in range(drafter.num_layers)]
+    D, M = drafter.hidden_size, shape.tokens
+    fc = Kernel(key="draft_fc", name="gemm_draft_tap_projection", kind="gemm", reads=(act("taps", M, taps * D),),
+                writes=(act("x", M, D),), weights=(wt("draft.fc", taps * D, D // tp),), flops=gemm_flops(M, taps * D, D // tp),
+                note="projects the target hidden states tapped at several layers into the drafter")
+    head = head_plan(drafter, tp, shape, "standard")
+    head = Plan("standard", "draft_head", tp, shape, (fc,) + tuple(k for k in head.kernels if k.key != "embed_all_reduce"))
+    return layers + [head], (1 if drafting == "block" else draft_tokens)
+
+
+# ---------------------------------------------------------------------------------------
+# the step
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepEstimate:
+    variant: str
+    step_us: float
+    tokens_per_step: float  # per sequence: the acceptance length
+    batch: int
+    breakdown_us: dict[str, float] = field(default_factory=dict)
+    layer_us: dict[str, float] = field(default_factory=dict)
+    kernels_per_step: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch * self.tokens_per_step / (self.step_us * 1e-6)
+
+    @property
+    def tokens_per_s_per_user(self) -> float:
+        return self.tokens_per_step / (self.step_us * 1e-6)
+
+
+def validate_speculation(draft_tokens: int, acceptance_length: float | None) -> float:
+    if draft_tokens < 0:
+        raise UserError(f"--draft-tokens = {draft_tokens} must be 0 or more.")
+    if acceptance_length is None:
+        return float(draft_tokens + 1) if draft_tokens else 1.0
+    if not 1.0 <= acceptance_length <= draft_tokens + 1:
+        raise UserError(f"--acceptance-length = {acceptance_length} must lie in [1, draft tokens + 1 = {draft_tokens + 1}] "
+                        "(tokens emitted per verify step, bonus token included).")
+    return float(acceptance_length)
+
+
+def load_drafter(name_or_path: str) -> tuple[ModelConfig, str, int]:
+    from simulator.config import MODELS_DIR, load_model
+    cfg = load_model(name_or_path)
+    path = Path(cfg.source) if cfg.source else MODELS_DIR / f"{name_or_path}.json"
+    raw = json.loads(path.read_text())
+    drafting = raw.get("moe_sim_drafting", "autoregressive")
+    if drafting not in ("block", "autoregressive"):
+        raise UserError(f"{path}: field 'moe_sim_drafting' = {drafting!r} is not 'block' or 'autoregressive'.")
+    if cfg.has_moe:
+        raise UserError(f"drafter '{cfg.name}' has MoE layers; moe-sim costs dense drafters only.")
+    return cfg, drafting, int(raw.get("moe_sim_target_taps", 1))
+
+
+def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, batch: int, context: int,
+                  draft_tokens: int = 0, acceptance_length: float | None = None, drafter: str = "dspark-k3",
+                  fusions: frozenset[str] | None = None) -> StepEstimate:
+    accept = validate_speculation(draft_tokens, acceptance_length)
+    shape = DecodeShape(batch, 1 + draft_tokens, context)
+    breakdown, per_layer, kernels = {}, {}, 0
+    for layer_type, count in cfg.layer_counts().items():
+        if count:
+            tl = schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions), hw)
+            per_layer[layer_type] = tl.layer_us
+            breakdown[f"{layer_type}_layers"] = count * tl.layer_us
+            kernels += count * tl.kernel_count
+    head = schedule(head_plan(cfg, tp, shape, variant), hw)
+    breakdown["head"] = head.layer_us
+    kernels += head.kernel_count
+    if draft_tokens:
+        dcfg, drafting, taps = load_drafter(drafter)
+        plans, repeats = drafter_plans(dcfg, tp, batch, draft_tokens, context, drafting, taps)
+        timelines = [schedule(p, hw) for p in plans]
+        breakdown["draft"] = repeats * sum(t.layer_us for t in timelines)
+        kernels += repeats * sum(t.kernel_count for t in timelines)
+    return StepEstimate(variant, sum(breakdown.values()), accept, batch, breakdown, per_layer, kernels)
