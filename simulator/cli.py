@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from enum import Enum
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
@@ -86,6 +86,142 @@ def check(
         from simulator.report.tables import print_check
         print_check(doc)
     raise typer.Exit(0 if doc["passed"] else 1)
+
+
+class LayerType(str, Enum):
+    kda = "kda"
+    mla = "mla"
+    dense = "dense"
+
+
+class VariantChoice(str, Enum):
+    standard = "standard"
+    specialized = "specialized"
+    both = "both"
+
+
+HardwareOpt = Annotated[str, typer.Option("--hardware", help="GPU profile name (see `moe-sim list hardware`) or path to a .toml profile.")]
+VariantOpt = Annotated[VariantChoice, typer.Option("--variant", help="Which plan(s) to price.")]
+DisableOpt = Annotated[Optional[list[str]], typer.Option("--disable-fusion", help="Turn one fusion of the specialized plan off (repeatable).")]
+EnableOpt = Annotated[Optional[list[str]], typer.Option("--enable-fusion", help="Turn a what-if fusion on (repeatable), e.g. unpadded_experts.")]
+
+
+def _emit(doc: dict, as_json: bool, printer: Callable[[dict], None]) -> None:
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        printer(doc)
+
+
+@app.command()
+def layer(
+    model: ModelOpt = "kimi-k3",
+    hardware: HardwareOpt = "gb300",
+    tp: TpOpt = 16,
+    batch: BatchOpt = 1,
+    tokens_per_seq: TokensOpt = 8,
+    context: ContextOpt = 512,
+    layer_type: Annotated[LayerType, typer.Option("--layer", help="Layer type.")] = LayerType.kda,
+    variant: VariantOpt = VariantChoice.both,
+    disable_fusion: DisableOpt = None,
+    enable_fusion: EnableOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Per-kernel cost and timeline of one decoder layer, standard and specialized side by side.
+
+    With no options: the configuration assumed for the published trace (Kimi K3 KDA + MoE layer,
+    GB300, TP16, batch 1 verifying 7 draft tokens = 8 tokens, context 512).
+    Example: moe-sim layer --hardware h200 --tp 8 --batch 32 --tokens-per-seq 1
+    """
+    from simulator.config import load_model
+    from simulator.hardware import load_hardware
+    from simulator.plans.kernel import DecodeShape
+    from simulator.report.summary import fusion_set, layer_report
+
+    def body() -> dict:
+        cfg, hw = load_model(model), load_hardware(hardware)
+        return layer_report(cfg, hw, tp, DecodeShape(batch, tokens_per_seq, context), layer_type.value,
+                            variant.value, fusion_set(disable_fusion, enable_fusion))
+
+    from simulator.report.tables import print_layer
+    _emit(_guard(body), as_json, print_layer)
+
+
+@app.command()
+def step(
+    model: ModelOpt = "kimi-k3",
+    hardware: HardwareOpt = "gb300",
+    tp: TpOpt = 16,
+    batch: BatchOpt = 1,
+    context: ContextOpt = 512,
+    draft_tokens: Annotated[int, typer.Option("--draft-tokens", help="Draft tokens verified per step (0 = no speculative decoding).")] = 0,
+    acceptance_length: Annotated[Optional[float], typer.Option("--acceptance-length", help=(
+        "vLLM's mean acceptance length: tokens emitted per verify step per sequence, bonus token included "
+        "(1 <= a <= draft tokens + 1; default draft tokens + 1)."))] = None,
+    drafter: Annotated[str, typer.Option("--drafter", help="Draft model config (name or path).")] = "dspark-k3",
+    variant: VariantOpt = VariantChoice.both,
+    disable_fusion: DisableOpt = None,
+    enable_fusion: EnableOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Whole decode step: time, aggregate tokens/s, tokens/s per user and a breakdown.
+
+    With no options: the published batch-1 configuration (Kimi K3, GB300, TP16, no speculation,
+    context 512 = the middle of a 1,024-token generation).
+    Example: moe-sim step --draft-tokens 7 --acceptance-length 6
+    """
+    from simulator.config import load_model
+    from simulator.hardware import load_hardware
+    from simulator.report.summary import fusion_set, step_report
+
+    def body() -> dict:
+        cfg, hw = load_model(model), load_hardware(hardware)
+        if batch < 1 or context < 0:
+            raise UserError(f"batch = {batch} must be >= 1 and context = {context} >= 0.")
+        return step_report(cfg, hw, tp, batch, context, draft_tokens, acceptance_length, variant.value, drafter,
+                           fusion_set(disable_fusion, enable_fusion))
+
+    from simulator.report.tables import print_step
+    _emit(_guard(body), as_json, print_step)
+
+
+@app.command()
+def trace(
+    out: Annotated[str, typer.Option("--out", help="Chrome trace JSON file to write (open it in ui.perfetto.dev).")],
+    model: ModelOpt = "kimi-k3",
+    hardware: HardwareOpt = "gb300",
+    tp: TpOpt = 16,
+    batch: BatchOpt = 1,
+    tokens_per_seq: TokensOpt = 8,
+    context: ContextOpt = 512,
+    layer_type: Annotated[LayerType, typer.Option("--layer", help="Layer type (for a layer trace).")] = LayerType.kda,
+    whole_step: Annotated[bool, typer.Option("--step", help="Trace every layer of the step end to end instead of one layer.")] = False,
+    variant: VariantOpt = VariantChoice.both,
+) -> None:
+    """Write the layer (or step) timeline as a Chrome trace: one process per variant, one track per stream.
+
+    Example: moe-sim trace --out layer.json
+    """
+    from simulator.config import load_model
+    from simulator.hardware import load_hardware
+    from simulator.plans.kernel import DecodeShape
+    from simulator.report.summary import layer_timelines, step_timeline, variants_of
+    from simulator.report.trace import write_trace
+
+    def body() -> str:
+        cfg, hw = load_model(model), load_hardware(hardware)
+        shape = DecodeShape(batch, tokens_per_seq, context)
+        if whole_step:
+            from simulator.plans.common import make_dims
+            make_dims(cfg, tp, shape, None, cfg.layer_type(0))  # validate before the long build
+            tls = [step_timeline(cfg, hw, v, tp, shape) for v in variants_of(variant.value)]
+        else:
+            tls = list(layer_timelines(cfg, hw, tp, shape, layer_type.value, variant.value).values())
+        write_trace(out, tls)
+        return f"wrote {out}: {sum(t.kernel_count for t in tls)} kernels on {len(tls)} timeline(s) " + \
+            ", ".join(f"{t.label} {t.layer_us:.1f} us" for t in tls)
+
+    typer.echo(_guard(body))
 
 
 @app.command("list")

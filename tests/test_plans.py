@@ -39,6 +39,10 @@ def test_each_fusion_switches_off_alone(k3, fusion):
     assert len(without) - len(full) == FUSION_SAVINGS[fusion]
     assert fusion not in without.fusions
     assert all(fusion not in k.fusions for k in without)
+    for layer in ("kda", "mla", "dense"):  # every ablated plan is still well formed
+        plan = specialized.build(k3, 16, K3_TRACE, layer, fusions=set(FUSIONS) - {fusion})
+        keys = [k.key for k in plan]
+        assert all(set(k.deps) <= set(keys[:i]) for i, k in enumerate(plan)), (fusion, layer)
 
 
 def test_no_fusion_is_standard_traffic(k3):

@@ -114,6 +114,8 @@ class _Run:
     prefetch_target: float = 0.0
     prefetch_start: float | None = None
     prefetch_end: float | None = None
+    inputs: tuple[int, ...] = ()  # deps + same-stream predecessor: what it waits for
+    can_prefetch: int = 0  # bytes it may load early (0: never prefetches)
 
 
 def schedule(plan: Plan, hw: HardwareProfile) -> Timeline:
@@ -154,7 +156,9 @@ def _runs(plan: Plan, hw: HardwareProfile) -> list[_Run]:
         unknown = [d for d in k.deps if d not in index]
         if k.key in index or unknown:
             raise ValueError(f"kernel {k.key!r}: duplicate key or deps on unknown/later kernels {unknown}")
-        runs.append(_Run(k, price_kernel(k, hw), last.get(k.stream), tuple(index[d] for d in k.deps)))
+        pred, deps = last.get(k.stream), tuple(index[d] for d in k.deps)
+        runs.append(_Run(k, price_kernel(k, hw), pred, deps, inputs=deps + ((pred,) if pred is not None else ()),
+                         can_prefetch=_prefetch_target(k) if pred is not None else 0))
         index[k.key] = last[k.stream] = i
     return runs
 
@@ -184,7 +188,9 @@ def _settle(runs: list[_Run], now: float, hw: HardwareProfile) -> None:
     changed = True
     while changed:
         changed = False
-        for r in runs:
+        # only unfinished kernels whose same-stream predecessor has started can change state now
+        live = [r for r in runs if r.end is None and (r.pred is None or runs[r.pred].start is not None)]
+        for r in live:
             changed |= _finish_phases(r, now) | _stop_prefetch(r, runs, now) | _start(r, runs, now, hw)
 
 
@@ -221,14 +227,14 @@ def _start(r: _Run, runs: list[_Run], now: float, hw: HardwareProfile) -> bool:
     if t_pf is None or t_pf > now + EPS:
         return False
     rate = r.cost.stream_bandwidth * 1e-6  # B/µs
-    r.prefetch_target = float(_prefetch_target(r.kernel))
+    r.prefetch_target = float(r.can_prefetch)
     r.prefetch, r.prefetch_start = [r.prefetch_target / rate, rate], now
     return True
 
 
 def _input_ends(r: _Run, runs: list[_Run]) -> list[float | None]:
     """End times of the kernels `r` waits for (None while one still runs)."""
-    return [runs[i].end for i in r.deps + ((r.pred,) if r.pred is not None else ())]
+    return [runs[i].end for i in r.inputs]
 
 
 def _ready_time(r: _Run, runs: list[_Run], hw: HardwareProfile) -> float:
@@ -240,7 +246,7 @@ def _ready_time(r: _Run, runs: list[_Run], hw: HardwareProfile) -> float:
 
 def _prefetch_time(r: _Run, runs: list[_Run], hw: HardwareProfile) -> float | None:
     """When early loading may begin: the predecessor runs, cross-stream deps are done; None if never."""
-    if r.prefetch_start is not None or _prefetch_target(r.kernel) <= 0 or r.pred is None:
+    if r.prefetch_start is not None or r.can_prefetch <= 0:
         return None
     pred = runs[r.pred]
     if pred.start is None or pred.end is not None or any(runs[d].end is None for d in r.deps):
@@ -250,8 +256,9 @@ def _prefetch_time(r: _Run, runs: list[_Run], hw: HardwareProfile) -> float | No
 
 def _waits(runs: list[_Run], now: float, hw: HardwareProfile) -> list[float]:
     """Time until each pending kernel start or prefetch start that lies in the future."""
-    times = [r.ready for r in runs if r.start is None and r.ready is not None]
-    times += [t for r in runs if r.start is None and (t := _prefetch_time(r, runs, hw)) is not None]
+    pending = [r for r in runs if r.start is None and (r.pred is None or runs[r.pred].start is not None)]
+    times = [r.ready for r in pending if r.ready is not None]
+    times += [t for r in pending if (t := _prefetch_time(r, runs, hw)) is not None]
     return [t - now for t in times if t > now + EPS]
 
 

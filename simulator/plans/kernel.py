@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Literal
 
 # bytes per element of each storage format; MXFP4 adds one E8M0 scale byte per 32 elements.
@@ -73,19 +74,19 @@ class Kernel:
     note: str = ""  # source or reasoning (docs/kernels.md is generated from these)
     effect: Callable[[list[Any]], None] | None = field(default=None, compare=False, repr=False)
 
-    @property
+    @cached_property
     def weight_bytes(self) -> int:
         return sum(t.nbytes for t in self.weights)
 
-    @property
+    @cached_property
     def read_bytes(self) -> int:
         return sum(t.nbytes for t in self.reads)
 
-    @property
+    @cached_property
     def write_bytes(self) -> int:
         return sum(t.nbytes for t in self.writes)
 
-    @property
+    @cached_property
     def hbm_bytes(self) -> int:
         """Bytes this kernel moves through HBM on one rank: weights + activations/state in and out."""
         return self.weight_bytes + self.read_bytes + self.write_bytes
@@ -131,11 +132,11 @@ class Plan:
                 return k
         raise KeyError(key)
 
-    @property
+    @cached_property
     def hbm_bytes(self) -> int:
         return sum(k.hbm_bytes for k in self.kernels)
 
-    @property
+    @cached_property
     def weight_bytes(self) -> int:
         return sum(k.weight_bytes for k in self.kernels)
 

@@ -152,7 +152,8 @@ def moe(d: Dims, on: frozenset[str]) -> list[Kernel]:
     if split:
         front, routing = split_router(d), []
     else:
-        front, routing = [std.router_gemm(d)] + ([std.latent_down(d)] if cfg.latent_dim else []), [std.topk(d)]
+        latent = [replace(std.latent_down(d), deps=(_x2_producer(on),))] if cfg.latent_dim else []
+        front, routing = [std.router_gemm(d)] + latent, [std.topk(d)]
     shared = shared_mlp(d, on) if cfg.num_shared_experts else []
     pad = "unpadded_experts" not in on
     fc1 = replace(std.fc1(d, pad), deps=()) if split else std.fc1(d, pad)  # the gather kernel already waited
@@ -163,6 +164,11 @@ def moe(d: Dims, on: frozenset[str]) -> list[Kernel]:
     if cfg.latent_dim and "latent_tail" in on:
         return kernels + latent_tail(d)
     return kernels + (std.latent_tail(d) if cfg.latent_dim else std.classic_tail(d))
+
+
+def _x2_producer(on: frozenset[str]) -> str:
+    """Key of the kernel that writes the MoE input x2 (aux-stream kernels wait for it)."""
+    return "oproj_ar_norm" if "oproj_allreduce_norm" in on else "attn_res_post"
 
 
 def split_router(d: Dims) -> list[Kernel]:
@@ -212,7 +218,7 @@ def shared_mlp(d: Dims, on: frozenset[str]) -> list[Kernel]:
     if "glu_epilogue" in on:
         kernels = [_gate_up_act(d)] + [kernels[2]]
     if "shared_overlap" in on:
-        first_dep = "oproj_ar_norm" if "oproj_allreduce_norm" in on else "attn_res_post"
+        first_dep = _x2_producer(on)
         kernels = [replace(k, stream="aux", deps=(first_dep,) if i == 0 else ()) for i, k in enumerate(kernels)]
     return kernels
 

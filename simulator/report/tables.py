@@ -35,3 +35,46 @@ def print_check(doc: dict[str, Any]) -> None:
                               f"< {v['flip_bound']:.0e}", "yes" if worst < v["flip_bound"] else "NO")
     con.print(table)
     con.print("PASSED" if doc["passed"] else "FAILED: a variant is outside its tolerance")
+
+
+def _conditions(doc: dict[str, Any]) -> str:
+    parts = [f"model {doc['model']}", f"{doc['hardware']}", f"TP{doc['tp']}", f"batch {doc['batch']}"]
+    if "tokens_per_seq" in doc:
+        parts.append(f"{doc['tokens_per_seq']} token(s)/seq (M = {doc['tokens']})")
+    if doc.get("draft_tokens"):
+        parts.append(f"{doc['draft_tokens']} draft tokens, acceptance length {doc['acceptance_length']:g} ({doc['drafter']})")
+    parts.append(f"context {doc['context']}")
+    return "  ".join(parts)
+
+
+def print_layer(doc: dict[str, Any]) -> None:
+    con = _console()
+    con.print(f"{doc['layer'].upper()} layer (#{doc['layer_index']})  " + _conditions(doc))
+    con.print(f"metric: {doc['metric']}")
+    for name, v in doc["variants"].items():
+        table = Table("#", "kernel", "stream", "start us", "dur us", "MB", "bound", "GB/s", "% peak", title=
+                      f"{name}: {v['kernel_count']} kernels, {v['layer_us']:.1f} us (speed-of-light floor {v['floor_us']:.1f} us)")
+        for i, k in enumerate(v["kernels"], 1):
+            table.add_row(str(i), k["name"], k["stream"], f"{k['start_us']:.2f}", f"{k['duration_us']:.2f}",
+                          f"{k['bytes'] / 1e6:.2f}", k["bound"], f"{k['achieved_gbps']:.0f}", f"{100 * k['fraction_of_peak']:.0f}")
+        con.print(table)
+    summary = Table("variant", "kernels", "layer us", "floor us", "HBM MB", title="side by side")
+    for name, v in doc["variants"].items():
+        summary.add_row(name, str(v["kernel_count"]), f"{v['layer_us']:.1f}", f"{v['floor_us']:.1f}", f"{v['hbm_bytes'] / 1e6:.1f}")
+    con.print(summary)
+    if "speedup" in doc:
+        con.print(f"speedup (standard / specialized layer time): {doc['speedup']:.2f}x")
+
+
+def print_step(doc: dict[str, Any]) -> None:
+    con = _console()
+    con.print("decode step  " + _conditions(doc))
+    con.print(f"metric: {doc['metric']}")
+    keys = list(next(iter(doc["variants"].values()))["breakdown_ms"])
+    table = Table("variant", "step ms", "tok/s (aggregate)", "tok/s per user", *[f"{k} ms" for k in keys], "kernels")
+    for name, v in doc["variants"].items():
+        table.add_row(name, f"{v['step_ms']:.3f}", f"{v['tokens_per_s']:.1f}", f"{v['tokens_per_s_per_user']:.1f}",
+                      *[f"{v['breakdown_ms'][k]:.3f}" for k in keys], str(v["kernels_per_step"]))
+    con.print(table)
+    if "speedup" in doc:
+        con.print(f"speedup (standard / specialized step time): {doc['speedup']:.2f}x")

@@ -1,0 +1,107 @@
+"""Library functions behind `moe-sim layer`, `step` and `trace`: plain dicts that the CLI prints as a
+table or as JSON. Every number travels with its metric and its conditions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from simulator.config import ModelConfig
+from simulator.cost.step import StepEstimate, build_plan, estimate_step, head_plan, representative_layer
+from simulator.cost.timeline import Span, Timeline, schedule
+from simulator.hardware import HardwareProfile
+from simulator.plans.kernel import DecodeShape
+from simulator.plans.specialized import resolve_fusions
+
+VARIANTS = ("standard", "specialized")
+LAYER_METRIC = "one decoder layer on one TP rank: makespan of the scheduled kernel timeline (CUDA-graph replay)"
+STEP_METRIC = ("decode step (one verify forward + drafting), prefill excluded: step time = inter-token latency "
+               "per verify step; tokens/s aggregate over the batch and per user (sequence)")
+
+
+def variants_of(variant: str) -> tuple[str, ...]:
+    return VARIANTS if variant == "both" else (variant,)
+
+
+def fusion_set(disable: list[str] | None = None, enable: list[str] | None = None) -> frozenset[str]:
+    base = resolve_fusions(None, disable or ())
+    return resolve_fusions(base | set(enable or ()))
+
+
+def _span_row(span: Span) -> dict[str, Any]:
+    c = span.cost
+    return {"key": span.key, "name": span.name, "stream": span.stream, "kind": span.kind,
+            "start_us": round(span.start_us, 3), "duration_us": round(span.duration_us, 3),
+            "alone_us": round(c.duration_us, 3), "launch_gap_us": round(span.launch_us, 3),
+            "bytes": int(span.bytes), "flops": int(span.flops), "bound": span.bound,
+            "achieved_gbps": round(span.bytes / span.duration_us * 1e-3, 1) if span.duration_us > 0 else 0.0,
+            "fraction_of_peak": round(c.fraction_of_peak, 3), "prefetched_bytes": int(span.prefetched_bytes),
+            "algorithm": c.algorithm or None}
+
+
+def layer_timelines(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer_type: str,
+                    variant: str, fusions: frozenset[str] | None = None) -> dict[str, Timeline]:
+    return {v: schedule(build_plan(cfg, v, tp, shape, layer_type, fusions), hw) for v in variants_of(variant)}
+
+
+def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer_type: str,
+                 variant: str = "both", fusions: frozenset[str] | None = None) -> dict[str, Any]:
+    tls = layer_timelines(cfg, hw, tp, shape, layer_type, variant, fusions)
+    doc: dict[str, Any] = {
+        "metric": LAYER_METRIC, "model": cfg.name, "hardware": hw.name, "tp": tp, "batch": shape.batch,
+        "tokens_per_seq": shape.tokens_per_seq, "tokens": shape.tokens, "context": shape.context,
+        "layer": layer_type, "layer_index": representative_layer(cfg, layer_type),
+        "fusions": sorted(fusions if fusions is not None else resolve_fusions()),
+        "variants": {v: {"kernel_count": tl.kernel_count, "layer_us": round(tl.layer_us, 3),
+                         "floor_us": round(tl.floor_us, 3), "hbm_bytes": int(tl.hbm_bytes),
+                         "kernels": [_span_row(s) for s in tl.spans]} for v, tl in tls.items()},
+    }
+    if len(tls) == 2:
+        doc["speedup"] = round(tls["standard"].layer_us / tls["specialized"].layer_us, 4)
+    return doc
+
+
+def _step_row(est: StepEstimate) -> dict[str, Any]:
+    return {"step_ms": round(est.step_us / 1000, 4), "tokens_per_s": round(est.tokens_per_s, 2),
+            "tokens_per_s_per_user": round(est.tokens_per_s_per_user, 2),
+            "breakdown_ms": {k: round(v / 1000, 4) for k, v in est.breakdown_us.items()},
+            "layer_us": {k: round(v, 3) for k, v in est.layer_us.items()}, "kernels_per_step": est.kernels_per_step}
+
+
+def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, context: int, draft_tokens: int = 0,
+                acceptance_length: float | None = None, variant: str = "both", drafter: str = "dspark-k3",
+                fusions: frozenset[str] | None = None) -> dict[str, Any]:
+    ests = {v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions)
+            for v in variants_of(variant)}
+    first = next(iter(ests.values()))
+    doc: dict[str, Any] = {
+        "metric": STEP_METRIC, "model": cfg.name, "hardware": hw.name, "tp": tp, "batch": batch,
+        "context": context, "draft_tokens": draft_tokens, "acceptance_length": first.tokens_per_step,
+        "drafter": drafter if draft_tokens else None, "layer_counts": cfg.layer_counts(),
+        "variants": {v: _step_row(e) for v, e in ests.items()},
+    }
+    if len(ests) == 2:
+        doc["speedup"] = round(ests["standard"].step_us / ests["specialized"].step_us, 4)
+    return doc
+
+
+def step_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape,
+                  fusions: frozenset[str] | None = None) -> Timeline:
+    """Every layer of the stack, then the head, laid end to end (each type's representative timeline)."""
+    per_type = {t: schedule(build_plan(cfg, variant, tp, shape, t, fusions), hw)
+                for t, n in cfg.layer_counts().items() if n}
+    spans: list[Span] = []
+    offset = 0.0
+    order = [cfg.layer_type(i) for i in range(cfg.num_layers)] + ["head"]
+    head = schedule(head_plan(cfg, tp, shape, variant), hw)
+    for i, layer_type in enumerate(order):
+        tl = head if layer_type == "head" else per_type[layer_type]
+        prefix = "head" if layer_type == "head" else f"L{i}"
+        spans += [replace(s, key=f"{prefix}.{s.key}", start_us=s.start_us + offset, end_us=s.end_us + offset,
+                          prefetch_start_us=None if s.prefetch_start_us is None else s.prefetch_start_us + offset,
+                          prefetch_end_us=None if s.prefetch_end_us is None else s.prefetch_end_us + offset)
+                  for s in tl.spans]
+        offset += tl.layer_us
+    floor = sum(per_type[t].floor_us for t in order if t != "head") + head.floor_us
+    return Timeline(f"{variant} decode step TP{tp} M={shape.tokens}", hw.name, tuple(spans), floor)

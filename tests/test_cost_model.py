@@ -1,0 +1,146 @@
+"""The cost model on the real plans: textbook takeaways, the published calibration, the step, the CLI."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from simulator.cli import app
+from simulator.cost.step import build_plan, estimate_step, layer_timeline
+from simulator.cost.timeline import schedule
+from simulator.hardware import list_hardware, load_hardware
+from simulator.plans.kernel import DecodeShape
+
+TRACE = DecodeShape(1, 8, 512)
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def gb300():
+    return load_hardware("gb300")
+
+
+@pytest.mark.parametrize("hw_name", list_hardware())
+def test_decode_gemms_memory_bound_at_small_batch(k3, hw_name):
+    hw = load_hardware(hw_name)
+    tp = min(8, hw.nvlink_domain)
+    for batch in (1, 8):
+        tl = layer_timeline(k3, hw, "standard", tp, DecodeShape(batch, 1, 512), "kda")
+        big = tl.span("kda_in_proj")  # 92 MB of weights per rank at TP8
+        assert big.bound == "memory", (hw_name, batch)
+        assert big.cost.intensity < hw.critical_intensity
+
+
+def test_small_all_reduce_latency_bound(k3, gb300):
+    tl = layer_timeline(k3, gb300, "standard", 16, DecodeShape(1, 1, 512), "kda")
+    ar = tl.span("attn_all_reduce")  # 14 KiB payload
+    assert ar.bound == "latency" and ar.cost.comm_alpha_us > 0.8 * ar.cost.comm_us
+
+
+@pytest.mark.parametrize("variant", ["standard", "specialized"])
+def test_step_time_monotone_in_batch(k3, gb300, variant):
+    times = [estimate_step(k3, gb300, variant, 16, b, 512).step_us for b in (1, 2, 4, 8, 16, 32, 64)]
+    assert times == sorted(times) and times[0] < times[-1]
+
+
+@pytest.mark.parametrize("layer", ["kda", "mla", "dense"])
+@pytest.mark.parametrize("hw_name", ["gb300", "h200"])
+@pytest.mark.parametrize("batch, tokens", [(1, 1), (1, 8), (32, 1), (64, 1)])
+def test_floor_never_above_estimate_and_fused_never_more_bytes(k3, hw_name, layer, batch, tokens):
+    hw = load_hardware(hw_name)
+    shape = DecodeShape(batch, tokens, 512)
+    std, spec = (schedule(build_plan(k3, v, 8, shape, layer), hw) for v in ("standard", "specialized"))
+    for tl in (std, spec):
+        assert 0 < tl.floor_us <= tl.layer_us
+    assert spec.hbm_bytes <= std.hbm_bytes
+
+
+def test_published_calibration_within_5_percent(k3, gb300):
+    """published.md: per-layer trace 130 / 69 us (the assumed configuration) and TP16 batch-1 step 7.38 / 3.90 ms."""
+    targets = {("standard", "layer"): 130.0, ("specialized", "layer"): 69.0,
+               ("standard", "step"): 7380.0, ("specialized", "step"): 3900.0}
+    for (variant, what), target in targets.items():
+        got = (layer_timeline(k3, gb300, variant, 16, TRACE, "kda").layer_us if what == "layer"
+               else estimate_step(k3, gb300, variant, 16, 1, 512).step_us)
+        assert abs(got / target - 1) < 0.05, (variant, what, got, target)
+
+
+def test_single_token_layer_cannot_be_the_trace(k3, gb300):
+    """published.md: 93 x 69 us exceeds the 3.90 ms step, so the trace had more than one token per forward."""
+    one = layer_timeline(k3, gb300, "specialized", 16, DecodeShape(1, 1, 512), "kda").layer_us
+    assert 93 * one < 3900 < 93 * 69
+
+
+def test_speculative_decoding(k3, gb300):
+    base = estimate_step(k3, gb300, "specialized", 16, 1, 512)
+    spec = estimate_step(k3, gb300, "specialized", 16, 1, 512, draft_tokens=7, acceptance_length=6)
+    assert spec.step_us > base.step_us and spec.breakdown_us["draft"] > 0
+    assert spec.tokens_per_s_per_user == pytest.approx(6 / (spec.step_us * 1e-6))
+    assert spec.tokens_per_s > base.tokens_per_s  # 6 tokens per step for < 6x the time
+    worse = estimate_step(k3, gb300, "specialized", 16, 1, 512, draft_tokens=7, acceptance_length=2)
+    assert worse.step_us == pytest.approx(spec.step_us) and worse.tokens_per_s < spec.tokens_per_s
+
+
+def test_each_fusion_helps_or_is_neutral(k3, gb300):
+    from simulator.plans.specialized import FUSIONS, resolve_fusions
+    full = layer_timeline(k3, gb300, "specialized", 16, TRACE, "kda").layer_us
+    for name in FUSIONS:
+        without = layer_timeline(k3, gb300, "specialized", 16, TRACE, "kda", resolve_fusions(None, [name])).layer_us
+        assert without >= full - 0.05, name
+
+
+def test_layer_cli_default_and_json():
+    r = runner.invoke(app, ["layer", "--json"])
+    assert r.exit_code == 0
+    doc = json.loads(r.output)
+    std, spec = doc["variants"]["standard"], doc["variants"]["specialized"]
+    assert (std["kernel_count"], spec["kernel_count"]) == (23, 13)
+    assert doc["speedup"] == pytest.approx(std["layer_us"] / spec["layer_us"], rel=1e-3)
+    for k in std["kernels"]:
+        assert {"name", "stream", "start_us", "duration_us", "bytes", "flops", "bound"} <= set(k)
+    assert std["floor_us"] <= std["layer_us"]
+    human = runner.invoke(app, ["layer"])
+    assert human.exit_code == 0 and "speedup" in human.output and "metric" in human.output
+
+
+def test_step_cli_json():
+    r = runner.invoke(app, ["step", "--json", "--draft-tokens", "7", "--acceptance-length", "6"])
+    doc = json.loads(r.output)
+    assert r.exit_code == 0 and doc["acceptance_length"] == 6
+    for v in doc["variants"].values():
+        assert {"step_ms", "tokens_per_s", "tokens_per_s_per_user", "breakdown_ms"} <= set(v)
+        assert v["tokens_per_s"] == pytest.approx(6 / (v["step_ms"] / 1000), rel=1e-3)
+    assert doc["speedup"] > 1
+
+
+def test_trace_cli(tmp_path):
+    out = tmp_path / "t.json"
+    r = runner.invoke(app, ["trace", "--out", str(out)])
+    assert r.exit_code == 0
+    trace = json.loads(out.read_text())
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X" and e.get("cat") != "prefetch"]
+    assert len(xs) == 23 + 13 and all(e["dur"] >= 0 for e in xs)
+    r = runner.invoke(app, ["trace", "--out", str(tmp_path / "s.json"), "--step", "--tokens-per-seq", "1",
+                            "--variant", "specialized"])
+    assert r.exit_code == 0
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("layer", "--hardware", "tpu-v9"), "Unknown hardware"),
+    (("layer", "--hardware", "h200", "--tp", "16"), "exceeds the 8-GPU NVLink domain"),
+    (("step", "--draft-tokens", "3", "--acceptance-length", "5"), "acceptance-length"),
+    (("step", "--draft-tokens", "-1"), "draft-tokens"),
+    (("step", "--batch", "0"), "batch"),
+    (("layer", "--context", "-5"), "context"),
+    (("layer", "--disable-fusion", "warp_drive"), "unknown fusion"),
+    (("trace", "--out", "/tmp/x.json", "--tp", "5"), "does not divide"),
+])
+def test_cost_bad_input(args, needle):
+    r = runner.invoke(app, list(args))
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
+
+
+def test_trace_bad_input_writes_nothing(tmp_path):
+    out = tmp_path / "never.json"
+    r = runner.invoke(app, ["trace", "--out", str(out), "--hardware", "nope"])
+    assert r.exit_code == 2 and not out.exists()
