@@ -169,3 +169,19 @@ def test_floor_never_exceeds_the_estimate(case: tuple[Plan, str]) -> None:
     for span in timeline.spans:  # sharing can only slow a kernel down; prefetch can shorten it
         hidden_us = span.prefetched_bytes / span.cost.stream_bandwidth * 1e6
         assert span.duration_us >= span.cost.duration_us - hidden_us - 1e-6
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_plans())
+def test_jitted_event_loop_matches_its_python_original(case: tuple[Plan, str]) -> None:
+    """STYLE item 14: the Numba-compiled loop and its `.py_func` (pure Python) give the same schedule."""
+    import numpy as np
+
+    from simulator.cost.fastsim import simulate
+    from simulator.cost.timeline import _arrays, makespan_us
+    plan_, hw_name = case
+    hw = load_hardware(hw_name)
+    _, arrays = _arrays(plan_, hw)
+    for fast, slow in zip(simulate(*arrays), simulate.py_func(*arrays)):
+        np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-9)
+    assert makespan_us(plan_, hw) == pytest.approx(schedule(plan_, hw).layer_us)

@@ -125,11 +125,12 @@ def choose_algorithm(op: CollectiveOp, nbytes: int, ranks: int, hw: HardwareProf
 def collective_cost(collective: Collective, hw: HardwareProfile,
                     algorithm: Algorithm | None = None) -> CollectiveCost:
     """Price a kernel's `Collective`: the engine's choice, or a named all-reduce algorithm."""
-    if collective.in_kernel:  # the exchange rides inside a computing kernel: only the flag round trip remains
-        from dataclasses import replace
-        hw = replace(hw, alpha_one_shot_us=hw.alpha_in_kernel_us, alpha_two_shot_us=hw.alpha_in_kernel_us)
     if algorithm is None:
-        return choose_algorithm(collective.op, collective.nbytes, collective.ranks, hw)
+        cost = choose_algorithm(collective.op, collective.nbytes, collective.ranks, hw)
+        if collective.in_kernel and cost.ranks > 1:  # rides inside a computing kernel: only the flag round trip
+            return CollectiveCost(cost.op, cost.algorithm, cost.nbytes, cost.ranks, hw.alpha_in_kernel_us,
+                                  cost.transfer_us)
+        return cost
     if collective.op != "all_reduce" or algorithm not in ALL_REDUCE_ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r} does not apply to {collective.op}")
     pick = {"one_shot": one_shot, "two_shot": two_shot, "ring": ring}[algorithm]

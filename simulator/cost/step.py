@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 from simulator.config import ModelConfig
-from simulator.cost.timeline import Timeline, schedule
+from simulator.cost.timeline import Timeline, makespan_us, schedule
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.plans import specialized, standard
@@ -37,6 +38,7 @@ from simulator.plans.kernel import Collective, DecodeShape, Kernel, Plan
 BUILDERS: dict[str, Callable[..., Plan]] = {"standard": standard.build, "specialized": specialized.build}
 
 
+@lru_cache(maxsize=256)
 def representative_layer(cfg: ModelConfig, layer_type: str) -> int:
     """The median layer of a type: its AttnRes source count is the type's typical one."""
     layers = [i for i in range(cfg.num_layers) if cfg.layer_type(i) == layer_type]
@@ -45,6 +47,7 @@ def representative_layer(cfg: ModelConfig, layer_type: str) -> int:
     return layers[len(layers) // 2]
 
 
+@lru_cache(maxsize=4096)  # plans are immutable and pure in their (hashable) arguments: sweeps reuse them
 def build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, layer_type: str,
                fusions: frozenset[str] | None = None, layer: int | None = None) -> Plan:
     if variant not in BUILDERS:
@@ -64,6 +67,7 @@ def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int,
 # the model head: embedding, final mix + norm, LM head, sampling (cost-only kernels)
 # ---------------------------------------------------------------------------------------
 
+@lru_cache(maxsize=1024)
 def head_plan(cfg: ModelConfig, tp: int, shape: DecodeShape, variant: str) -> Plan:
     M, D, P, V = shape.tokens, cfg.hidden_size, tp, cfg.vocab_size
     n_src = (-(-cfg.num_layers // cfg.attn_res_block) if cfg.attn_res_block else 0) + 1
@@ -160,17 +164,16 @@ def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, 
     breakdown, per_layer, kernels = {}, {}, 0
     for layer_type, count in cfg.layer_counts().items():
         if count:
-            tl = schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions), hw)
-            per_layer[layer_type] = tl.layer_us
-            breakdown[f"{layer_type}_layers"] = count * tl.layer_us
-            kernels += count * tl.kernel_count
-    head = schedule(head_plan(cfg, tp, shape, variant), hw)
-    breakdown["head"] = head.layer_us
-    kernels += head.kernel_count
+            plan = build_plan(cfg, variant, tp, shape, layer_type, fusions)
+            per_layer[layer_type] = makespan_us(plan, hw)
+            breakdown[f"{layer_type}_layers"] = count * per_layer[layer_type]
+            kernels += count * len(plan)
+    head = head_plan(cfg, tp, shape, variant)
+    breakdown["head"] = makespan_us(head, hw)
+    kernels += len(head)
     if draft_tokens:
         dcfg, drafting, taps = load_drafter(drafter)
         plans, repeats = drafter_plans(dcfg, tp, batch, draft_tokens, context, drafting, taps)
-        timelines = [schedule(p, hw) for p in plans]
-        breakdown["draft"] = repeats * sum(t.layer_us for t in timelines)
-        kernels += repeats * sum(t.kernel_count for t in timelines)
+        breakdown["draft"] = repeats * sum(makespan_us(p, hw) for p in plans)
+        kernels += repeats * sum(len(p) for p in plans)
     return StepEstimate(variant, sum(breakdown.values()), accept, batch, breakdown, per_layer, kernels)

@@ -23,14 +23,16 @@ B / BW + n alpha_min (hardware.md §7.5); overlap the plan declares lowers it by
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 from simulator.cost.collectives import min_alpha_us
-from simulator.cost.pricing import Bound, KernelCost, launch_gap_us, price_kernel
+from simulator.cost.fastsim import simulate
+from simulator.cost.pricing import Bound, KernelCost, price_kernel
 from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import Kernel, Plan
 
-EPS = 1e-9  # µs
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,33 +100,55 @@ class Timeline:
         raise KeyError(key)
 
 
-@dataclass
-class _Run:
-    """Mutable simulation state of one kernel (local to one `schedule` call)."""
-
-    kernel: Kernel
-    cost: KernelCost
-    pred: int | None
-    deps: tuple[int, ...]
-    phases: list[list[float]] = field(default_factory=list)  # [remaining solo µs, demand B/µs]
-    ready: float | None = None
-    start: float | None = None
-    end: float | None = None
-    prefetch: list[float] | None = None  # [remaining µs, demand B/µs] while loading early
-    prefetch_target: float = 0.0
-    prefetch_start: float | None = None
-    prefetch_end: float | None = None
-    inputs: tuple[int, ...] = ()  # deps + same-stream predecessor: what it waits for
-    can_prefetch: int = 0  # bytes it may load early (0: never prefetches)
-
-
 def schedule(plan: Plan, hw: HardwareProfile) -> Timeline:
     """Place every kernel of `plan` on its stream; see the module docstring for the rules."""
-    runs = _runs(plan, hw)
-    _simulate(runs, hw)
-    spans = tuple(_span(r, runs) for r in runs)
+    costs, arrays = _arrays(plan, hw)
+    start, end, pf_start, pf_end, pf_bytes = simulate(*arrays)
+    spans = []
+    for i, (k, c) in enumerate(zip(plan, costs)):
+        inputs_end = max([0.0] + [end[j] for j in _inputs(arrays, i)])
+        prefetched = pf_start[i] >= 0
+        spans.append(Span(k.key, k.name, k.stream, k.kind, float(start[i]), float(end[i]),
+                          float(start[i] - inputs_end), float(pf_start[i]) if prefetched else None,
+                          float(pf_end[i]) if prefetched else None, float(pf_bytes[i]) if prefetched else 0.0, c))
     label = f"{plan.variant} {plan.layer} TP{plan.tp} M={plan.shape.tokens}"
-    return Timeline(label, hw.name, spans, floor_us(plan, hw))
+    return Timeline(label, hw.name, tuple(spans), floor_us(plan, hw))
+
+
+def makespan_us(plan: Plan, hw: HardwareProfile) -> float:
+    """Just the layer time: what sweeps need, without building spans."""
+    _, arrays = _arrays(plan, hw)
+    return float(simulate(*arrays)[1].max())
+
+
+def _inputs(arrays: tuple, i: int) -> list[int]:
+    pred, deps = arrays[0], arrays[1]
+    return [int(j) for j in deps[i] if j >= 0] + ([int(pred[i])] if pred[i] >= 0 else [])
+
+
+def _arrays(plan: Plan, hw: HardwareProfile) -> tuple[list[KernelCost], tuple]:
+    """Price every kernel and lay the plan out as the arrays `fastsim.simulate` reads."""
+    index: dict[str, int] = {}
+    last: dict[str, int] = {}
+    n = len(plan)
+    width = max([len(k.deps) for k in plan] + [1])
+    pred, deps, rows, costs = [], [], [], []
+    for i, k in enumerate(plan):
+        unknown = [d for d in k.deps if d not in index]
+        if k.key in index or unknown:
+            raise ValueError(f"kernel {k.key!r}: duplicate key or deps on unknown/later kernels {unknown}")
+        c = price_kernel(k, hw)
+        costs.append(c)
+        pred.append(last.get(k.stream, -1))
+        deps.append([index[d] for d in k.deps] + [-1] * (width - len(k.deps)))
+        rows.append((c.launch_us, c.fixed_us, c.math_us, c.comm_us, c.bytes, c.stream_bandwidth * 1e-6,
+                     _prefetch_target(k) if pred[-1] >= 0 else 0.0))
+        index[k.key] = last[k.stream] = i
+    capacity = max(hw.hbm_efficiency, hw.moe_hbm_efficiency) * hw.hbm_bandwidth * 1e-6  # B/µs
+    gap_pred, fixed, math, comm, nbytes, bw, can_pf = np.array(rows, dtype=np.float64).T.copy()
+    return costs, (np.array(pred, dtype=np.int64), np.array(deps, dtype=np.int64).reshape(n, width),
+                   gap_pred, fixed, math, comm, nbytes, bw, can_pf,
+                   hw.launch_gap_us, hw.launch_gap_pdl_us, capacity)
 
 
 def floor_us(plan: Plan, hw: HardwareProfile) -> float:
@@ -146,135 +170,3 @@ def _floor_bytes(kernel: Kernel) -> int:
 
 def _prefetch_target(kernel: Kernel) -> int:
     return min(kernel.prefetch_bytes, kernel.weight_bytes)
-
-
-def _runs(plan: Plan, hw: HardwareProfile) -> list[_Run]:
-    index: dict[str, int] = {}
-    last: dict[str, int] = {}
-    runs: list[_Run] = []
-    for i, k in enumerate(plan):
-        unknown = [d for d in k.deps if d not in index]
-        if k.key in index or unknown:
-            raise ValueError(f"kernel {k.key!r}: duplicate key or deps on unknown/later kernels {unknown}")
-        pred, deps = last.get(k.stream), tuple(index[d] for d in k.deps)
-        runs.append(_Run(k, price_kernel(k, hw), pred, deps, inputs=deps + ((pred,) if pred is not None else ()),
-                         can_prefetch=_prefetch_target(k) if pred is not None else 0))
-        index[k.key] = last[k.stream] = i
-    return runs
-
-
-def _simulate(runs: list[_Run], hw: HardwareProfile) -> None:
-    """Event-driven fluid simulation: advance to the next phase end, start or prefetch start."""
-    capacity = max(hw.hbm_efficiency, hw.moe_hbm_efficiency) * hw.hbm_bandwidth * 1e-6  # B/µs
-    now = 0.0
-    for _ in range(20 * len(runs) + 20):  # each kernel causes a handful of events
-        _settle(runs, now, hw)
-        if all(r.end is not None for r in runs):
-            return
-        jobs = [r.phases[0] for r in runs if r.phases] + [r.prefetch for r in runs if r.prefetch]
-        demand = sum(j[1] for j in jobs)
-        scale = min(1.0, capacity / demand) if demand > 0 else 1.0
-        dt = min([j[0] / (scale if j[1] > 0 else 1.0) for j in jobs] + _waits(runs, now, hw), default=-1.0)
-        if dt < 0:
-            break
-        for j in jobs:
-            j[0] -= dt * (scale if j[1] > 0 else 1.0)
-        now += dt
-    raise RuntimeError("timeline did not converge: a dependency cycle or a zero-progress state")
-
-
-def _settle(runs: list[_Run], now: float, hw: HardwareProfile) -> None:
-    """Apply everything that happens at `now`: phases end, kernels and prefetches start."""
-    changed = True
-    while changed:
-        changed = False
-        # only unfinished kernels whose same-stream predecessor has started can change state now
-        live = [r for r in runs if r.end is None and (r.pred is None or runs[r.pred].start is not None)]
-        for r in live:
-            changed |= _finish_phases(r, now) | _stop_prefetch(r, runs, now) | _start(r, runs, now, hw)
-
-
-def _finish_phases(r: _Run, now: float) -> bool:
-    if r.start is None or r.end is not None:
-        return False
-    while r.phases and r.phases[0][0] <= EPS:
-        r.phases.pop(0)
-    if not r.phases:
-        r.end = now
-    return not r.phases
-
-
-def _stop_prefetch(r: _Run, runs: list[_Run], now: float) -> bool:
-    """Prefetch ends when its bytes are in or its predecessor (the wait it hides behind) ends."""
-    if r.prefetch is None:
-        return False
-    if r.prefetch[0] > EPS and runs[r.pred].end is None:
-        return False
-    r.prefetch_target -= max(0.0, r.prefetch[0]) * r.prefetch[1]  # bytes not loaded
-    r.prefetch, r.prefetch_end = None, now
-    return True
-
-
-def _start(r: _Run, runs: list[_Run], now: float, hw: HardwareProfile) -> bool:
-    if r.start is not None:
-        return False
-    if r.ready is None and None not in _input_ends(r, runs):
-        r.ready = _ready_time(r, runs, hw)
-    if r.ready is not None and r.ready <= now + EPS:  # any prefetch stopped when the predecessor ended
-        r.start, r.phases = r.ready, _phases(r)
-        return True
-    t_pf = _prefetch_time(r, runs, hw)
-    if t_pf is None or t_pf > now + EPS:
-        return False
-    rate = r.cost.stream_bandwidth * 1e-6  # B/µs
-    r.prefetch_target = float(r.can_prefetch)
-    r.prefetch, r.prefetch_start = [r.prefetch_target / rate, rate], now
-    return True
-
-
-def _input_ends(r: _Run, runs: list[_Run]) -> list[float | None]:
-    """End times of the kernels `r` waits for (None while one still runs)."""
-    return [runs[i].end for i in r.inputs]
-
-
-def _ready_time(r: _Run, runs: list[_Run], hw: HardwareProfile) -> float:
-    """start = max(end_pred + gap(pdl), end_dep + gap): a cross-stream event wait gets no PDL."""
-    pred_end = runs[r.pred].end if r.pred is not None else 0.0
-    after_pred = pred_end + launch_gap_us(r.kernel.pdl, hw)
-    return max([after_pred] + [runs[d].end + hw.launch_gap_us for d in r.deps])
-
-
-def _prefetch_time(r: _Run, runs: list[_Run], hw: HardwareProfile) -> float | None:
-    """When early loading may begin: the predecessor runs, cross-stream deps are done; None if never."""
-    if r.prefetch_start is not None or r.can_prefetch <= 0:
-        return None
-    pred = runs[r.pred]
-    if pred.start is None or pred.end is not None or any(runs[d].end is None for d in r.deps):
-        return None
-    return max([pred.start + hw.launch_gap_pdl_us] + [runs[d].end + hw.launch_gap_us for d in r.deps])
-
-
-def _waits(runs: list[_Run], now: float, hw: HardwareProfile) -> list[float]:
-    """Time until each pending kernel start or prefetch start that lies in the future."""
-    pending = [r for r in runs if r.start is None and (r.pred is None or runs[r.pred].start is not None)]
-    times = [r.ready for r in pending if r.ready is not None]
-    times += [t for r in pending if (t := _prefetch_time(r, runs, hw)) is not None]
-    return [t - now for t in times if t > now + EPS]
-
-
-def _phases(r: _Run) -> list[list[float]]:
-    """fixed -> work (bytes left after prefetch, or math) -> comm, each [solo µs, demand B/µs]."""
-    c = r.cost
-    left = max(0.0, c.bytes - r.prefetch_target)
-    work = max(left / c.stream_bandwidth * 1e6, c.math_us)
-    phases = [[c.fixed_us, 0.0], [work, left / work if work > 0 else 0.0], [c.comm_us, 0.0]]
-    return [p for p in phases if p[0] > EPS]
-
-
-def _span(r: _Run, runs: list[_Run]) -> Span:
-    k = r.kernel
-    assert r.start is not None and r.end is not None
-    inputs_end = max([0.0] + [end for end in _input_ends(r, runs) if end is not None])
-    return Span(k.key, k.name, k.stream, k.kind, r.start, r.end, r.start - inputs_end,
-                r.prefetch_start, r.prefetch_end, r.prefetch_target if r.prefetch_start is not None else 0.0,
-                r.cost)

@@ -74,19 +74,17 @@ class Kernel:
     note: str = ""  # source or reasoning (docs/kernels.md is generated from these)
     effect: Callable[[list[Any]], None] | None = field(default=None, compare=False, repr=False)
 
-    @cached_property
-    def weight_bytes(self) -> int:
-        return sum(t.nbytes for t in self.weights)
+    # byte totals, derived once from the declared tensors (the cost model reads them many times)
+    weight_bytes: int = field(init=False, compare=False, repr=False)
+    read_bytes: int = field(init=False, compare=False, repr=False)
+    write_bytes: int = field(init=False, compare=False, repr=False)
 
-    @cached_property
-    def read_bytes(self) -> int:
-        return sum(t.nbytes for t in self.reads)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weight_bytes", sum(t.nbytes for t in self.weights))
+        object.__setattr__(self, "read_bytes", sum(t.nbytes for t in self.reads))
+        object.__setattr__(self, "write_bytes", sum(t.nbytes for t in self.writes))
 
-    @cached_property
-    def write_bytes(self) -> int:
-        return sum(t.nbytes for t in self.writes)
-
-    @cached_property
+    @property
     def hbm_bytes(self) -> int:
         """Bytes this kernel moves through HBM on one rank: weights + activations/state in and out."""
         return self.weight_bytes + self.read_bytes + self.write_bytes
