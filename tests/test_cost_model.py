@@ -144,3 +144,13 @@ def test_trace_bad_input_writes_nothing(tmp_path):
     out = tmp_path / "never.json"
     r = runner.invoke(app, ["trace", "--out", str(out), "--hardware", "nope"])
     assert r.exit_code == 2 and not out.exists()
+
+
+def test_memory_capacity(k3):
+    from simulator.cost.memory import weight_bytes_per_gpu
+    assert weight_bytes_per_gpu(k3, 1) == pytest.approx(1.56e12, rel=0.02)  # the 1.56 TB checkpoint
+    assert weight_bytes_per_gpu(k3, 16) < weight_bytes_per_gpu(k3, 8) < load_hardware("gb300").hbm_capacity
+    r = runner.invoke(app, ["step", "--hardware", "h200", "--tp", "8", "--json"])
+    mem = json.loads(r.output)["memory"]
+    assert r.exit_code == 0 and not mem["fits_in_hbm"] and mem["weights_per_gpu_gb"] > mem["hbm_gb"]
+    assert "pipeline" in runner.invoke(app, ["step", "--hardware", "h200", "--tp", "8"]).output

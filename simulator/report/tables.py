@@ -47,8 +47,17 @@ def _conditions(doc: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def _memory_warning(con: Console, doc: dict[str, Any]) -> None:
+    mem = doc["memory"]
+    if not mem["fits_in_hbm"]:
+        con.print(f"warning: {doc['model']} needs {mem['weights_per_gpu_gb']:.0f} GB of weights per GPU at TP{doc['tp']}, "
+                  f"more than the {mem['hbm_gb']:.0f} GB of a {doc['hardware']}: this layout also needs pipeline "
+                  "parallelism (the per-layer cost shown is the TP one)")
+
+
 def print_layer(doc: dict[str, Any]) -> None:
     con = _console()
+    _memory_warning(con, doc)
     con.print(f"{doc['layer'].upper()} layer (#{doc['layer_index']})  " + _conditions(doc))
     con.print(f"metric: {doc['metric']}")
     for name, v in doc["variants"].items():
@@ -68,6 +77,7 @@ def print_layer(doc: dict[str, Any]) -> None:
 
 def print_step(doc: dict[str, Any]) -> None:
     con = _console()
+    _memory_warning(con, doc)
     con.print("decode step  " + _conditions(doc))
     con.print(f"metric: {doc['metric']}")
     keys = list(next(iter(doc["variants"].values()))["breakdown_ms"])
