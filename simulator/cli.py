@@ -224,6 +224,90 @@ def trace(
     typer.echo(_guard(body))
 
 
+@app.command()
+def ablation(
+    model: ModelOpt = "kimi-k3",
+    hardware: HardwareOpt = "gb300",
+    tp: TpOpt = 16,
+    batch: BatchOpt = 1,
+    tokens_per_seq: TokensOpt = 8,
+    context: ContextOpt = 512,
+    layer_type: Annotated[LayerType, typer.Option("--layer", help="Layer type for the per-layer column.")] = LayerType.kda,
+    acceptance_length: Annotated[Optional[float], typer.Option("--acceptance-length", help="For the step columns when tokens-per-seq > 1.")] = None,
+    plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also write waterfall charts (PNG + SVG) to this folder.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """What each fusion of the specialized plan saves, per layer and per step (add one / remove one / waterfall).
+
+    Example: moe-sim ablation --batch 32 --tokens-per-seq 1 --tp 8
+    """
+    from simulator.config import load_model
+    from simulator.cost.ablation import ablate
+    from simulator.hardware import load_hardware
+
+    def body() -> dict:
+        cfg, hw = load_model(model), load_hardware(hardware)
+        from simulator.plans.common import make_dims
+        from simulator.plans.kernel import DecodeShape
+        make_dims(cfg, tp, DecodeShape(batch, tokens_per_seq, context), None, layer_type.value)
+        doc = ablate(cfg, hw, tp, batch, tokens_per_seq, context, layer_type.value, acceptance_length)
+        if plot_dir:
+            from simulator.report.scenario_plots import ablation_plots
+            doc["plots"] = [str(p) for p in ablation_plots(doc, plot_dir)]
+        return doc
+
+    from simulator.report.tables import print_ablation
+    _emit(_guard(body), as_json, print_ablation)
+
+
+@app.command("run")
+def run_cmd(
+    scenario: Annotated[str, typer.Argument(help="Scenario TOML file (see scenarios/).")],
+    out: Annotated[Optional[str], typer.Option("--out", help="Folder for points.csv, summary.json and the plots.")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Cut every sweep axis to its first and last value.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a what-if scenario: the grid of its [sweep] axes over its [base] configuration.
+
+    Example: moe-sim run scenarios/batch-sweep.toml --out out/batch
+    Ctrl-C keeps the finished points (written atomically) and exits 130.
+    """
+    from simulator import sweep
+    from simulator.scenario import load_scenario
+
+    def body() -> dict:
+        sc = load_scenario(scenario)
+        sc = sc.reduced() if quick else sc
+        return sweep.run(sc, out, progress=_progress_bar(len(sc.points())))
+
+    try:
+        result = _guard(body)
+    except sweep.ScenarioInterrupted as stop:
+        typer.echo(f"interrupted after {stop.summary['rows']} rows; finished points written", err=True)
+        raise typer.Exit(130) from None
+    if as_json:
+        typer.echo(json.dumps({"summary": result["summary"], "rows": result["rows"]}, indent=2, default=str))
+    else:
+        from simulator.report.tables import print_run
+        print_run(result)
+
+
+def _progress_bar(total: int) -> Callable[[int, int], None] | None:
+    """A rich progress bar on stderr for sweeps long enough to want one."""
+    if total < 20 or not sys.stderr.isatty():
+        return None
+    from rich.progress import Progress
+    bar = Progress(transient=True)
+    task = bar.add_task("grid points", total=total)
+    bar.start()
+
+    def advance(done: int, n: int) -> None:
+        bar.update(task, completed=done)
+        if done == n:
+            bar.stop()
+    return advance
+
+
 @app.command("list")
 def list_cmd(what: Annotated[str, typer.Argument(help="models or hardware")] = "models") -> None:
     """List the bundled model configs or hardware profiles."""

@@ -45,11 +45,13 @@ def test_each_fusion_switches_off_alone(k3, fusion):
         assert all(set(k.deps) <= set(keys[:i]) for i, k in enumerate(plan)), (fusion, layer)
 
 
-def test_no_fusion_is_standard_traffic(k3):
-    none = specialized.build(k3, 16, K3_TRACE, "kda", fusions=())
-    std = standard.build(k3, 16, K3_TRACE, "kda")
-    assert [k.key for k in none] == [k.key for k in std]
-    assert none.hbm_bytes == std.hbm_bytes
+@pytest.mark.parametrize("shape", [K3_TRACE, DecodeShape(1, 1, 512)], ids=["M8", "C1"])
+@pytest.mark.parametrize("layer", ["kda", "mla", "dense"])
+def test_no_fusion_is_the_standard_plan(k3, shape, layer):
+    none = specialized.build(k3, 16, shape, layer, fusions=())
+    std = standard.build(k3, 16, shape, layer)
+    assert [(k.key, k.stream, k.deps, k.pdl, k.prefetch_bytes, k.hbm_bytes) for k in none] == \
+        [(k.key, k.stream, k.deps, k.pdl, k.prefetch_bytes, k.hbm_bytes) for k in std]
 
 
 @pytest.mark.parametrize("layer", ["kda", "mla", "dense"])

@@ -84,6 +84,8 @@ def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer:
     kernels += kda_attention(d, on) if cfg.attn_kinds[d.layer] == "kda" else mla_attention(d, on)
     kernels += attention_output(d, on)
     kernels += dense_ffn(d, on) if layer_type == "dense" else moe(d, on)
+    if not pdl and shape.batch == 1 and shape.tokens_per_seq == 1:
+        kernels = std.stock_c1_pipeline(kernels)  # without its own PDL the path keeps the stock C=1 pipeline
     return Plan("specialized", layer_type, tp, shape, tuple(_with_pdl(kernels, pdl)), fusions=on)
 
 

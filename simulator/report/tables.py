@@ -88,3 +88,53 @@ def print_step(doc: dict[str, Any]) -> None:
     con.print(table)
     if "speedup" in doc:
         con.print(f"speedup (standard / specialized step time): {doc['speedup']:.2f}x")
+
+
+def print_ablation(doc: dict[str, Any]) -> None:
+    con = _console()
+    con.print(f"fusion ablation  model {doc['model']}  {doc['hardware']}  TP{doc['tp']}  batch {doc['batch']} x "
+              f"{doc['tokens_per_seq']} token(s)/seq  context {doc['context']}  layer {doc['layer']}")
+    con.print(f"metric: {doc['metric']}")
+    std, spec = doc["standard"], doc["specialized"]
+    table = Table("fusion", "kernels saved", "add to standard: layer us", "remove from specialized: layer us",
+                  "waterfall: layer us", "add: step ms", "remove: step ms", "waterfall: step ms",
+                  title=f"standard {std['kernel_count']} kernels {std['layer_us']:.1f} us / step {std['step_ms']:.3f} ms"
+                        f"  ->  specialized {spec['kernel_count']} kernels {spec['layer_us']:.1f} us / step {spec['step_ms']:.3f} ms")
+    for r in doc["fusions"]:
+        table.add_row(r["fusion"], str(r["kernels_saved"]), f"{r['add_one_layer_us']:.2f}", f"{r['remove_one_layer_us']:.2f}",
+                      f"{r['waterfall_layer_us']:.2f}", f"{r['add_one_step_ms']:.3f}", f"{r['remove_one_step_ms']:.3f}",
+                      f"{r['waterfall_step_ms']:.3f}")
+    con.print(table)
+    con.print("positive = time saved; the waterfall column adds up to standard - specialized")
+
+
+RUN_METRICS = {
+    "step": ("step_ms", "tokens_per_s", "tokens_per_s_per_user", "speedup", "fits_in_hbm"),
+    "layer": ("kernel_count", "layer_us", "floor_us", "hbm_mb", "speedup"),
+    "ablation": ("fusion", "kernels_saved", "add_one_layer_us", "remove_one_layer_us", "waterfall_layer_us",
+                 "waterfall_step_ms"),
+}
+
+
+def print_run(result: dict[str, Any], max_rows: int = 60) -> None:
+    con = _console()
+    s = result["summary"]
+    con.print(f"scenario {s['scenario']} ({s['kind']}): {s['question']}")
+    base = ", ".join(f"{k}={v}" for k, v in s["base"].items() if k not in s["sweep"] and v is not None)
+    con.print(f"conditions: {base}")
+    axes = list(s["sweep"])
+    table = Table(*axes, "variant", *RUN_METRICS[s["kind"]], "status")
+    for row in result["rows"][:max_rows]:
+        cells = [row.get(a) for a in axes] + [row.get("variant")] + [row.get(m) for m in RUN_METRICS[s["kind"]]]
+        table.add_row(*[_fmt(c) for c in cells], "ok" if row["status"] == "ok" else "skipped (reason in points.csv)")
+    con.print(table)
+    if len(result["rows"]) > max_rows:
+        con.print(f"... {len(result['rows']) - max_rows} more rows in points.csv")
+    con.print(f"{s['rows_ok']} of {s['rows']} rows ok over {s['points']} grid points"
+              + (f"; written: {', '.join(s['files'])}" if s.get("files") else ""))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)

@@ -11,13 +11,12 @@ behind. Format: Google's "Trace Event Format"
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from simulator.cost.timeline import Span, Timeline
+from simulator.report.files import atomic_write
 
 Event = dict[str, Any]
 
@@ -73,15 +72,5 @@ def _prefetch(pid: int, tid: int, span: Span) -> Event:
 
 def write_trace(path: str | Path, timelines: Timeline | Iterable[Timeline] | Mapping[str, Any]) -> Path:
     """Write the trace (or an already built trace dict) atomically: a temp file, then os.replace."""
-    target = Path(path)
     trace = timelines if isinstance(timelines, Mapping) else chrome_trace(timelines)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(trace, fh)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return atomic_write(path, json.dumps(trace))

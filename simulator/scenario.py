@@ -1,0 +1,186 @@
+"""What-if scenarios: a TOML file -> a grid of configurations -> rows of results, CSV, JSON, plots.
+
+    question = "What does the specialized path buy at batch 32 on TP8?"   # one paragraph, required
+    kind = "step"                  # step | layer | ablation
+    [base]                         # one configuration (every key optional; defaults below)
+    model = "kimi-k3"
+    hardware = "gb300"
+    tp = 8
+    [sweep]                        # axes: each a non-empty list; the grid is their cartesian product
+    batch = [1, 2, 4, 8, 16, 32, 64]
+    [outputs]
+    plots = ["step_vs_batch"]      # see PLOTS for each kind
+
+Keys of [base] and [sweep]: model, hardware, tp, batch, tokens_per_seq, draft_tokens, acceptance_length,
+context, layer, variant, precision (routed-expert weight format: mxfp4, fp8, bf16), fusion_off (one
+fusion of the specialized plan switched off, or "none"), fusion_on (a what-if fusion, or "none"), drafter.
+
+A scenario is data, never code: it is parsed with tomllib and checked key by key; every problem is one
+sentence naming the file, the line and the key. A grid point that is physically impossible (TP16 on an
+8-GPU NVLink domain, an acceptance length above draft tokens + 1) is kept as a skipped row with the
+reason, so one bad corner does not sink a sweep.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from simulator.errors import UserError
+
+DEFAULTS: dict[str, Any] = {
+    "model": "kimi-k3", "hardware": "gb300", "tp": 16, "batch": 1, "tokens_per_seq": 1, "draft_tokens": 0,
+    "acceptance_length": None, "context": 512, "layer": "kda", "variant": "both", "precision": None,
+    "fusion_off": "none", "fusion_on": "none", "drafter": "dspark-k3",
+}
+TYPES: dict[str, tuple[type, ...]] = {
+    "model": (str,), "hardware": (str,), "tp": (int,), "batch": (int,), "tokens_per_seq": (int,),
+    "draft_tokens": (int,), "acceptance_length": (int, float), "context": (int,), "layer": (str,),
+    "variant": (str,), "precision": (str,), "fusion_off": (str,), "fusion_on": (str,), "drafter": (str,),
+}
+CHOICES: dict[str, tuple[str, ...]] = {"layer": ("kda", "mla", "dense"), "variant": ("standard", "specialized", "both"),
+                                       "precision": ("mxfp4", "fp8", "bf16")}
+KINDS = ("step", "layer", "ablation")
+PLOTS: dict[str, tuple[str, ...]] = {
+    "step": ("step_vs_x", "metric"),
+    "layer": ("timeline", "kernel_bars", "roofline", "metric"),
+    "ablation": ("waterfall",),
+}
+OUTPUT_KEYS = {"plots": list, "x": str, "y": str, "group": str, "logx": bool}
+TOP_KEYS = {"question": str, "kind": str, "base": dict, "sweep": dict, "outputs": dict}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    path: str
+    question: str
+    kind: str
+    base: dict[str, Any]
+    sweep: dict[str, list[Any]]
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+    def points(self) -> list[dict[str, Any]]:
+        axes = list(self.sweep)
+        grid = itertools.product(*(self.sweep[a] for a in axes)) if axes else [()]
+        return [self.base | dict(zip(axes, values)) for values in grid]
+
+    def reduced(self, per_axis: int = 2) -> "Scenario":
+        """The same scenario with each axis cut to its first and last values (for quick runs and tests)."""
+        cut = {k: (v if len(v) <= per_axis else [v[0], v[-1]]) for k, v in self.sweep.items()}
+        return replace(self, sweep=cut)
+
+
+# ---------------------------------------------------------------------------------------
+# parsing and validation
+# ---------------------------------------------------------------------------------------
+
+def _line_of(text: str, table: str | None, key: str) -> int:
+    """1-based line where `key = ...` is written inside [table] (or at top level when table is None)."""
+    current = None
+    for number, line in enumerate(text.splitlines(), 1):
+        header = re.match(r"\s*\[([^\]]+)\]\s*(#.*)?$", line)
+        if header:
+            current = header.group(1).strip()
+        elif current == table and re.match(rf"\s*{re.escape(key)}\s*=", line):
+            return number
+    return 0
+
+
+def _fail(path: str, text: str, table: str | None, key: str, message: str) -> UserError:
+    line = _line_of(text, table, key)
+    where = f"{path} line {line}" if line else path
+    name = f"[{table}] key '{key}'" if table else f"key '{key}'"
+    return UserError(f"{where}: {name} {message}.")
+
+
+def _check_value(path: str, text: str, table: str, key: str, value: Any) -> None:
+    ok = isinstance(value, TYPES[key]) and not isinstance(value, bool)
+    if not ok:
+        kinds = " or ".join(t.__name__ for t in TYPES[key])
+        raise _fail(path, text, table, key, f"= {value!r} should be {kinds}")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise _fail(path, text, table, key, f"= {value!r} is not one of {', '.join(CHOICES[key])}")
+    if isinstance(value, (int, float)) and value < (0 if key in ("draft_tokens", "context") else 1):
+        raise _fail(path, text, table, key, f"= {value!r} is out of range")
+
+
+def _check_table(path: str, text: str, table: str, data: dict[str, Any], axis: bool) -> None:
+    for key, value in data.items():
+        if key not in TYPES:
+            raise _fail(path, text, table, key, f"is unknown (known: {', '.join(TYPES)})")
+        values = value if axis else [value]
+        if axis and (not isinstance(value, list) or not value):
+            raise _fail(path, text, table, key, "must be a non-empty list of values")
+        for v in values:
+            _check_value(path, text, table, key, v)
+
+
+def _one_of(names: dict[str, str]) -> Callable[[str], None]:
+    def check(name: str) -> None:
+        if name != "none" and name not in names:
+            raise UserError(f"known: none, {', '.join(names)}")
+    return check
+
+
+def _check_names(path: str, text: str, sc_base: dict[str, Any], sweep: dict[str, list[Any]]) -> None:
+    """Unknown model, hardware or fusion names fail here, before any work and any output file."""
+    from simulator.config import load_model
+    from simulator.hardware import load_hardware
+    from simulator.plans.specialized import FUSIONS, WHAT_IF_FUSIONS
+    checks: dict[str, Callable[[str], Any]] = {
+        "model": load_model, "drafter": load_model, "hardware": load_hardware,
+        "fusion_off": _one_of(FUSIONS), "fusion_on": _one_of(WHAT_IF_FUSIONS),
+    }
+    for key, check in checks.items():
+        table = "sweep" if key in sweep else "base"
+        for value in sweep.get(key, [sc_base.get(key, DEFAULTS[key])]):
+            try:
+                check(value)
+            except UserError as exc:
+                raise _fail(path, text, table, key, f"= {value!r} cannot be used ({exc})") from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+        raw = tomllib.loads(text)
+    except FileNotFoundError:
+        raise UserError(f"scenario file {p} does not exist.") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{p}: not valid TOML ({exc}).") from None
+    for key, value in raw.items():
+        if key not in TOP_KEYS:
+            raise _fail(str(p), text, None, key, f"is unknown (known: {', '.join(TOP_KEYS)})")
+        if not isinstance(value, TOP_KEYS[key]):
+            raise _fail(str(p), text, None, key, f"should be a {TOP_KEYS[key].__name__}")
+    if not raw.get("question", "").strip():
+        raise UserError(f"{p}: key 'question' is missing: a scenario states the question it answers.")
+    kind = raw.get("kind", "step")
+    if kind not in KINDS:
+        raise _fail(str(p), text, None, "kind", f"= {kind!r} is not one of {', '.join(KINDS)}")
+    base, sweep, outputs = raw.get("base", {}), raw.get("sweep", {}), raw.get("outputs", {})
+    _check_table(str(p), text, "base", base, axis=False)
+    _check_table(str(p), text, "sweep", sweep, axis=True)
+    _check_outputs(str(p), text, kind, outputs, sweep)
+    _check_names(str(p), text, base, sweep)
+    return Scenario(p.stem, str(p), raw["question"].strip(), kind, DEFAULTS | base, sweep, outputs)
+
+
+def _check_outputs(path: str, text: str, kind: str, outputs: dict[str, Any], sweep: dict[str, Any]) -> None:
+    for key, value in outputs.items():
+        if key not in OUTPUT_KEYS:
+            raise _fail(path, text, "outputs", key, f"is unknown (known: {', '.join(OUTPUT_KEYS)})")
+        if not isinstance(value, OUTPUT_KEYS[key]):
+            raise _fail(path, text, "outputs", key, f"should be a {OUTPUT_KEYS[key].__name__}")
+    for plot in outputs.get("plots", []):
+        if plot not in PLOTS[kind]:
+            raise _fail(path, text, "outputs", "plots", f"names '{plot}', not a {kind} plot ({', '.join(PLOTS[kind])})")
+    for key in ("x", "group"):
+        if key in outputs and outputs[key] not in sweep:
+            raise _fail(path, text, "outputs", key, f"= {outputs[key]!r} is not a [sweep] axis")

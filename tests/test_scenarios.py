@@ -1,0 +1,130 @@
+"""Scenarios: every shipped one runs and writes what it promises; malformed ones fail cleanly."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from simulator import sweep
+from simulator.cli import app
+from simulator.scenario import DEFAULTS, load_scenario
+from simulator.plans.specialized import FUSIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted((ROOT / "scenarios").glob("*.toml"))
+runner = CliRunner()
+METRICS = {"step": {"step_ms", "tokens_per_s", "tokens_per_s_per_user", "speedup", "fits_in_hbm"},
+           "layer": {"layer_us", "floor_us", "kernel_count", "speedup"},
+           "ablation": {"fusion", "add_one_layer_us", "remove_one_layer_us", "waterfall_layer_us", "waterfall_step_ms"}}
+
+
+def expected_rows(sc) -> int:
+    per_point = len(FUSIONS) if sc.kind == "ablation" else None
+    total = 0
+    for point in sc.points():
+        rows = sweep.evaluate(point, sc.kind)
+        if rows[0]["status"] != "ok":
+            total += 1
+        else:
+            total += per_point or (2 if point["variant"] == "both" else 1)
+    return total
+
+
+def test_seven_scenarios_ship():
+    assert {p.stem for p in SHIPPED} == {"published-trace", "batch-sweep", "hardware", "speculative",
+                                        "fusion-ablation", "tp8-vs-tp16", "context-length"}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_scenario_runs(path, tmp_path):
+    sc = load_scenario(path)
+    assert len(sc.question) > 80, "one paragraph stating the question"
+    r = runner.invoke(app, ["run", str(path), "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    with open(tmp_path / "points.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == expected_rows(sc)
+    assert set(DEFAULTS) | {"variant", "status"} | METRICS[sc.kind] <= set(rows[0])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["question"] == sc.question and summary["rows"] == len(rows) and not summary["interrupted"]
+    for plot in summary["files"]:
+        assert Path(plot).stat().st_size > 0
+    pngs = list(tmp_path.glob("*.png"))
+    assert len(pngs) >= len(sc.outputs.get("plots", [])), "every requested plot written"
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert not list(tmp_path.glob(".*.tmp")), "no temporary file left behind"
+
+
+def test_skipped_points_carry_their_reason():
+    sc = load_scenario(ROOT / "scenarios" / "speculative.toml")
+    rows = sweep.run(sc)["rows"]
+    skipped = [r for r in rows if r["status"] != "ok"]
+    assert skipped and all(r["acceptance_length"] > r["draft_tokens"] + 1 for r in skipped)
+    assert all("acceptance" in r["status"] for r in skipped)
+
+
+def test_published_trace_scenario_finds_eight_tokens():
+    rows = sweep.run(load_scenario(ROOT / "scenarios" / "published-trace.toml"))["rows"]
+    best = min({r["tokens_per_seq"] for r in rows},
+               key=lambda t: sum(abs(r["layer_us"] / {"standard": 130, "specialized": 69}[r["variant"]] - 1)
+                                 for r in rows if r["tokens_per_seq"] == t))
+    assert best == 8
+
+
+def _scenario(tmp_path, text):
+    p = tmp_path / "bad.toml"
+    p.write_text(text)
+    return p
+
+
+GOOD = 'question = "A question long enough to be a question about decode steps on GPUs?"\nkind = "step"\n'
+
+
+@pytest.mark.parametrize("text, needles", [
+    (GOOD + "[base]\nbatchh = 3\n", ["line 4", "batchh"]),
+    (GOOD + "[sweep]\nbatch = []\n", ["line 4", "batch", "non-empty"]),
+    (GOOD + "[sweep]\nbatch = [1, \"two\"]\n", ["line 4", "batch", "int"]),
+    (GOOD + "[base]\nmodel = \"gpt-9\"\n", ["line 4", "model", "unknown model"]),
+    (GOOD + "[sweep]\nhardware = [\"gb300\", \"tpu\"]\n", ["line 4", "hardware"]),
+    (GOOD + "[base]\nfusion_off = \"magic\"\n", ["fusion_off"]),
+    (GOOD + "colour = \"red\"\n", ["line 3", "colour"]),
+    (GOOD.replace('"step"', '"dance"'), ["line 2", "kind"]),
+    (GOOD + "[outputs]\nplots = [\"pie\"]\n", ["line 4", "plots", "pie"]),
+    ("kind = \"step\"\n", ["question"]),
+    ("question = [unclosed\n", ["not valid TOML"]),
+], ids=["unknown-key", "empty-axis", "wrong-type", "unknown-model", "unknown-hardware", "unknown-fusion",
+        "unknown-top-key", "unknown-kind", "unknown-plot", "no-question", "not-toml"])
+def test_malformed_scenario(tmp_path, text, needles):
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["run", str(_scenario(tmp_path, text)), "--out", str(out)])
+    assert r.exit_code == 2
+    for needle in needles:
+        assert needle in r.output, (needle, r.output)
+    assert "Traceback" not in r.output and not out.exists()
+
+
+def test_interrupted_sweep_keeps_finished_points(tmp_path, monkeypatch):
+    sc = load_scenario(ROOT / "scenarios" / "batch-sweep.toml")
+    real = sweep.evaluate
+    calls = {"n": 0}
+
+    def flaky(point, kind):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(point, kind)
+
+    monkeypatch.setattr(sweep, "evaluate", flaky)
+    r = runner.invoke(app, ["run", str(sc.path), "--out", str(tmp_path)])
+    assert r.exit_code == 130
+    with open(tmp_path / "points.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 * 2  # three finished points x two variants, a complete file
+    assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is True
+
+
+def test_quick_cuts_axes():
+    sc = load_scenario(ROOT / "scenarios" / "batch-sweep.toml")
+    assert len(sc.reduced().points()) == 4 and len(sc.points()) == 14
