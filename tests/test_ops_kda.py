@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.ops import kda
+from numerics import TOL, assert_close
 
 # One tolerance table (rtol, atol) per working dtype.
-TOL = {np.float64: (1e-12, 1e-12), np.float32: (1e-5, 1e-5)}
 LOWER_BOUND, EPS = -5.0, 1e-5
 SHAPES = [  # (B, T, N, H, W)
     (1, 1, 1, 4, 4),
@@ -56,17 +56,6 @@ def make_inputs(seed: int, shape: tuple[int, ...], dtype: type) -> tuple[np.ndar
         rng.standard_normal((B, N, H, H)) / np.sqrt(H),  # state
     )
     return tuple(a.astype(dtype) for a in arrays)
-
-
-def assert_close(actual: np.ndarray, desired: np.ndarray, dtype: type, what: str) -> None:
-    """Shape and dtype first, then elementwise closeness with max-abs and RMS-ratio in the message."""
-    assert actual.shape == desired.shape, f"{what}: shape {actual.shape} != {desired.shape}"
-    assert actual.dtype == desired.dtype == dtype, f"{what}: dtype {actual.dtype} / {desired.dtype}"
-    rtol, atol = TOL[dtype]
-    err = np.abs(actual - desired)
-    ratio = np.sqrt(np.mean(err**2) / max(np.mean(desired.astype(np.float64) ** 2), 1e-300))
-    np.testing.assert_allclose(actual, desired, rtol=rtol, atol=atol,
-                               err_msg=f"{what}: max|err|={err.max():.3e} rms ratio={ratio:.3e}")
 
 
 def assert_step_close(got: tuple, want: tuple, dtype: type, what: str) -> None:

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from simulator.ops import mla
+from numerics import TOL, assert_close
 
 # One tolerance table (rtol, atol) per working dtype.
-TOL = {np.float64: (1e-12, 1e-12), np.float32: (1e-5, 1e-5)}
 SHAPES = [  # (B, T, N, Dn, R, Dv, L, Rq, max cached length)
     (1, 1, 1, 4, 2, 4, 8, 16, 1),
     (1, 4, 2, 8, 4, 8, 16, 32, 9),
@@ -58,17 +58,6 @@ def make_case(
     for b in range(B):
         cache[b, lengths[b] + T :] = np.nan
     return c | dict(q_lat=mla.mla_absorb_q(q[..., :Dn], c["w_uk"]), q_pe=q_pe, kv_cache=cache)
-
-
-def assert_close(actual: np.ndarray, desired: np.ndarray, dtype: type, what: str) -> None:
-    """Shape and dtype first, then elementwise closeness with max-abs and RMS-ratio in the message."""
-    assert actual.shape == desired.shape, f"{what}: shape {actual.shape} != {desired.shape}"
-    assert actual.dtype == desired.dtype == dtype, f"{what}: dtype {actual.dtype} / {desired.dtype}"
-    rtol, atol = TOL[dtype]
-    err = np.abs(actual - desired)
-    ratio = np.sqrt(np.mean(err**2) / max(np.mean(desired.astype(np.float64) ** 2), 1e-300))
-    np.testing.assert_allclose(actual, desired, rtol=rtol, atol=atol,
-                               err_msg=f"{what}: max|err|={err.max():.3e} rms ratio={ratio:.3e}")
 
 
 def absorbed_args(c: dict[str, Any]) -> tuple[Any, ...]:

@@ -9,16 +9,9 @@ from simulator.ops import norm
 from simulator.ops.router import route_fused, route_reference
 from simulator.weights import LayerWeights
 
-TOL = {np.float64: 1e-12, np.float32: 1e-5}
+from numerics import assert_close
+
 DTYPES = [np.float64, np.float32]
-
-
-def assert_close(actual, desired, dtype):
-    assert actual.shape == desired.shape and actual.dtype == desired.dtype
-    tol = TOL[dtype]
-    rel = np.linalg.norm(actual - desired) / (np.linalg.norm(desired) or 1.0)
-    np.testing.assert_allclose(actual, desired, rtol=tol, atol=tol * 10,
-                               err_msg=f"max abs {np.abs(actual - desired).max():.2e}, rel RMS {rel:.2e}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float64", "float32"])

@@ -401,33 +401,39 @@ def latent_down(d: Dims) -> Kernel:
                   note="replicated routed_expert_down_proj on an aux stream beside the router (V-MODEL, <= 256 tokens)")
 
 
-def shared_mlp(d: Dims) -> list[Kernel]:
-    M, D, S = d.M, d.D, d.S_r
-    cfg = d.cfg
+def gated_mlp(d: Dims, prefix: str, width: int, what: str) -> list[Kernel]:
+    """gate+up GEMM (column shard) -> activation-and-multiply kernel -> down GEMM (row shard, partial sum).
+    The shared expert (prefix "shared") and the dense FFN of layer 0 (prefix "dense") are both this."""
+    M, D, cfg = d.M, d.D, d.cfg
 
     def gate_up(rank: Any) -> None:
         x = rank.buf["x2"]
-        rank.buf["shared.gu"] = np.concatenate([x @ c.col(rank, "shared.w_gate"), x @ c.col(rank, "shared.w_up")], -1)
+        rank.buf[f"{prefix}.gu"] = np.concatenate([x @ c.col(rank, f"{prefix}.w_gate"), x @ c.col(rank, f"{prefix}.w_up")], -1)
 
     def glu(rank: Any) -> None:
-        g, u = np.split(rank.buf["shared.gu"], 2, axis=-1)
-        rank.buf["shared.h"] = ex.glu(g, u, cfg)
+        g, u = np.split(rank.buf[f"{prefix}.gu"], 2, axis=-1)
+        rank.buf[f"{prefix}.h"] = ex.glu(g, u, cfg)
 
     def down(rank: Any) -> None:
-        rank.buf["shared.partial"] = c.row_parallel_partial(rank, rank.buf["shared.h"], "shared.w_down")
+        rank.buf[f"{prefix}.partial"] = c.row_parallel_partial(rank, rank.buf[f"{prefix}.h"], f"{prefix}.w_down")
 
+    F = width
     return [
-        Kernel(key="shared_gate_up", name="gemm_shared_gate_up", kind="gemm", reads=(act("x2", M, D),),
-               writes=(act("shared.gu", M, 2 * S),), weights=(wt("shared.w_gate_up", D, 2 * S),),
-               flops=gemm_flops(M, D, 2 * S), effect=per_rank(gate_up), note="shared expert gate+up, column shard"),
-        Kernel(key="shared_act", name=f"{cfg.hidden_act}_and_mul", kind="pointwise",
-               reads=(act("shared.gu", M, 2 * S),), writes=(act("shared.h", M, S),), flops=8 * M * S,
+        Kernel(key=f"{prefix}_gate_up", name=f"gemm_{prefix}_gate_up", kind="gemm", reads=(act("x2", M, D),),
+               writes=(act(f"{prefix}.gu", M, 2 * F),), weights=(wt(f"{prefix}.w_gate_up", D, 2 * F),),
+               flops=gemm_flops(M, D, 2 * F), effect=per_rank(gate_up), note=f"{what} gate+up, column shard"),
+        Kernel(key=f"{prefix}_act", name=f"{cfg.hidden_act}_and_mul", kind="pointwise",
+               reads=(act(f"{prefix}.gu", M, 2 * F),), writes=(act(f"{prefix}.h", M, F),), flops=8 * M * F,
                effect=per_rank(glu), note="activation and multiply, a separate elementwise kernel"),
-        Kernel(key="shared_down", name="gemm_shared_down", kind="gemm", reads=(act("shared.h", M, S),),
-               writes=(act("shared.partial", M, D),), weights=(wt("shared.w_down", S, D),),
-               flops=gemm_flops(M, S, D), effect=per_rank(down),
-               note="shared expert down, row shard; partial sum not reduced here (V-LMR)"),
+        Kernel(key=f"{prefix}_down", name=f"gemm_{prefix}_down", kind="gemm", reads=(act(f"{prefix}.h", M, F),),
+               writes=(act(f"{prefix}.partial", M, D),), weights=(wt(f"{prefix}.w_down", F, D),),
+               flops=gemm_flops(M, F, D), effect=per_rank(down),
+               note=f"{what} down, row shard; its partial sum is reduced later"),
     ]
+
+
+def shared_mlp(d: Dims) -> list[Kernel]:
+    return gated_mlp(d, "shared", d.S_r, "shared expert (V-LMR: not reduced until the latent tail)")
 
 
 def topk(d: Dims) -> Kernel:
@@ -561,28 +567,6 @@ def classic_tail(d: Dims) -> list[Kernel]:
 
 # ======================================================================= dense FFN (layer 0)
 def dense_ffn(d: Dims) -> list[Kernel]:
-    cfg, M, D = d.cfg, d.M, d.D
-    F = cfg.dense_intermediate // d.P
-
-    def gate_up(rank: Any) -> None:
-        x = rank.buf["x2"]
-        rank.buf["dense.gu"] = np.concatenate([x @ c.col(rank, "dense.w_gate"), x @ c.col(rank, "dense.w_up")], -1)
-
-    def glu(rank: Any) -> None:
-        g, u = np.split(rank.buf["dense.gu"], 2, axis=-1)
-        rank.buf["dense.h"] = ex.glu(g, u, cfg)
-
-    def down(rank: Any) -> None:
-        rank.buf["dense.partial"] = c.row_parallel_partial(rank, rank.buf["dense.h"], "dense.w_down")
-
-    return [
-        Kernel(key="dense_gate_up", name="gemm_dense_gate_up", kind="gemm", reads=(act("x2", M, D),),
-               writes=(act("dense.gu", M, 2 * F),), weights=(wt("dense.w_gate_up", D, 2 * F),),
-               flops=gemm_flops(M, D, 2 * F), effect=per_rank(gate_up), note="dense FFN gate+up, column shard"),
-        Kernel(key="dense_act", name=f"{cfg.hidden_act}_and_mul", kind="pointwise", reads=(act("dense.gu", M, 2 * F),),
-               writes=(act("dense.h", M, F),), flops=8 * M * F, effect=per_rank(glu), note="activation and multiply"),
-        Kernel(key="dense_down", name="gemm_dense_down", kind="gemm", reads=(act("dense.h", M, F),),
-               writes=(act("dense.partial", M, D),), weights=(wt("dense.w_down", F, D),), flops=gemm_flops(M, F, D),
-               effect=per_rank(down), note="dense FFN down, row shard"),
-        c.all_reduce_kernel(d, "dense_all_reduce", "dense.partial", "moe_out", D, note="TP all-reduce of the FFN output"),
-    ]
+    D = d.D
+    return gated_mlp(d, "dense", d.cfg.dense_intermediate // d.P, "dense FFN") + [
+        c.all_reduce_kernel(d, "dense_all_reduce", "dense.partial", "moe_out", D, note="TP all-reduce of the FFN output")]
