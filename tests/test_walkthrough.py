@@ -4,14 +4,15 @@ Conventions the walkthrough follows (so this test can check it):
 - ```bash blocks: every line starting with `moe-sim ` runs through the CLI and must exit 0, or the
   code named by a trailing `# exit N` comment.
 - ```python blocks run in order in one shared namespace and must not raise.
-- A number quoted in the text is preceded by a marker
-      <!-- value: ARGS | PATH | FORMAT -->NUMBER
-  ARGS are `moe-sim` arguments that print JSON (they must include --json), PATH walks the JSON
-  (dot-separated keys, integers index lists) and FORMAT is a Python format spec; the text right after
-  the marker must start with the formatted value. `py: EXPR` in place of ARGS | PATH evaluates EXPR
+- A number quoted in the text is wrapped in a span whose title says where it comes from
+      <span title="ARGS | PATH | FORMAT">NUMBER</span>
+  (a reader sees the number, and its source on hover). ARGS are `moe-sim` arguments that print JSON
+  (they include --json), PATH walks the JSON (dot-separated keys, integers index lists) and FORMAT
+  is a Python format spec; NUMBER must equal the formatted value. `py: EXPR | FORMAT` evaluates EXPR
   in the python blocks' namespace instead.
 """
 
+import html
 import json
 import re
 import shlex
@@ -24,7 +25,7 @@ from simulator.cli import app
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "walkthrough.md"
 runner = CliRunner()
-MARKER = re.compile(r"<!--\s*value:\s*(.*?)\s*-->")
+MARKER = re.compile(r'<span title="([^"]*)">([^<]*)</span>')
 FENCE = re.compile(r"```(\w+)\n(.*?)```", re.S)
 
 
@@ -89,12 +90,11 @@ def test_quoted_numbers_match_the_tool(namespace):
     markers = list(MARKER.finditer(text))
     assert len(markers) >= 15, "the walkthrough quotes its numbers through markers"
     for m in markers:
-        spec = [part.strip() for part in m.group(1).split("|")]
+        spec = [part.strip() for part in html.unescape(m.group(1)).split("|")]
         if spec[0].startswith("py:"):
             value, fmt = eval(spec[0][3:], namespace), spec[1]  # noqa: S307 (the project's own doc)
         else:
             args, path, fmt = spec
             value = _walk(_json(args), path)
         shown = format(value, fmt)
-        after = text[m.end():m.end() + len(shown)]
-        assert after == shown, f"marker '{m.group(1)}': the tool gives {shown}, the text says {after!r}"
+        assert m.group(2) == shown, f"marker '{m.group(1)}': the tool gives {shown}, the text says {m.group(2)!r}"

@@ -68,7 +68,7 @@ def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int,
 # ---------------------------------------------------------------------------------------
 
 @lru_cache(maxsize=1024)
-def head_plan(cfg: ModelConfig, tp: int, shape: DecodeShape, variant: str) -> Plan:
+def head_plan(cfg: ModelConfig, tp: int, shape: DecodeShape, variant: str, pdl: bool | None = None) -> Plan:
     M, D, P, V = shape.tokens, cfg.hidden_size, tp, cfg.vocab_size
     n_src = (-(-cfg.num_layers // cfg.attn_res_block) if cfg.attn_res_block else 0) + 1
     x = act("hidden", M, D)
@@ -89,7 +89,7 @@ def head_plan(cfg: ModelConfig, tp: int, shape: DecodeShape, variant: str) -> Pl
                writes=(act("tokens", M, dtype="int32"),), collective=Collective("all_gather", M * 8, P),
                note="gather the P candidates per token and pick the winner (and accept / reject drafts)"),
     ]
-    pdl = variant == "specialized"  # the fused path launches everything with PDL
+    pdl = variant == "specialized" if pdl is None else pdl  # the fused path launches everything with PDL
     from dataclasses import replace
     return Plan(variant, "head", tp, shape, tuple(replace(k, pdl=pdl) for k in kernels))
 
@@ -168,7 +168,7 @@ def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, 
             per_layer[layer_type] = makespan_us(plan, hw)
             breakdown[f"{layer_type}_layers"] = count * per_layer[layer_type]
             kernels += count * len(plan)
-    head = head_plan(cfg, tp, shape, variant)
+    head = head_plan(cfg, tp, shape, variant, variant == "specialized" and (fusions is None or "pdl_prefetch" in fusions))
     breakdown["head"] = makespan_us(head, hw)
     kernels += len(head)
     if draft_tokens:

@@ -122,10 +122,10 @@ def print_run(result: dict[str, Any], max_rows: int = 60) -> None:
     con.print(f"scenario {s['scenario']} ({s['kind']}): {s['question']}")
     base = ", ".join(f"{k}={v}" for k, v in s["base"].items() if k not in s["sweep"] and v is not None)
     con.print(f"conditions: {base}")
-    axes = list(s["sweep"])
-    table = Table(*axes, "variant", *RUN_METRICS[s["kind"]], "status")
+    axes = [a for a in s["sweep"] if a != "variant"] + ["variant"]
+    table = Table(*axes, *RUN_METRICS[s["kind"]], "status")
     for row in result["rows"][:max_rows]:
-        cells = [row.get(a) for a in axes] + [row.get("variant")] + [row.get(m) for m in RUN_METRICS[s["kind"]]]
+        cells = [row.get(a) for a in axes] + [row.get(m) for m in RUN_METRICS[s["kind"]]]
         table.add_row(*[_fmt(c) for c in cells], "ok" if row["status"] == "ok" else "skipped (reason in points.csv)")
     con.print(table)
     if len(result["rows"]) > max_rows:
