@@ -6,7 +6,7 @@ import pytest
 from simulator.check import FLIP_MARGIN, check_layer, make_inputs
 from simulator.dtypes import Precision
 from simulator.execute import run_plan
-from simulator.plans import specialized, standard
+from simulator.plans import specialized
 from simulator.plans.common import make_dims
 from simulator.plans.kernel import DecodeShape
 from simulator.weights import LayerWeights

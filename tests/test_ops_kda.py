@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.ops import kda
-from numerics import TOL, assert_close
+from numerics import assert_close
 
 # One tolerance table (rtol, atol) per working dtype.
 LOWER_BOUND, EPS = -5.0, 1e-5
