@@ -125,6 +125,7 @@ def layer(
     variant: VariantOpt = VariantChoice.both,
     disable_fusion: DisableOpt = None,
     enable_fusion: EnableOpt = None,
+    plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also write timeline, kernel-bar and roofline charts (PNG + SVG) to this folder.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Per-kernel cost and timeline of one decoder layer, standard and specialized side by side.
@@ -140,8 +141,13 @@ def layer(
 
     def body() -> dict:
         cfg, hw = load_model(model), load_hardware(hardware)
-        return layer_report(cfg, hw, tp, DecodeShape(batch, tokens_per_seq, context), layer_type.value,
-                            variant.value, fusion_set(disable_fusion, enable_fusion))
+        shape, fusions = DecodeShape(batch, tokens_per_seq, context), fusion_set(disable_fusion, enable_fusion)
+        doc = layer_report(cfg, hw, tp, shape, layer_type.value, variant.value, fusions)
+        if plot_dir:
+            from simulator.report.scenario_plots import layer_plots
+            doc["plots"] = [str(p) for p in layer_plots(doc, cfg, hw, tp, shape, layer_type.value, variant.value,
+                                                       fusions, plot_dir)]
+        return doc
 
     from simulator.report.tables import print_layer
     _emit(_guard(body), as_json, print_layer)

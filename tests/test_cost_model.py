@@ -1,6 +1,7 @@
 """The cost model on the real plans: textbook takeaways, the published calibration, the step, the CLI."""
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -154,3 +155,11 @@ def test_memory_capacity(k3):
     mem = json.loads(r.output)["memory"]
     assert r.exit_code == 0 and not mem["fits_in_hbm"] and mem["weights_per_gpu_gb"] > mem["hbm_gb"]
     assert "pipeline" in runner.invoke(app, ["step", "--hardware", "h200", "--tp", "8"]).output
+
+
+def test_layer_and_ablation_plots(tmp_path):
+    r = runner.invoke(app, ["layer", "--plot", str(tmp_path / "layer"), "--json"])
+    assert r.exit_code == 0 and len(json.loads(r.output)["plots"]) == 6
+    r = runner.invoke(app, ["ablation", "--plot", str(tmp_path / "abl"), "--json"])
+    files = json.loads(r.output)["plots"]
+    assert r.exit_code == 0 and len(files) == 4 and all(Path(f).stat().st_size > 0 for f in files)

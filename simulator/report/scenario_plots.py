@@ -18,24 +18,36 @@ def _point_label(row: dict[str, Any], axes: list[str]) -> str:
     return "-".join(f"{a}{row[a]}" for a in axes) or "base"
 
 
+LAYER_PICTURES = ("timeline", "kernel_bars", "roofline")
+
+
+def layer_plots(doc: dict[str, Any], cfg: Any, hw: Any, tp: int, shape: Any, layer: str, variant: str,
+                fusions: frozenset[str] | None, out: str | Path, names: tuple[str, ...] = LAYER_PICTURES,
+                prefix: str = "layer") -> list[Path]:
+    """Timeline (with prefetch windows), per-kernel bars and roofline of one layer report."""
+    from simulator.report import plots
+    from simulator.report.summary import layer_timelines
+    out, files = Path(out), []
+    if "timeline" in names:
+        tls = layer_timelines(cfg, hw, tp, shape, layer, variant, fusions)
+        files += plots.plot_timeline(doc, out, f"{prefix}-timeline", timelines=tls)
+    if "kernel_bars" in names:
+        files += plots.plot_kernel_bars(doc, out, f"{prefix}-kernels")
+    if "roofline" in names:
+        files += plots.plot_roofline(doc, out, f"{prefix}-roofline", hw)
+    return files
+
+
 def _layer_pictures(sc: Scenario, out: Path, names: list[str]) -> list[Path]:
     from simulator.plans.kernel import DecodeShape
-    from simulator.report import plots
-    from simulator.report.summary import layer_report, layer_timelines
+    from simulator.report.summary import layer_report
     from simulator.sweep import _fusions, _hardware, _model
     b = sc.base
     cfg, hw = _model(b["model"], b["precision"]), _hardware(b["hardware"])
     shape = DecodeShape(b["batch"], b["tokens_per_seq"], b["context"])
     doc = layer_report(cfg, hw, b["tp"], shape, b["layer"], "both", _fusions(b))
-    files: list[Path] = []
-    if "timeline" in names:
-        tls = layer_timelines(cfg, hw, b["tp"], shape, b["layer"], "both", _fusions(b))
-        files += plots.plot_timeline(doc, out, f"{sc.name}-timeline", timelines=tls)
-    if "kernel_bars" in names:
-        files += plots.plot_kernel_bars(doc, out, f"{sc.name}-kernels")
-    if "roofline" in names:
-        files += plots.plot_roofline(doc, out, f"{sc.name}-roofline", hw)
-    return files
+    return layer_plots(doc, cfg, hw, b["tp"], shape, b["layer"], "both", _fusions(b), out,
+                       tuple(n for n in names if n in LAYER_PICTURES), prefix=sc.name)
 
 
 def _waterfalls(sc: Scenario, rows: list[dict[str, Any]], out: Path) -> list[Path]:
