@@ -119,3 +119,19 @@ def test_ring_order_differs_in_float32():
     rng = np.random.default_rng(0)
     parts = [(rng.standard_normal((64, 64)) * 10 ** rng.uniform(-3, 3)).astype(np.float32) for _ in range(8)]
     assert not np.array_equal(col.all_reduce_ring(parts)[0], col.all_reduce_one_shot(parts)[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float64", "float32"])
+@pytest.mark.parametrize("m, k, n", [(1, 64, 8), (5, 96, 3), (8, 3584, 24)], ids=lambda v: str(v))
+def test_mxfp4_linear_fused_matches_reference(m, k, n, dtype):
+    from simulator.dtypes import mxfp4_quantize
+    from simulator.ops.linear import linear, linear_reference, mxfp4_linear_fused, mxfp4_linear_reference
+    rng = np.random.default_rng(m * n)
+    x = rng.standard_normal((m, k)).astype(dtype)
+    w_t = mxfp4_quantize(rng.standard_normal((n, k)) * 0.05)  # [N, K], blocks along K
+    ref = mxfp4_linear_reference(x, w_t)
+    assert_close(mxfp4_linear_fused(x, w_t), ref, dtype)
+    from simulator.dtypes import mxfp4_dequantize
+    w = mxfp4_dequantize(w_t, dtype).T
+    assert_close(linear(x, w), ref, dtype)
+    assert_close(linear_reference(x, w), linear(x, w), dtype)

@@ -1,0 +1,52 @@
+"""Linear layers as the decode GEMMs compute them: BF16 x BF16 with FP32 accumulation, and MXFP4 weights.
+
+    y = x @ W                          x [M, K] activations, W [K, N] weights (y = x W, rows are tokens)
+
+BF16 GEMM: inputs are BF16 values, products and sums are FP32 (tensor-core accumulate), the output is
+rounded to BF16 when written. The executor holds BF16 values in float32 arrays, so `x @ w` in float32
+*is* that computation; the rounding of the output happens where the kernel writes it.
+
+MXFP4 GEMM (routed experts, W4A16): W is stored as E2M1 codes with one power-of-two E8M0 scale per 32
+consecutive K elements (dtypes.MXFP4, blocks along K). Two ways to compute the same product:
+- reference: dequantize W to FP32 (codes x scale), then one GEMM;
+- fused (what the kernel does): for each 32-wide K block b, multiply the raw E2M1 values, then scale the
+  block's partial sum once:  y = sum_b s_b,n * (x[:, b] @ codes[b, n]).
+  The dequantized weight matrix is never materialised: 4.25 bits per weight are read instead of 16.
+Because every scale is a power of two, both give the same FP32 result up to summation order.
+
+Dimension legend: M tokens, K input width, N output width.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.dtypes import MX_BLOCK, MXFP4, Array, mxfp4_dequantize
+
+
+def linear_reference(x: Array, w: Array) -> Array:
+    """float64 GEMM, cast back to x's dtype.   [M, K] @ [K, N] -> [M, N]"""
+    return (x.astype(np.float64) @ w.astype(np.float64)).astype(x.dtype)
+
+
+def linear(x: Array, w: Array) -> Array:
+    """The GEMM in x's dtype (float32: BF16 inputs with FP32 accumulation).   [M, K] @ [K, N] -> [M, N]"""
+    return x @ w.astype(x.dtype, copy=False)
+
+
+# ===================================================================== MXFP4 weights
+def mxfp4_linear_reference(x: Array, w_t: MXFP4) -> Array:
+    """Dequantize, then multiply. `w_t` is W transposed ([N, K], blocks along K) as checkpoints store it."""
+    return x @ mxfp4_dequantize(w_t, x.dtype).T  # [M, N]
+
+
+def mxfp4_linear_fused(x: Array, w_t: MXFP4) -> Array:
+    """Block-scaled accumulation: one partial GEMM per 32-wide K block on the raw E2M1 values, scaled
+    once per block and output column. Reads 0.53 B per weight; never writes a dequantized W."""
+    n, k = w_t.shape
+    unit = MXFP4(w_t.packed, np.full_like(w_t.scales, 1.0), w_t.shape)  # codes with scale 1: E2M1 values
+    codes = mxfp4_dequantize(unit, x.dtype).reshape(n, k // MX_BLOCK, MX_BLOCK)  # [N, K/32, 32]
+    scales = w_t.scales.astype(np.float32).astype(x.dtype)  # [N, K/32]
+    xb = x.reshape(x.shape[0], k // MX_BLOCK, MX_BLOCK)  # [M, K/32, 32]
+    partial = np.einsum("mbk,nbk->mbn", xb, codes)  # [M, K/32, N] one partial sum per block
+    return np.einsum("mbn,nb->mn", partial, scales)  # [M, N]
