@@ -135,6 +135,8 @@ def test_trace_cli(tmp_path):
     (("layer", "--context", "-5"), "context"),
     (("layer", "--disable-fusion", "warp_drive"), "unknown fusion"),
     (("trace", "--out", "/tmp/x.json", "--tp", "5"), "does not divide"),
+    (("step", "--model", "deepseek-v3", "--tp", "8", "--draft-tokens", "3"), "does not match"),
+    (("step", "--drafter", "no-such-drafter", "--draft-tokens", "3"), "unknown model"),
 ])
 def test_cost_bad_input(args, needle):
     r = runner.invoke(app, list(args))

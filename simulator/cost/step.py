@@ -173,6 +173,9 @@ def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, 
     kernels += len(head)
     if draft_tokens:
         dcfg, drafting, taps = load_drafter(drafter)
+        if (dcfg.hidden_size, dcfg.vocab_size) != (cfg.hidden_size, cfg.vocab_size):
+            raise UserError(f"drafter '{dcfg.name}' (hidden {dcfg.hidden_size}, vocab {dcfg.vocab_size}) does not match "
+                            f"model '{cfg.name}' (hidden {cfg.hidden_size}, vocab {cfg.vocab_size}); pass --drafter.")
         plans, repeats = drafter_plans(dcfg, tp, batch, draft_tokens, context, drafting, taps)
         breakdown["draft"] = repeats * sum(makespan_us(p, hw) for p in plans)
         kernels += repeats * sum(len(p) for p in plans)
