@@ -181,7 +181,7 @@ def test_jitted_event_loop_matches_its_python_original(case: tuple[Plan, str]) -
     from simulator.cost.timeline import _arrays, makespan_us
     plan_, hw_name = case
     hw = load_hardware(hw_name)
-    _, arrays = _arrays(plan_, hw)
+    arrays = _arrays(plan_, hw)
     for fast, slow in zip(simulate(*arrays), simulate.py_func(*arrays)):
         np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-9)
     assert makespan_us(plan_, hw) == pytest.approx(schedule(plan_, hw).layer_us)

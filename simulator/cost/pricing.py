@@ -125,17 +125,21 @@ def stream_bandwidth(kernel: Kernel, hw: HardwareProfile) -> float:
     return full if kernel.ctas is None else min(full, kernel.ctas * hw.cta_bandwidth)
 
 
+def kernel_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float, float, float, float]:
+    """(launch µs, fixed µs, math µs, comm µs, stream B/s): what the timeline needs, without a record."""
+    _check_collective(kernel)
+    comm = collective_cost(kernel.collective, hw).time_us if kernel.collective else 0.0
+    return (launch_gap_us(kernel.pdl, hw), fixed_us(kernel.kind, hw),
+            kernel.flops / hw.peak_flops(kernel.math) * 1e6, comm, stream_bandwidth(kernel, hw))
+
+
 def price_kernel(kernel: Kernel, hw: HardwareProfile) -> KernelCost:
     """The cost of `kernel` alone on `hw` (formulas in the module docstring)."""
-    _check_collective(kernel)
-    stream = stream_bandwidth(kernel, hw)
+    launch, fixed, math_us, _, stream = kernel_terms(kernel, hw)
     comm = collective_cost(kernel.collective, hw) if kernel.collective else None
     return KernelCost(
-        key=kernel.key, name=kernel.name, kind=kernel.kind,
-        launch_us=launch_gap_us(kernel.pdl, hw),
-        fixed_us=fixed_us(kernel.kind, hw),
-        mem_us=kernel.hbm_bytes / stream * 1e6,
-        math_us=kernel.flops / hw.peak_flops(kernel.math) * 1e6,
+        key=kernel.key, name=kernel.name, kind=kernel.kind, launch_us=launch, fixed_us=fixed,
+        mem_us=kernel.hbm_bytes / stream * 1e6, math_us=math_us,
         comm_us=comm.time_us if comm else 0.0,
         comm_alpha_us=comm.alpha_us if comm else 0.0,
         algorithm=comm.algorithm if comm else "",

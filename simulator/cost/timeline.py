@@ -29,7 +29,7 @@ import numpy as np
 
 from simulator.cost.collectives import min_alpha_us
 from simulator.cost.fastsim import simulate
-from simulator.cost.pricing import Bound, KernelCost, price_kernel
+from simulator.cost.pricing import Bound, KernelCost, kernel_terms, price_kernel
 from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import Kernel, Plan
 
@@ -102,7 +102,8 @@ class Timeline:
 
 def schedule(plan: Plan, hw: HardwareProfile) -> Timeline:
     """Place every kernel of `plan` on its stream; see the module docstring for the rules."""
-    costs, arrays = _arrays(plan, hw)
+    costs = [price_kernel(k, hw) for k in plan]
+    arrays = _arrays(plan, hw)
     start, end, pf_start, pf_end, pf_bytes = simulate(*arrays)
     spans = []
     for i, (k, c) in enumerate(zip(plan, costs)):
@@ -117,8 +118,7 @@ def schedule(plan: Plan, hw: HardwareProfile) -> Timeline:
 
 def makespan_us(plan: Plan, hw: HardwareProfile) -> float:
     """Just the layer time: what sweeps need, without building spans."""
-    _, arrays = _arrays(plan, hw)
-    return float(simulate(*arrays)[1].max())
+    return float(simulate(*_arrays(plan, hw))[1].max())
 
 
 def _inputs(arrays: tuple, i: int) -> list[int]:
@@ -126,27 +126,26 @@ def _inputs(arrays: tuple, i: int) -> list[int]:
     return [int(j) for j in deps[i] if j >= 0] + ([int(pred[i])] if pred[i] >= 0 else [])
 
 
-def _arrays(plan: Plan, hw: HardwareProfile) -> tuple[list[KernelCost], tuple]:
+def _arrays(plan: Plan, hw: HardwareProfile) -> tuple:
     """Price every kernel and lay the plan out as the arrays `fastsim.simulate` reads."""
     index: dict[str, int] = {}
     last: dict[str, int] = {}
     n = len(plan)
     width = max([len(k.deps) for k in plan] + [1])
-    pred, deps, rows, costs = [], [], [], []
+    pred, deps, rows = [], [], []
     for i, k in enumerate(plan):
         unknown = [d for d in k.deps if d not in index]
         if k.key in index or unknown:
             raise ValueError(f"kernel {k.key!r}: duplicate key or deps on unknown/later kernels {unknown}")
-        c = price_kernel(k, hw)
-        costs.append(c)
+        launch, fixed, math_us, comm, stream = kernel_terms(k, hw)
         pred.append(last.get(k.stream, -1))
         deps.append([index[d] for d in k.deps] + [-1] * (width - len(k.deps)))
-        rows.append((c.launch_us, c.fixed_us, c.math_us, c.comm_us, c.bytes, c.stream_bandwidth * 1e-6,
+        rows.append((launch, fixed, math_us, comm, k.hbm_bytes, stream * 1e-6,
                      _prefetch_target(k) if pred[-1] >= 0 else 0.0))
         index[k.key] = last[k.stream] = i
     capacity = max(hw.hbm_efficiency, hw.moe_hbm_efficiency) * hw.hbm_bandwidth * 1e-6  # B/µs
     gap_pred, fixed, math, comm, nbytes, bw, can_pf = np.array(rows, dtype=np.float64).T.copy()
-    return costs, (np.array(pred, dtype=np.int64), np.array(deps, dtype=np.int64).reshape(n, width),
+    return (np.array(pred, dtype=np.int64), np.array(deps, dtype=np.int64).reshape(n, width),
                    gap_pred, fixed, math, comm, nbytes, bw, can_pf,
                    hw.launch_gap_us, hw.launch_gap_pdl_us, capacity)
 
