@@ -42,6 +42,7 @@ from simulator.ops import norm
 from simulator.ops.collectives import all_gather, all_reduce_one_shot, reduce_scatter
 from simulator.ops.router import route_fused
 from simulator.plans import common as c
+from simulator.plans import mla_kernels as mla_k
 from simulator.plans import standard as std
 from simulator.plans.common import Dims, act, gemm_flops, per_rank, wt
 from simulator.plans.kernel import Collective, DecodeShape, Kernel, Plan
@@ -113,11 +114,11 @@ def mla_attention(d: Dims, on: frozenset[str]) -> list[Kernel]:
     cfg = d.cfg
     merge_g = cfg.mla_output_gate and "small_batch_proj" in on and d.M <= SMALL_BATCH_MAX_TOKENS
     if not merge_g:
-        return std.mla_attention(d)
-    kernels = [std.mla_qkv_a(d, "skinny_gemm_qkv_a_g", fusions=("small_batch_proj",), with_g=True)]
-    kernels += [std.mla_norm(d), std.mla_q_b(d), std.mla_absorb(d), std.mla_cache_insert(d),
-                std.mla_decode(d), std.mla_w_uv(d)]
-    gate = std.mla_gate_mul(d)
+        return mla_k.mla_attention(d)
+    kernels = [mla_k.mla_qkv_a(d, "skinny_gemm_qkv_a_g", fusions=("small_batch_proj",), with_g=True)]
+    kernels += [mla_k.mla_norm(d), mla_k.mla_q_b(d), mla_k.mla_absorb(d), mla_k.mla_cache_insert(d),
+                mla_k.mla_decode(d), mla_k.mla_w_uv(d)]
+    gate = mla_k.mla_gate_mul(d)
     from dataclasses import replace
     return kernels + [replace(gate, deps=())]
 
