@@ -165,3 +165,33 @@ def test_layer_and_ablation_plots(tmp_path):
     r = runner.invoke(app, ["ablation", "--plot", str(tmp_path / "abl"), "--json"])
     files = json.loads(r.output)["plots"]
     assert r.exit_code == 0 and len(files) == 4 and all(Path(f).stat().st_size > 0 for f in files)
+
+
+def _measured_h200():
+    import csv
+    with open(Path(__file__).resolve().parent.parent / "data" / "h200_decode_gemms.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_h200_measured_decode_gemms():
+    """data/h200_decode_gemms.csv (benchmarks/h200_decode_gemms.py on one H200): Kimi K3's TP8 decode
+    GEMMs take the same time from M = 1 to 64, the model predicts them within 20 % (one fitted
+    efficiency), and no measurement beats the bytes / peak-bandwidth floor."""
+    from simulator.cost.pricing import price_kernel
+    from simulator.plans.kernel import Kernel, Tensor
+    hw = load_hardware("h200")
+    rows = _measured_h200()
+    assert len(rows) == 27 and {r["gpu"] for r in rows} == {"NVIDIA H200"}
+    for r in rows:
+        k, n, m, measured = int(r["K"]), int(r["N"]), int(r["M"]), float(r["us_per_kernel"])
+        gemm = Kernel("g", "g", "gemm", reads=(Tensor("x", (m, k), "bf16"),), writes=(Tensor("y", (m, n), "bf16"),),
+                      weights=(Tensor("w", (k, n), "bf16"),), flops=2 * m * k * n)
+        cost = price_kernel(gemm, hw)
+        predicted = cost.launch_us + cost.duration_us
+        assert gemm.hbm_bytes / hw.hbm_bandwidth * 1e6 < measured  # speed of light
+        tolerance = 0.30 if n < 1024 else 0.20  # the N = 896 router has few output tiles: a small grid
+        assert abs(predicted / measured - 1) < tolerance, (r["kernel"], m, predicted, measured)
+    by_shape: dict = {}
+    for r in rows:
+        by_shape.setdefault(r["kernel"], []).append(float(r["us_per_kernel"]))
+    assert all(max(t) / min(t) < 1.2 for t in by_shape.values())  # memory-bound: flat from M = 1 to 64
