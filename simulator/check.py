@@ -154,8 +154,7 @@ def _state_errors(state: LayerState, ref: LayerState, d: Dims, precision: str) -
 
 
 def layer_types(cfg: ModelConfig, which: str) -> list[str]:
-    present = [t for t in ("kda", "mla", "dense") if any(cfg.layer_type(i) == t for i in range(cfg.num_layers))]
-    return present if which == "all" else [which]
+    return [t for t, n in cfg.layer_counts().items() if n] if which == "all" else [which]
 
 
 def run_check(cfg: ModelConfig, which: str, tp: int, shape: DecodeShape, precision: str, seed: int = 0,

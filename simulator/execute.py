@@ -32,6 +32,7 @@ class Rank:
     tp: int
     w: LayerWeights
     prec: Precision
+    all_reduce: str = "one_shot"  # reduction order of the TP all-reduces (collectives.ALL_REDUCE)
     buf: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -51,11 +52,10 @@ class LayerIO:
 def run_plan(plan: Plan, dims: Dims, weights: LayerWeights, io: LayerIO, state: LayerState,
              prec: Precision, all_reduce: str = "one_shot") -> tuple[LayerIO, LayerState, dict[str, Any]]:
     """Execute `plan`; return the outgoing stream, the new state and rank 0's diagnostics."""
-    ranks = [Rank(r, plan.tp, weights, prec) for r in range(plan.tp)]
+    ranks = [Rank(r, plan.tp, weights, prec, all_reduce) for r in range(plan.tp)]
     for rank, st in zip(ranks, shard_state(state, plan.tp)):
         rank.buf.update(_initial_buffers(io, prec))
         rank.buf.update({k: np.asarray(v, dtype=prec.dtype) if v.dtype.kind == "f" else v for k, v in st.items()})
-        rank.buf["all_reduce"] = all_reduce
     for kernel in plan.kernels:
         kernel.effect(ranks)
         _commit_writes(kernel, ranks, prec)

@@ -140,7 +140,7 @@ def _summary(sc: Scenario, points: list[dict[str, Any]], rows: list[dict[str, An
     ok = [r for r in rows if r["status"] == "ok"]
     return {"scenario": sc.name, "file": sc.path, "question": sc.question, "kind": sc.kind, "base": sc.base,
             "sweep": sc.sweep, "points": len(points), "rows": len(rows), "rows_ok": len(ok),
-            "skipped": sorted({r["status"][9:] for r in rows if r["status"] != "ok"}),
+            "skipped": sorted({r["status"].removeprefix("skipped: ") for r in rows if r["status"] != "ok"}),
             "interrupted": interrupted, "columns": columns(rows)}
 
 

@@ -239,7 +239,7 @@ def all_reduce_effect(src: str, dst: str) -> Effect:
 
     def effect(ranks: list[Any]) -> None:
         partials = [rank.buf[src] for rank in ranks]
-        algo = ALL_REDUCE[ranks[0].buf["all_reduce"]]
+        algo = ALL_REDUCE[ranks[0].all_reduce]
         if partials[0].shape[-1] % len(ranks):
             algo = all_reduce_one_shot  # chunked algorithms need the payload to split evenly
         for rank, total in zip(ranks, algo(partials)):
