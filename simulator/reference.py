@@ -33,7 +33,7 @@ F64 = np.float64
 
 def reference_layer(d: Dims, w: LayerWeights, io: LayerIO, state: LayerState) -> tuple[LayerIO, LayerState, dict]:
     cfg, eps = d.cfg, d.cfg.rms_norm_eps
-    W = lambda name: w[name].astype(F64)  # noqa: E731
+    W = lambda name: w.get(name, F64)  # noqa: E731
     blocks = [b.astype(F64) for b in io.blocks]
     prefix = io.prefix.astype(F64) + io.delta.astype(F64)
     h = attn_res_mix_reference(blocks + [prefix], W("attn_res_norm"), W("attn_res_proj"), eps)
@@ -100,7 +100,7 @@ def mla_reference(d: Dims, W, x: np.ndarray, state: LayerState) -> tuple[np.ndar
 def moe_reference(cfg: ModelConfig, w: LayerWeights, W, x2: np.ndarray, diag: dict) -> np.ndarray:
     routing = route_reference(x2 @ W("router.w"), W("router.bias"), cfg)
     diag["topk_idx"], diag["margin"] = routing.topk_idx, routing.margin
-    expert = lambda e: tuple(t.astype(F64) for t in w.expert(e))  # noqa: E731
+    expert = lambda e: w.expert(e, F64)  # noqa: E731
     if cfg.latent_dim:
         z = x2 @ W("latent.w_down")  # [M, L]
         y = ex.routed_experts_reference(z, routing.topk_idx, routing.topk_weight, expert, cfg)

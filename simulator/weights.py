@@ -54,9 +54,20 @@ class LayerWeights:
             self._cache[name] = self._make(name)
         return self._cache[name]
 
-    def expert(self, e: int) -> tuple[Array, Array, Array]:
+    def get(self, name: str, dtype: type) -> Array:
+        """The weight converted to a compute dtype, converted once and cached: P simulated ranks and the
+        reference then share one float64 copy instead of making one each."""
+        base = self[name]
+        if base.dtype == dtype:
+            return base
+        key = f"{name}@{np.dtype(dtype).name}"
+        if key not in self._cache:
+            self._cache[key] = base.astype(dtype)
+        return self._cache[key]
+
+    def expert(self, e: int, dtype: type = np.float32) -> tuple[Array, Array, Array]:
         """Routed expert e: (w_gate [Din, F], w_up [Din, F], w_down [F, Din]) in its checkpoint format."""
-        return self[f"expert.{e}.w_gate"], self[f"expert.{e}.w_up"], self[f"expert.{e}.w_down"]
+        return tuple(self.get(f"expert.{e}.{part}", dtype) for part in ("w_gate", "w_up", "w_down"))
 
     def _make(self, name: str) -> Array:
         shape, kind = weight_spec(self.cfg, name)

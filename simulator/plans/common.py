@@ -131,16 +131,16 @@ def per_rank(fn: Callable[[Any], None]) -> Effect:
 
 
 def col(rank: Any, name: str) -> np.ndarray:
-    """Column-parallel shard of a full weight, in the rank's compute dtype."""
-    return column_shard(rank.w[name], rank.r, rank.tp).astype(rank.dtype, copy=False)
+    """Column-parallel shard of a full weight, in the rank's compute dtype (a view of one shared copy)."""
+    return column_shard(rank.w.get(name, rank.dtype), rank.r, rank.tp)
 
 
 def row(rank: Any, name: str) -> np.ndarray:
-    return row_shard(rank.w[name], rank.r, rank.tp).astype(rank.dtype, copy=False)
+    return row_shard(rank.w.get(name, rank.dtype), rank.r, rank.tp)
 
 
 def full(rank: Any, name: str) -> np.ndarray:
-    return rank.w[name].astype(rank.dtype, copy=False)
+    return rank.w.get(name, rank.dtype)
 
 
 def sources(rank: Any, n_blocks: int) -> list[np.ndarray]:
@@ -259,11 +259,9 @@ def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: s
 def expert_shard(rank: Any):
     """e -> rank's TP shard of routed expert e: (w_gate [Din, F/P], w_up [Din, F/P], w_down [F/P, Din])."""
     def get(e: int):
-        w_gate, w_up, w_down = rank.w.expert(e)
-        dt = rank.dtype
-        return (column_shard(w_gate, rank.r, rank.tp).astype(dt, copy=False),
-                column_shard(w_up, rank.r, rank.tp).astype(dt, copy=False),
-                row_shard(w_down, rank.r, rank.tp).astype(dt, copy=False))
+        w_gate, w_up, w_down = rank.w.expert(e, rank.dtype)
+        return (column_shard(w_gate, rank.r, rank.tp), column_shard(w_up, rank.r, rank.tp),
+                row_shard(w_down, rank.r, rank.tp))
     return get
 
 
