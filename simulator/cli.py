@@ -13,23 +13,25 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
+from simulator.dtypes import PRECISIONS
 from simulator.errors import UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Simulate one Kimi K3-class MoE decode step: numbers and microseconds.")
 
 
-class LayerChoice(str, Enum):
-    kda = "kda"
-    mla = "mla"
-    dense = "dense"
-    all = "all"
+LAYER_TYPES = ("kda", "mla", "dense")
 
 
-class PrecisionChoice(str, Enum):
-    fp64 = "fp64"
-    fp32 = "fp32"
-    bf16 = "bf16"
+def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
+    """A str Enum for typer, built from the library's own tuple of names (one source of truth)."""
+    return Enum(name, {v: v for v in values}, type=str)  # type: ignore[return-value]
+
+
+LayerChoice = _choices("LayerChoice", LAYER_TYPES + ("all",))
+PrecisionChoice = _choices("PrecisionChoice", PRECISIONS)
+LayerType = _choices("LayerType", LAYER_TYPES)
+VariantChoice = _choices("VariantChoice", ("standard", "specialized", "both"))
 
 
 ModelOpt = Annotated[str, typer.Option("--model", help="Model name (see `moe-sim list models`) or path to a config.json.")]
@@ -86,18 +88,6 @@ def check(
         from simulator.report.tables import print_check
         print_check(doc)
     raise typer.Exit(0 if doc["passed"] else 1)
-
-
-class LayerType(str, Enum):
-    kda = "kda"
-    mla = "mla"
-    dense = "dense"
-
-
-class VariantChoice(str, Enum):
-    standard = "standard"
-    specialized = "specialized"
-    both = "both"
 
 
 HardwareOpt = Annotated[str, typer.Option("--hardware", help="GPU profile name (see `moe-sim list hardware`) or path to a .toml profile.")]
