@@ -14,7 +14,7 @@ Only JSON is read, never executed. Every problem becomes one `UserError` sentenc
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -365,7 +365,3 @@ def load_model(name_or_path: str) -> ModelConfig:
     except OSError as exc:
         raise UserError(f"{path}: cannot be read ({exc.strerror}).") from None
     return parse_config(raw, path.stem, str(path))
-
-
-def describe(cfg: ModelConfig) -> dict[str, Any]:
-    return {f.name: getattr(cfg, f.name) for f in fields(cfg)}

@@ -116,10 +116,6 @@ def _groups(topk_idx: npt.NDArray[np.int64]):
         yield int(e), pos // k, pos % k
 
 
-def touched_experts(topk_idx: npt.NDArray[np.int64]) -> int:
-    return len(np.unique(topk_idx))
-
-
 def expected_unique_experts(tokens: int, num_experts: int, top_k: int) -> float:
     """U(M) = E (1 - (1 - k/E)^M): distinct experts touched by M tokens under uniform routing."""
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
