@@ -1,0 +1,101 @@
+"""Timing harness of the GPU suite: CUDA-graph replay, cold L2 by rotation, medians and percentiles.
+
+Method (the same as benchmarks/h200_decode_gemms.py, so the older CSV stays comparable):
+- `reps` launches of one kernel (or one small group of launches) are captured back to back in ONE
+  CUDA graph on one stream, the way a layer's kernels run in a decode step under graph replay;
+- launch i reads rotation slot i % n_slots, and the slots together are >= 4 x L2 (240 MB on H200),
+  so every launch reads its weights / cache / state cold from HBM, as a decode step does;
+- the graph is replayed `replays` times, each timed with CUDA events; time per launch = replay time /
+  reps. We report the median and the 10th / 90th percentiles over replays.
+- warm-up runs every distinct call once outside the graph first (Triton JIT, cuBLAS heuristics).
+
+`launches` (kernels per call) is counted with torch.profiler on one eager call, so a measurement of
+"one plan kernel" that a library splits into several launches says so.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Callable
+
+L2_BYTES_H200 = 60 * 2 ** 20
+COLD_FACTOR = 4  # rotate over >= 4 x L2
+
+
+def slots_for(bytes_per_call: int, l2_bytes: int = L2_BYTES_H200, max_slots: int = 64) -> int:
+    """Rotation slots so that the slots together hold >= COLD_FACTOR x L2 (at least 2)."""
+    if bytes_per_call <= 0:
+        return 2
+    return max(2, min(max_slots, math.ceil(COLD_FACTOR * l2_bytes / bytes_per_call)))
+
+
+def percentile(values: list[float], q: float) -> float:
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def time_graph(torch: Any, calls: list[Callable[[], Any]], reps: int = 32, replays: int = 20) -> dict:
+    """Capture calls[i % len(calls)] for i < reps in one graph; per-launch µs over `replays` replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in calls:  # warm-up outside the graph
+            call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(reps):
+            calls[i % len(calls)]()
+    graph.replay()  # first replay uploads the graph
+    torch.cuda.synchronize()
+    per_launch = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        per_launch.append(start.elapsed_time(end) * 1000.0 / reps)  # ms -> µs per launch
+    del graph
+    return {"median_us": statistics.median(per_launch), "p10_us": percentile(per_launch, 0.1),
+            "p90_us": percentile(per_launch, 0.9), "reps": reps, "replays": replays}
+
+
+def count_launches(torch: Any, call: Callable[[], Any]) -> int:
+    """GPU kernels one eager call launches (torch.profiler, CUDA activity), memcpy/memset excluded."""
+    from torch.profiler import ProfilerActivity, profile
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    return sum(1 for n in names if "memcpy" not in n.lower() and "memset" not in n.lower()) or 0
+
+
+def environment(torch: Any) -> dict:
+    """GPU, driver, CUDA, torch and Triton versions, clocks: recorded with every CSV."""
+    import platform
+    import subprocess
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = ""
+    props = torch.cuda.get_device_properties(0)
+    env.update({"gpu": props.name, "sm_count": props.multi_processor_count,
+                "l2_bytes": getattr(props, "L2_cache_size", 0), "gpu_count": torch.cuda.device_count(),
+                "memory_bytes": props.total_memory})
+    try:
+        q = "driver_version,clocks.max.sm,clocks.sm,clocks.mem,power.limit"
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout.strip().splitlines()
+        env["nvidia_smi"] = out[0] if out else ""
+        env["driver"] = out[0].split(",")[0].strip() if out else ""
+    except (OSError, subprocess.SubprocessError):
+        env["nvidia_smi"], env["driver"] = "", ""
+    return env

@@ -1,0 +1,253 @@
+"""The GPU suite's measurement points: one record per kernel x shape, shared by the suite (which measures
+them) and by predict.py (which prices them with the cost model). Pure Python: runs without torch.
+
+Shapes come from the plans themselves wherever a plan kernel exists (`plan_key` names it), so a
+measured point is, by construction, the per-rank shape the cost model prices. Points with no plan
+kernel (ceilings, the N sweep, fixed-U MoE sweeps, collectives by size) are synthetic and say so.
+
+Families and their parts (suite.py --part):
+    A1  ceiling     device copy, pure reads by size, one large bf16 GEMM (the roofs)
+        gemm        every 2-D dense GEMM of the plans (Kimi K3 TP8/TP16, DeepSeek-V3 TP8) x M, an N sweep
+        moe         routed-expert grouped GEMMs: MXFP4 W4A16 (Triton), bf16 (torch grouped GEMM), FP8;
+                    M sweeps at the model's U(M), a U sweep at M = 64, an M sweep at U = 128
+        small       the plans' pointwise / reduction kernels x M, and the launch floor of an empty kernel
+    A2  kda         KDA decode (Triton), heads 12 (TP8) / 6 (TP16), B x T, final vs per-token state writes
+        mla         split-KV MLA decode over the latent cache (Triton), heads 12 / 6 / 16, B x S
+    B   collective  two GPUs: NCCL all-reduce / reduce-scatter / all-gather, symmetric-memory one-shot /
+                    two-shot all-reduce, 1 KiB to 64 MiB and the plans' sizes
+
+Dimension legend: M tokens (B sequences x T tokens each), K x N a GEMM's weight, U unique experts touched,
+S cached tokens (MLA) , P ranks, n_bytes a collective's per-rank input payload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
+
+# ---------------------------------------------------------------------------------------------------
+# the record
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Point:
+    """One thing to measure. Zero means "does not apply"; `id` is the join key of the CSVs."""
+
+    family: str  # ceiling | gemm | moe | small | kda | mla | collective
+    impl: str  # what runs it: torch_matmul, triton_w4a16, grouped_mm_bf16, nccl_all_reduce, ...
+    plan_key: str = ""  # the plan kernel this point measures ("" for synthetic points)
+    model: str = ""
+    layer: str = ""  # kda | mla | dense | head: the plan the kernel comes from
+    tp: int = 0
+    M: int = 0  # tokens in the forward
+    K: int = 0
+    N: int = 0
+    U: int = 0  # unique experts touched (moe)
+    B: int = 0  # sequences (kda, mla)
+    heads: int = 0  # heads on this rank (kda, mla)
+    T: int = 1  # tokens per sequence (kda, mla)
+    S: int = 0  # cached tokens after this step (mla)
+    n_src: int = 0  # AttnRes sources (small)
+    P: int = 1  # ranks (collective)
+    n_bytes: int = 0  # bytes: collective payload per rank, or a ceiling kernel's buffer
+    fmt: str = "bf16"  # weight / cache format: bf16, fp8, mxfp4, fp32
+    variant: str = ""  # free modifier: out_fp32, final / per_token state writes, n_sweep, u_sweep, ...
+
+    @property
+    def id(self) -> str:
+        """Stable, human-readable join key: family/impl/plan_key then every non-default field."""
+        parts = [self.family, self.impl, self.plan_key or "-"]
+        for f in fields(self):
+            if f.name in ("family", "impl", "plan_key"):
+                continue
+            value = getattr(self, f.name)
+            if value != f.default:
+                parts.append(f"{f.name}={value}")
+        return "/".join(parts)
+
+    @property
+    def part(self) -> str:
+        return PART_OF[self.family]
+
+    def row(self) -> dict:
+        return {"id": self.id, **asdict(self)}
+
+
+PART_OF = {"ceiling": "A1", "gemm": "A1", "moe": "A1", "small": "A1", "kda": "A2", "mla": "A2", "collective": "B"}
+FIELDS = ["id"] + [f.name for f in fields(Point)]
+
+# ---------------------------------------------------------------------------------------------------
+# grids
+# ---------------------------------------------------------------------------------------------------
+
+GEMM_M = (1, 8, 64, 128, 256, 512, 1024, 2048)
+N_SWEEP = (256, 512, 896, 1536, 2112, 3216, 3584, 6288, 7168, 10240, 20480)  # K = 7168, M = 1
+MOE_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MOE_U_AT_64 = (16, 64, 128, 256, 512, 613, 896)
+MOE_M_AT_U128 = (8, 32, 128, 256)
+SMALL_M = (1, 8, 64, 256)
+KDA_B = (1, 4, 16, 64, 256)
+MLA_B = (1, 8, 32, 64)
+MLA_S = (512, 2048, 8192, 32768, 131072)
+MLA_MAX_TOKENS = 8_400_000  # B x S: ~4.8 GB of FP8 latent cache
+COLLECTIVE_SIZES = tuple(2 ** e for e in range(10, 27))  # 1 KiB .. 64 MiB
+PLAN_AR_M = (1, 8, 16, 32, 64, 128, 256)
+
+# (model, TP, layer type) whose plans the GEMM and small-kernel points come from
+PLAN_SOURCES = (("kimi-k3", 8, "kda"), ("kimi-k3", 8, "mla"), ("kimi-k3", 16, "kda"), ("kimi-k3", 16, "mla"),
+                ("deepseek-v3", 8, "mla"))
+SMALL_KEYS = ("attn_res_pre", "attn_res_post", "shared_act", "topk", "finalize", "tail_concat", "latent_norm",
+              "tail_add")
+
+
+def _plan(model: str, variant: str, tp: int, batch: int, tokens: int, context: int, layer: str):
+    from simulator.config import load_model
+    from simulator.cost.step import build_plan, head_plan
+    from simulator.plans.kernel import DecodeShape
+    cfg, shape = load_model(model), DecodeShape(batch, tokens, context)
+    if layer == "head":
+        return head_plan(cfg, tp, shape, variant, False)
+    return build_plan(cfg, variant, tp, shape, layer)
+
+
+def _dense_gemm_shapes() -> list[tuple[str, str, str, int, int, int, str]]:
+    """(plan_key, model, layer, tp, K, N, out dtype) of every 2-D dense GEMM in the plans, first seen wins."""
+    seen, out = set(), []
+    for model, tp, layer in PLAN_SOURCES + tuple((m, t, "head") for m, t, _ in PLAN_SOURCES[::2][:2]) + (
+            ("deepseek-v3", 8, "head"),):
+        for variant in ("standard", "specialized"):
+            for k in _plan(model, variant, tp, 1, 1, 512, layer):
+                if k.kind not in ("gemm", "router") or len(k.weights) != 1 or len(k.reads) != 1:
+                    continue
+                w, x = k.weights[0], k.reads[0]
+                if len(w.shape) != 2 or len(x.shape) != 2 or w.dtype != "bf16" or k.key in ("mla_absorb", "mla_w_uv"):
+                    continue
+                out_dtype = k.writes[0].dtype if len(k.writes) == 1 else "bf16"
+                shape = (w.shape[0], w.shape[1], out_dtype)
+                if shape not in seen:
+                    seen.add(shape)
+                    out.append((k.key, model, layer, tp, w.shape[0], w.shape[1], out_dtype))
+    return out
+
+
+def gemm_points() -> list[Point]:
+    pts = [Point("gemm", "torch_matmul", key, model, layer, tp, M=m, K=K, N=N, fmt="bf16",
+                 variant="out_fp32" if out == "fp32" else "")
+           for key, model, layer, tp, K, N, out in _dense_gemm_shapes() for m in GEMM_M]
+    pts += [Point("gemm", "torch_matmul", M=1, K=7168, N=n, variant="n_sweep") for n in N_SWEEP]
+    return pts
+
+
+def _expected_u(model: str, m: int) -> int:
+    from simulator.config import load_model
+    from simulator.ops.experts import expected_unique_experts
+    cfg = load_model(model)
+    return max(cfg.top_k, round(expected_unique_experts(m, cfg.num_experts, cfg.top_k)))
+
+
+def _expert_dims(model: str, tp: int) -> tuple[int, int]:
+    """(L, F_padded) of one expert's TP shard, read off the standard plan's fc2 weight [U, F, L]."""
+    fc2 = _plan(model, "standard", tp, 1, 1, 512, "kda" if model == "kimi-k3" else "mla").kernel("fc2")
+    _, f, l = fc2.weights[0].shape
+    return l, f
+
+
+def moe_points() -> list[Point]:
+    """fc1 is [L -> 2F] (gate|up, activation in the epilogue), fc2 is [F -> L]; K x N per expert."""
+    pts = []
+    configs = (("kimi-k3", 8, "mxfp4", "triton_w4a16", True), ("kimi-k3", 16, "mxfp4", "triton_w4a16", False),
+               ("kimi-k3", 8, "bf16", "grouped_mm_bf16", False), ("deepseek-v3", 8, "fp8", "scaled_grouped_mm_fp8", False))
+    for model, tp, fmt, impl, sweeps in configs:
+        L, F = _expert_dims(model, tp)
+        layer = "kda" if model == "kimi-k3" else "mla"
+        grid = [(m, _expected_u(model, m), "") for m in MOE_M]
+        if sweeps:
+            grid += [(64, u, "u_sweep") for u in MOE_U_AT_64] + [(m, 128, "m_sweep") for m in MOE_M_AT_U128]
+        for m, u, variant in grid:
+            pts.append(Point("moe", impl, "fc1", model, layer, tp, M=m, K=L, N=2 * F, U=u, fmt=fmt, variant=variant))
+            pts.append(Point("moe", impl, "fc2", model, layer, tp, M=m, K=F, N=L, U=u, fmt=fmt, variant=variant))
+    return pts
+
+
+def small_points() -> list[Point]:
+    pts = [Point("small", "empty_kernel", variant="launch_floor")]
+    for m in SMALL_M:
+        plan = _plan("kimi-k3", "standard", 8, m, 1, 512, "kda")
+        for key in SMALL_KEYS:
+            k = plan.kernel(key)
+            n_src = next((t.shape[0] for t in k.reads if t.name == "sources"), 0)
+            width = k.reads[0].shape[-1] if key == "topk" else k.writes[0].shape[-1]  # topk: E scores in
+            top_k = k.reads[0].shape[1] if key == "finalize" else (k.writes[0].shape[-1] if key == "topk" else 0)
+            pts.append(Point("small", "triton", key, "kimi-k3", "kda", 8, M=m, K=top_k, N=width, n_src=n_src))
+    return pts
+
+
+def ceiling_points() -> list[Point]:
+    pts = [Point("ceiling", "torch_copy", n_bytes=4 << 30, variant="copy")]
+    pts += [Point("ceiling", "triton_read", n_bytes=n, variant="read") for n in (1 << 16, 1 << 20, 16 << 20, 256 << 20, 4 << 30)]
+    pts.append(Point("ceiling", "torch_matmul", M=8192, K=8192, N=8192, variant="large_gemm"))
+    return pts
+
+
+def kda_points() -> list[Point]:
+    pts = []
+    for tp, heads in ((8, 12), (16, 6)):
+        for b in KDA_B:
+            pts.append(Point("kda", "triton", "kda_decode", "kimi-k3", "kda", tp, M=b, B=b, heads=heads, T=1,
+                             fmt="fp32", variant="final"))
+            for write in ("final", "per_token"):
+                pts.append(Point("kda", "triton", "kda_decode", "kimi-k3", "kda", tp, M=8 * b, B=b, heads=heads, T=8,
+                                 fmt="fp32", variant=write))
+    return pts
+
+
+def mla_points(cache_fmt: str = "fp8") -> list[Point]:
+    pts = []
+    for model, tp, heads in (("kimi-k3", 8, 12), ("kimi-k3", 16, 6), ("deepseek-v3", 8, 16)):
+        for b in MLA_B:
+            for s in MLA_S:
+                if b * s <= MLA_MAX_TOKENS:
+                    pts.append(Point("mla", "triton_split_kv", "mla_decode", model, "mla", tp, M=b, B=b, heads=heads,
+                                     T=1, S=s, fmt=cache_fmt))
+    for b in (1, 8):  # a DSpark verify: 8 query tokens per sequence share one pass over the cache
+        pts.append(Point("mla", "triton_split_kv", "mla_decode", "kimi-k3", "mla", 8, M=8 * b, B=b, heads=12, T=8,
+                         S=8192, fmt=cache_fmt))
+    return pts
+
+
+def collective_points(ranks: int = 2) -> list[Point]:
+    sizes = sorted(set(COLLECTIVE_SIZES) | {m * w * 2 for m in PLAN_AR_M for w in (7168, 10752)})
+    pts = []
+    for n in sizes:
+        key = "attn_all_reduce" if n % (7168 * 2) == 0 and n // (7168 * 2) in PLAN_AR_M else (
+            "moe_all_reduce" if n % (10752 * 2) == 0 and n // (10752 * 2) in PLAN_AR_M else "")
+        for impl in ("nccl_all_reduce", "symm_one_shot", "symm_two_shot"):
+            pts.append(Point("collective", impl, key, P=ranks, n_bytes=n))
+    for n in COLLECTIVE_SIZES:
+        pts.append(Point("collective", "nccl_reduce_scatter", P=ranks, n_bytes=n))
+        pts.append(Point("collective", "nccl_all_gather", P=ranks, n_bytes=n))  # n = this rank's shard
+    return pts
+
+
+@lru_cache(maxsize=1)
+def all_points() -> tuple[Point, ...]:
+    pts = (ceiling_points() + gemm_points() + moe_points() + small_points() + kda_points() + mla_points()
+           + collective_points())
+    ids = [p.id for p in pts]
+    dup = {i for i in ids if ids.count(i) > 1}
+    if dup:
+        raise AssertionError(f"duplicate point ids: {sorted(dup)[:5]}")
+    return tuple(pts)
+
+
+def points_of(part: str | None = None, family: str | None = None) -> list[Point]:
+    return [p for p in all_points() if (part is None or p.part == part) and (family is None or p.family == family)]
+
+
+if __name__ == "__main__":
+    from collections import Counter
+    counts = Counter((p.part, p.family) for p in all_points())
+    for (part, family), n in sorted(counts.items()):
+        print(f"{part:3s} {family:11s} {n:4d}")
+    print(f"total {len(all_points())}")
