@@ -304,6 +304,34 @@ def _progress_bar(total: int) -> Callable[[int, int], None] | None:
     return advance
 
 
+@app.command()
+def validate(
+    measurements: Annotated[str, typer.Option("--measurements", help="Folder of GPU measurement CSVs (benchmarks/gpu/suite.py), e.g. calibration/h200.")] = "calibration/h200",
+    hardware: HardwareOpt = "h200",
+    plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also write predicted-vs-measured charts (PNG + SVG) to this folder.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Hold the cost model to GPU measurements: error per kernel family, pre-registered, now and refit.
+
+    The headline figures are the refit family laws tested on the held-back half of each grid.
+
+    Example: moe-sim validate --measurements calibration/h200
+    """
+    from simulator.cost.validate import validate as run_validation
+    from simulator.hardware import load_hardware
+
+    def body() -> dict:
+        doc = run_validation(measurements, load_hardware(hardware))
+        doc["measurements"] = measurements
+        if plot_dir:
+            from simulator.report.validation import plot_validation
+            doc["plots"] = [str(p) for p in plot_validation(doc, plot_dir)]
+        return doc
+
+    from simulator.report.validation import print_validation
+    _emit(_guard(body), as_json, print_validation)
+
+
 @app.command("list")
 def list_cmd(what: Annotated[str, typer.Argument(help="models or hardware")] = "models") -> None:
     """List the bundled model configs or hardware profiles."""

@@ -1,0 +1,61 @@
+"""Pre-register the cost model's predictions for every point of the GPU suite, before measuring.
+
+    python benchmarks/gpu/predict.py [--hardware h200] [--out calibration/h200/predictions.csv]
+
+Prices each point of points.py with the named hardware profile *as it stands* (no refit) through
+simulator.cost.measured.price_row, the same function `moe-sim validate` uses, and writes one row per
+point: the point's fields, the model's time and its terms. Commit the file before the GPU run: the
+error of these numbers against the measurements is the model's out-of-sample error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path[:0] = [str(HERE), str(ROOT)]
+
+import points as pts  # noqa: E402
+from simulator.cost.measured import price_row  # noqa: E402
+from simulator.hardware import load_hardware  # noqa: E402
+
+TERMS = ["model_us", "launch_us", "fixed_us", "mem_us", "math_us", "comm_us", "bytes", "flops", "bound", "algorithm"]
+
+
+def profile_digest(name: str) -> str:
+    """sha256 of the profile file: which constants the predictions were made with."""
+    from simulator.hardware import PROFILES_DIR
+    path = Path(name) if name.endswith(".toml") else PROFILES_DIR / f"{name}.toml"
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hardware", default="h200")
+    ap.add_argument("--out", type=Path, default=ROOT / "calibration" / "h200" / "predictions.csv")
+    args = ap.parse_args()
+    hw = load_hardware(args.hardware)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    rows = []
+    for p in pts.all_points():
+        rows.append({**p.row(), **{k: (round(v, 4) if isinstance(v, float) else v)
+                                   for k, v in price_row(p.row(), hw).items()},
+                     "hardware": hw.name, "profile_sha256": profile_digest(args.hardware), "model_commit": commit})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=pts.FIELDS + TERMS + ["hardware", "profile_sha256", "model_commit"])
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {args.out}: {len(rows)} predictions with the {hw.name} profile as it stands (commit {commit})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Price a measured GPU point with the cost model: the join between calibration CSVs and the plans.
+
+A measurement row (benchmarks/gpu/points.py, calibration/h200/*.csv) names a family, an implementation,
+the plan kernel it measures (`plan_key`) and its shape. `point_kernel` rebuilds that kernel: for plan
+kernels it builds the plan at the row's shape and takes the kernel by key (so the bytes and FLOPs are
+the plan's own declarations); synthetic rows (ceilings, N sweep, fixed-U MoE sweeps) get a kernel of
+the same kind with the measured tensors. `price_row` then prices it the way the timeline would, with
+the launch gap of a kernel that follows another one in a CUDA graph (no PDL): the suite replays the
+same kernel back to back, so each measured launch pays one gap.
+
+Collectives are priced with the algorithm the implementation runs: NCCL all-reduce with the model's
+NCCL ring, symmetric-memory one-shot / two-shot with those, reduce-scatter and all-gather with theirs.
+
+Dimension legend: M tokens, K x N a GEMM weight, U unique experts, B sequences, T tokens per sequence,
+S cached tokens, P ranks, n_bytes collective payload per rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from typing import Any, Mapping
+
+from simulator.cost import collectives as coll
+from simulator.cost.pricing import price_kernel
+from simulator.hardware import HardwareProfile
+from simulator.plans.kernel import DecodeShape, Kernel, Tensor
+
+INT_FIELDS = ("tp", "M", "K", "N", "U", "B", "heads", "T", "S", "n_src", "P", "n_bytes")
+COLLECTIVE_ALGORITHM = {"nccl_all_reduce": "ring", "symm_one_shot": "one_shot", "symm_two_shot": "two_shot",
+                        "nccl_reduce_scatter": "reduce_scatter", "nccl_all_gather": "all_gather"}
+
+
+def normalise(row: Mapping[str, Any]) -> dict[str, Any]:
+    """CSV strings -> typed fields (ints for sizes; empty strings stay empty)."""
+    out = dict(row)
+    for f in INT_FIELDS:
+        out[f] = int(float(out.get(f) or 0))
+    out["T"] = out["T"] or 1
+    return out
+
+
+@lru_cache(maxsize=512)
+def _plan(model: str, variant: str, tp: int, batch: int, tokens: int, context: int, layer: str):
+    from simulator.config import load_model
+    from simulator.cost.step import build_plan, head_plan
+    cfg, shape = load_model(model), DecodeShape(batch, tokens, context)
+    if layer == "head":
+        return head_plan(cfg, tp, shape, variant, False)
+    return build_plan(cfg, variant, tp, shape, layer)
+
+
+def _act(name: str, *shape: int, dtype: str = "bf16") -> Tensor:
+    return Tensor(name, tuple(shape), dtype)
+
+
+def point_kernel(row: Mapping[str, Any]) -> Kernel:
+    """The kernel the cost model prices for one measured point (module docstring)."""
+    r = normalise(row)
+    builder = {"ceiling": _ceiling, "gemm": _gemm, "moe": _moe, "small": _small, "kda": _kda, "mla": _mla}
+    if r["family"] not in builder:
+        raise ValueError(f"no kernel for family {r['family']!r}")
+    return replace(builder[r["family"]](r), pdl=False, prefetch_bytes=0)
+
+
+def _ceiling(r: dict) -> Kernel:
+    if r["variant"] == "large_gemm":
+        return _gemm(r)
+    n = r["n_bytes"]
+    writes = (_act("dst", n // 2),) if r["variant"] == "copy" else ()
+    return Kernel("ceiling", r["impl"], "pointwise", reads=(_act("src", n // 2),), writes=writes)
+
+
+def _gemm(r: dict) -> Kernel:
+    kind = _plan_kind(r) if r["plan_key"] and r["model"] else "gemm"
+    out = "fp32" if r["variant"] == "out_fp32" else "bf16"
+    M, K, N = r["M"], r["K"], r["N"]
+    return Kernel(r["plan_key"] or "gemm", r["impl"], kind, reads=(_act("x", M, K),), writes=(_act("y", M, N, dtype=out),),
+                  weights=(_act("w", K, N),), flops=2 * M * K * N)
+
+
+def _plan_kind(r: dict) -> str:
+    """The plan kernel's kind (the router is priced as a 'router' kernel, other GEMMs as 'gemm')."""
+    for variant in ("standard", "specialized"):
+        plan = _plan(r["model"], variant, r["tp"], 1, 1, 512, r["layer"])
+        for k in plan:
+            if k.key == r["plan_key"]:
+                return k.kind
+    raise ValueError(f"plan kernel {r['plan_key']!r} not found in {r['model']} TP{r['tp']} {r['layer']}")
+
+
+def _moe(r: dict) -> Kernel:
+    """The plan's fc1 / fc2 at M tokens with exactly U experts' shards in the measured format."""
+    kernel = _plan(r["model"], "standard", r["tp"], r["M"], 1, 512, r["layer"]).kernel(r["plan_key"])
+    w = kernel.weights[0]
+    return replace(kernel, weights=(Tensor(w.name, (r["U"],) + w.shape[1:], r["fmt"]),))
+
+
+def _small(r: dict) -> Kernel:
+    if r["variant"] == "launch_floor":
+        return Kernel("empty", "empty_kernel", "pointwise")
+    return _plan(r["model"], "standard", r["tp"], r["M"], 1, 512, r["layer"]).kernel(r["plan_key"])
+
+
+def _kda(r: dict) -> Kernel:
+    """The fused KDA decode kernel of the specialized plan (the stock path's fused kernel is the same work)."""
+    return _plan(r["model"], "specialized", r["tp"], r["B"], r["T"], 512, "kda").kernel("kda_decode")
+
+
+def _mla(r: dict) -> Kernel:
+    """The plan's MLA decode at a cache of S tokens after this step, the cache in the measured format."""
+    kernel = _plan(r["model"], "standard", r["tp"], r["B"], r["T"], r["S"] - r["T"], "mla").kernel("mla_decode")
+    reads = tuple(Tensor(t.name, t.shape, r["fmt"]) if t.name in ("mla.cache", "mla.qcat") else t for t in kernel.reads)
+    return replace(kernel, reads=reads)
+
+
+def price_row(row: Mapping[str, Any], hw: HardwareProfile) -> dict[str, Any]:
+    """{model_us, launch_us, fixed_us, mem_us, math_us, comm_us, bytes, flops, bound, algorithm} of one row."""
+    r = normalise(row)
+    if r["family"] == "collective":
+        return _price_collective(r, hw)
+    cost = price_kernel(point_kernel(r), hw)
+    return {"model_us": cost.launch_us + cost.duration_us, "launch_us": cost.launch_us, "fixed_us": cost.fixed_us,
+            "mem_us": cost.mem_us, "math_us": cost.math_us, "comm_us": cost.comm_us, "bytes": cost.bytes,
+            "flops": cost.flops, "bound": cost.bound, "algorithm": ""}
+
+
+def _price_collective(r: dict, hw: HardwareProfile) -> dict[str, Any]:
+    algo = COLLECTIVE_ALGORITHM[r["impl"]]
+    fn = {"ring": coll.ring, "one_shot": coll.one_shot, "two_shot": coll.two_shot,
+          "reduce_scatter": coll.reduce_scatter, "all_gather": coll.all_gather}[algo]
+    cost = fn(r["n_bytes"], r["P"], hw)
+    return {"model_us": hw.launch_gap_us + cost.time_us, "launch_us": hw.launch_gap_us, "fixed_us": 0.0,
+            "mem_us": 0.0, "math_us": 0.0, "comm_us": cost.time_us, "bytes": r["n_bytes"], "flops": 0,
+            "bound": "latency" if cost.latency_bound else "communication", "algorithm": algo}

@@ -1,0 +1,83 @@
+"""`moe-sim validate` output: the error table per family and predicted-vs-measured plots (log-log)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from simulator.report.plot_kit import _figure, _render
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+COLOURS = {"ceiling": "#555555", "gemm": "#1f77b4", "moe": "#d62728", "small": "#ff7f0e", "kda": "#2ca02c",
+           "mla": "#9467bd", "collective": "#8c564b"}
+
+
+def _cell(s: Mapping[str, Any]) -> str:
+    if not s or not s.get("n"):
+        return "-"
+    return f"{s['median_abs_pct_error']:.1f} / {s['worst_abs_pct_error']:.1f}  (n={s['n']})"
+
+
+def print_validation(doc: Mapping[str, Any]) -> None:
+    from rich.table import Table
+
+    from simulator.report.tables import _console
+    con = _console()
+    con.print(f"{doc['measured_points']} measured points on {doc['hardware']} ({doc['measurements']})")
+    con.print(f"metric: {doc['metric']}")
+    table = Table("family", "pre-registered: median / worst %", "model now: median / worst %",
+                  "refit, held back: median / worst %")
+    for fam, s in doc["by_family"].items():
+        table.add_row(fam, _cell(s["preregistered"]), _cell(s["model"]), _cell(s))
+    table.add_row("all", _cell(doc["preregistered"]), _cell(doc["model"]),
+                  _cell({"n": doc["kernels"], "median_abs_pct_error": doc["median_abs_pct_error"],
+                         "worst_abs_pct_error": doc["worst_abs_pct_error"]}))
+    con.print(table)
+    fits = Table("group", "points fitted", "t0 µs", "bandwidth GB/s", "TFLOP/s", "µs per expert", "beta GB/s")
+    for g, f in doc["fits"].items():
+        fits.add_row(g, str(f["n"]), *(_num(f.get(k)) for k in ("t0_us", "bw_gbps", "tflops", "per_expert_us",
+                                                                  "beta_gbps")))
+    con.print(fits)
+
+
+def _num(v: Any) -> str:
+    return "-" if v is None else f"{v:,.2f}"
+
+
+def plot_validation(doc: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
+    """predicted_vs_measured.{png,svg}: one panel per family, the model now and the refit law, log-log."""
+    return _render(lambda: _figure_validation(doc), Path(out_dir), "predicted_vs_measured")
+
+
+def _figure_validation(doc: Mapping[str, Any]) -> Figure:
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    fams = list(doc["by_family"])
+    cols = min(4, len(fams))
+    rows = -(-len(fams) // cols)
+    fig = _figure(3.1 * cols, 3.0 * rows + 0.4)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, fam in zip(axes.flat, fams):
+        pts = [p for p in doc["points"] if p["family"] == fam]
+        meas = [p["measured_us"] for p in pts]
+        ax.scatter(meas, [p["model_us"] for p in pts], s=9, marker="x", color="#AAAAAA", label="model now")
+        held = [p for p in pts if p["held_back"]]
+        ax.scatter([p["measured_us"] for p in held], [p["refit_us"] for p in held], s=10, color=COLOURS.get(fam, "k"),
+                   label="refit, held back")
+        lo, hi = min(meas + [p["model_us"] for p in pts]) * 0.7, max(meas + [p["model_us"] for p in pts]) * 1.4
+        ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.7)
+        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="#EEEEEE", zorder=0)
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured µs", ylabel="predicted µs")
+        s = doc["by_family"][fam]
+        ax.set_title(f"{fam}\nheld back: median {s['median_abs_pct_error']:.1f} %, worst {s['worst_abs_pct_error']:.1f} %")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_minor_formatter(NullFormatter())
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.legend(loc="upper left")
+    for ax in list(axes.flat)[len(fams):]:
+        ax.set_visible(False)
+    fig.suptitle(f"Cost model vs {doc['measured_points']} kernels measured on {doc['hardware']} "
+                 "(grey band: ±10 %; per launch, CUDA-graph replay)")
+    return fig
