@@ -40,6 +40,11 @@ BatchOpt = Annotated[int, typer.Option("--batch", help="Sequences decoded togeth
 TokensOpt = Annotated[int, typer.Option("--tokens-per-seq", help="Tokens per sequence in this forward: 1, or 1 + draft tokens being verified.")]
 ContextOpt = Annotated[int, typer.Option("--context", help="Tokens already in the KV cache / folded into the KDA state.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of a table.")]
+SkewOpt = Annotated[float, typer.Option("--expert-skew", help=(
+    "Zipf exponent s of expert popularity (0 = uniform routing; DeepSeek-V3 ~1.01, Qwen3-235B ~1.2): fewer "
+    "experts touched, fewer expert bytes streamed."))]
+CorrelationOpt = Annotated[float, typer.Option("--draft-correlation", help=(
+    "Share of a draft token's routing that repeats its predecessor's (0 = independent tokens)."))]
 
 
 def _guard(fn: Callable[[], Any]) -> Any:
@@ -115,6 +120,8 @@ def layer(
     variant: VariantOpt = VariantChoice.both,
     disable_fusion: DisableOpt = None,
     enable_fusion: EnableOpt = None,
+    expert_skew: SkewOpt = 0.0,
+    draft_correlation: CorrelationOpt = 0.0,
     plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also write timeline, kernel-bar and roofline charts (PNG + SVG) to this folder.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -130,8 +137,10 @@ def layer(
     from simulator.report.summary import fusion_set, layer_report
 
     def body() -> dict:
+        from simulator.ops.experts import RoutingStats
         cfg, hw = load_model(model), load_hardware(hardware)
-        shape, fusions = DecodeShape(batch, tokens_per_seq, context), fusion_set(disable_fusion, enable_fusion)
+        routing = RoutingStats(expert_skew, draft_correlation)
+        shape, fusions = DecodeShape(batch, tokens_per_seq, context, routing), fusion_set(disable_fusion, enable_fusion)
         doc = layer_report(cfg, hw, tp, shape, layer_type.value, variant.value, fusions)
         if plot_dir:
             from simulator.report.scenario_plots import layer_plots
@@ -158,6 +167,11 @@ def step(
     variant: VariantOpt = VariantChoice.both,
     disable_fusion: DisableOpt = None,
     enable_fusion: EnableOpt = None,
+    expert_skew: SkewOpt = 0.0,
+    draft_correlation: CorrelationOpt = 0.0,
+    routing_bracket: Annotated[bool, typer.Option("--routing-bracket", help=(
+        "Also price the step under uniform routing and under concentrated routing (your --expert-skew / "
+        "--draft-correlation, or s = 1.2 with correlation 0.5): the bracket routing statistics span."))] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Whole decode step: time, aggregate tokens/s, tokens/s per user and a breakdown.
@@ -174,8 +188,10 @@ def step(
         cfg, hw = load_model(model), load_hardware(hardware)
         if batch < 1 or context < 0:
             raise UserError(f"batch = {batch} must be >= 1 and context = {context} >= 0.")
+        from simulator.ops.experts import RoutingStats
         return step_report(cfg, hw, tp, batch, context, draft_tokens, acceptance_length, variant.value, drafter,
-                           fusion_set(disable_fusion, enable_fusion))
+                           fusion_set(disable_fusion, enable_fusion), RoutingStats(expert_skew, draft_correlation),
+                           routing_bracket)
 
     from simulator.report.tables import print_step
     _emit(_guard(body), as_json, print_step)

@@ -31,6 +31,7 @@ from simulator.config import ModelConfig
 from simulator.cost.timeline import Timeline, makespan_us, schedule
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
+from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans import specialized, standard
 from simulator.plans.common import act, gemm_flops, wt
 from simulator.plans.kernel import Collective, DecodeShape, Kernel, Plan
@@ -158,9 +159,9 @@ def load_drafter(name_or_path: str) -> tuple[ModelConfig, str, int]:
 
 def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, batch: int, context: int,
                   draft_tokens: int = 0, acceptance_length: float | None = None, drafter: str = "dspark-k3",
-                  fusions: frozenset[str] | None = None) -> StepEstimate:
+                  fusions: frozenset[str] | None = None, routing: RoutingStats = UNIFORM) -> StepEstimate:
     accept = validate_speculation(draft_tokens, acceptance_length)
-    shape = DecodeShape(batch, 1 + draft_tokens, context)
+    shape = DecodeShape(batch, 1 + draft_tokens, context, routing)
     breakdown, per_layer, kernels = {}, {}, 0
     for layer_type, count in cfg.layer_counts().items():
         if count:

@@ -266,10 +266,12 @@ def expert_shard(rank: Any):
 
 
 def expected_experts(d: Dims) -> int:
-    """Distinct experts the step's M tokens touch, U(M) = E (1 - (1 - k/E)^M), rounded (>= k)."""
+    """Distinct experts the step's tokens touch, U = E (1 - (1 - k/E)^M) for uniform independent routing,
+    fewer under skew or correlated draft tokens (ops.experts.RoutingStats); rounded, >= k."""
     from simulator.ops.experts import expected_unique_experts
-    cfg = d.cfg
-    return max(cfg.top_k, round(expected_unique_experts(d.M, cfg.num_experts, cfg.top_k)))
+    cfg, routing = d.cfg, d.shape.routing
+    free = routing.free_tokens(d.shape.batch, d.shape.tokens_per_seq)
+    return max(cfg.top_k, round(expected_unique_experts(free, cfg.num_experts, cfg.top_k, routing.skew)))
 
 
 def expert_math(cfg: ModelConfig) -> str:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Literal
 
+from simulator.ops.experts import UNIFORM, RoutingStats
+
 # bytes per element of each storage format; MXFP4 adds one E8M0 scale byte per 32 elements.
 DTYPE_BYTES: dict[str, float] = {"fp64": 8, "fp32": 4, "bf16": 2, "fp8": 1, "int32": 4, "mxfp4": 0.5}
 KernelKind = Literal["gemm", "moe", "attention", "pointwise", "router", "collective", "gemm_collective"]
@@ -99,11 +101,13 @@ class Kernel:
 
 @dataclass(frozen=True, slots=True)
 class DecodeShape:
-    """What one forward processes: `batch` sequences x `tokens_per_seq` tokens over `context` cached tokens."""
+    """What one forward processes: `batch` sequences x `tokens_per_seq` tokens over `context` cached tokens,
+    routed with `routing` statistics (uniform and independent unless stated)."""
 
     batch: int = 1
     tokens_per_seq: int = 1  # 1, or 1 + draft tokens being verified
     context: int = 1024  # tokens already in the KV cache / folded into the KDA state
+    routing: RoutingStats = UNIFORM
 
     @property
     def tokens(self) -> int:  # M

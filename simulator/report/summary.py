@@ -12,6 +12,7 @@ from simulator.cost.memory import weight_bytes_per_gpu
 from simulator.cost.step import StepEstimate, build_plan, estimate_step, head_plan, representative_layer
 from simulator.cost.timeline import Span, Timeline, schedule
 from simulator.hardware import HardwareProfile
+from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans.kernel import DecodeShape
 from simulator.plans.specialized import resolve_fusions
 
@@ -80,9 +81,10 @@ def _step_row(est: StepEstimate) -> dict[str, Any]:
 
 def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, context: int, draft_tokens: int = 0,
                 acceptance_length: float | None = None, variant: str = "both", drafter: str = "dspark-k3",
-                fusions: frozenset[str] | None = None) -> dict[str, Any]:
-    ests = {v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions)
-            for v in variants_of(variant)}
+                fusions: frozenset[str] | None = None, routing: RoutingStats = UNIFORM,
+                bracket: bool = False) -> dict[str, Any]:
+    ests = {v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions,
+                             routing) for v in variants_of(variant)}
     first = next(iter(ests.values()))
     doc: dict[str, Any] = {
         "metric": STEP_METRIC, "model": cfg.name, "hardware": hw.name, "tp": tp, "batch": batch,
@@ -91,9 +93,31 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
         "memory": capacity(cfg, hw, tp),
         "variants": {v: _step_row(e) for v, e in ests.items()},
     }
+    doc["routing"] = {"expert_skew": routing.skew, "draft_correlation": routing.draft_correlation}
     if len(ests) == 2:
         doc["speedup"] = round(ests["standard"].step_us / ests["specialized"].step_us, 4)
+    if bracket:
+        ends = routing_bracket_ends(routing)
+        doc["routing_bracket"] = {
+            name: {"expert_skew": r.skew, "draft_correlation": r.draft_correlation,
+                   "variants": {v: _step_row(estimate_step(cfg, hw, v, tp, batch, context, draft_tokens,
+                                                           acceptance_length, drafter, fusions, r))
+                                for v in variants_of(variant)}}
+            for name, r in ends.items()}
     return doc
+
+
+# The concentrated end of the routing bracket when the user names none: the most skewed router of the
+# published power-law fits (Qwen3-235B, s = 1.2; DeepSeek-V3 is 1.01; AIConfigurator
+# docs/POWER_LAW_DISTRIBUTION.md) and half of a draft token's routing repeating its predecessor (an
+# assumption: no measured value for Kimi K3 or DSpark is public).
+CONCENTRATED = RoutingStats(skew=1.2, draft_correlation=0.5)
+
+
+def routing_bracket_ends(routing: RoutingStats) -> dict[str, RoutingStats]:
+    """Uniform independent routing (the most experts, an upper bound) against the user's routing, or
+    against CONCENTRATED when the user kept the uniform default."""
+    return {"uniform": UNIFORM, "concentrated": CONCENTRATED if routing == UNIFORM else routing}
 
 
 def step_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape,

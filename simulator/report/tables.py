@@ -88,6 +88,20 @@ def print_step(doc: dict[str, Any]) -> None:
     con.print(table)
     if "speedup" in doc:
         con.print(f"speedup (standard / specialized step time): {doc['speedup']:.2f}x")
+    if "routing_bracket" in doc:
+        _print_routing_bracket(con, doc["routing_bracket"])
+
+
+def _print_routing_bracket(con: Console, bracket: dict[str, Any]) -> None:
+    """Step time and tokens/s at both ends of the routing bracket (uniform vs concentrated routing)."""
+    table = Table("routing", "expert skew s", "draft correlation", "variant", "step ms", "tok/s (aggregate)")
+    for name, end in bracket.items():
+        for v, row in end["variants"].items():
+            table.add_row(name, f"{end['expert_skew']:g}", f"{end['draft_correlation']:g}", v,
+                          f"{row['step_ms']:.3f}", f"{row['tokens_per_s']:.1f}")
+    con.print("routing bracket: the experts a step touches depend on how tokens route; uniform independent "
+              "routing touches the most")
+    con.print(table)
 
 
 def print_ablation(doc: dict[str, Any]) -> None:
