@@ -83,6 +83,14 @@ def measure_points(points: list, out: Path, env: dict, budget_s: float) -> None:
         print(f"[{time.time() - t0:6.1f}s] {p.id}: {res.get('median_us', '-')} us {res['status']}", flush=True)
 
 
+def record_environment(out: Path, part: str, env: dict) -> None:
+    """One env.json per folder, one entry per part (the device returns at most 8 files per run)."""
+    path = out / "env.json"
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    doc[part] = env
+    path.write_text(json.dumps(doc, indent=2))
+
+
 def run_checks(device: str) -> int:
     """Each custom-kernel module's `check(device)` compares its kernels with simulator/ops; 0 = all pass."""
     failures = 0
@@ -124,7 +132,7 @@ def main() -> int:
     if args.part == "B":
         return importlib.import_module("fam_collective").run_distributed(chosen, args.out, args.budget_s)
     env = environment(torch)
-    (args.out / f"env_{args.part}.json").write_text(json.dumps(env, indent=2))
+    record_environment(args.out, args.part, env)
     print(json.dumps(env), flush=True)
     measure_points(chosen, args.out, env, args.budget_s)
     return 0
