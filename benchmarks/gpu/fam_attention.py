@@ -18,12 +18,15 @@ mla (family "mla", two launches)
     q_lat . c_kv + q_pe . k_pe and p . c_kv; writes partial (max, sum, acc[512]) per split.
     splits = min(cdiv(2 * SMs, B), cdiv(S, BLOCK_N)) (>= 2 x 132 CTAs where the cache allows).
     mla_combine_kernel, grid (B, T * heads): rescales and sums the splits -> o_lat [B, T, heads, 512].
-    Cache FP8 e4m3 with one per-tensor scale (folded into the score scale and the output), or bf16.
+    Cache FP8 e4m3 with one per-tensor scale (folded into the score scale and the output), or bf16;
+    tl.dot in bf16 (FP8 tiles converted in registers). Under TRITON_INTERPRET the dots run in FP32
+    (DOT_F32: the interpreter multiplies bf16 operands as raw bits). If (64 slots, 2 stages) runs out of
+    shared memory, measure falls back to (32 slots, 1 stage) and says so in the row's status.
     Causal as simulator/ops/mla.py: the cache holds the T new tokens at lengths .. lengths + T - 1 and
     token t sees slots s <= lengths + t; a point's S is the cache length after the step.
 
 `measure(p, torch)` times one kernel (or the pair) with harness.time_graph, state / cache rotated over
->= 4 x L2 so every launch reads cold, and reports `max_err` of the same kernels against simulator/ops
+>= 4 x L2 (up to 1024 slots, one launch per slot per graph, so batch 1 is cold too), and reports `max_err` of the same kernels against simulator/ops
 at a small batch of the point's shape. `check(device)` runs those comparisons on tiny shapes
 (TRITON_INTERPRET=1 on a CPU).
 """
@@ -41,6 +44,7 @@ CONV_W = 4  # KDA short-conv width (kernel hard-codes 4 taps)
 L_LAT, R_PE = 512, 64  # MLA latent and rope dims
 MLA_BLOCK_R, MLA_BLOCK_N = 16, 64
 NORM_EPS = 1e-6  # gated RMSNorm eps (rms_norm_eps of K3)
+MAX_SLOTS = 1024  # rotation slots: enough for >= 4 x L2 even at batch 1 (768 KiB of KDA state per launch)
 
 
 # ============================================================================ kernels (built lazily)
@@ -286,26 +290,24 @@ def kda_compare(torch: Any, device: str, B: int, T: int, N: int, per_token: bool
     state = rng.standard_normal((B, N, H, H)) / np.sqrt(H)
     g = ref.kda_gate(z, dt_bias, a_log, -5.0)  # [B, T, N, H]
     beta = _sigmoid(beta_logits)
-    # reference: chain pieces, float64
-    y, new_hist = ref.kda_conv_update(x, conv_w, hist)
-    q, k, v = y.reshape(B, T, 3, N, H).transpose(2, 0, 1, 3, 4)
-    states = []
-    for t in range(T if per_token else 0):
-        states.append(ref.kda_recurrent(q[:, :t + 1], k[:, :t + 1], v[:, :t + 1], g[:, :t + 1], beta[:, :t + 1],
-                                        state)[1])
-    o, new_state = ref.kda_recurrent(q, k, v, g, beta, state)
-    out_ref = ref.kda_gated_norm(o, gate, onw, NORM_EPS)
-
     act = torch.float32 if dtype == "fp32" else torch.bfloat16
+    f32 = torch.float32
 
-    def T_(a, dt=act):
+    def dev(a, dt=act):
         return torch.tensor(np.ascontiguousarray(a), dtype=dt, device=device)
 
-    xs, ws, hs, gs, bs, gts, os_ = T_(x), T_(conv_w), T_(hist, torch.float32), T_(g, torch.float32), \
-        T_(beta, torch.float32), T_(gate), T_(onw, torch.float32)
-    st = T_(state, torch.float32)
-    st_out = torch.empty(B, T, N, H, H, device=device, dtype=torch.float32) if per_token else None
-    out = torch.empty(B, T, N * H, device=device, dtype=act)
+    # the kernel's inputs, and the reference fed the same (rounded) values in float64
+    xs, ws, gts = dev(x), dev(conv_w), dev(gate)
+    hs, gs, bs, os_, st = dev(hist, f32), dev(g, f32), dev(beta, f32), dev(onw, f32), dev(state, f32)
+    x, conv_w, gate = (t.cpu().double().numpy() for t in (xs, ws, gts))
+    y, new_hist = ref.kda_conv_update(x, conv_w, hist)
+    q, k, v = y.reshape(B, T, 3, N, H).transpose(2, 0, 1, 3, 4)
+    states = [ref.kda_recurrent(q[:, :t + 1], k[:, :t + 1], v[:, :t + 1], g[:, :t + 1], beta[:, :t + 1], state)[1]
+              for t in range(T if per_token else 0)]
+    o, new_state = ref.kda_recurrent(q, k, v, g, beta, state)
+    out_ref = ref.kda_gated_norm(o, gate, onw, NORM_EPS)
+    st_out = torch.empty(B, T, N, H, H, device=device, dtype=f32) if per_token else None
+    out = torch.empty(B, T, N * H, device=device, dtype=f32)
     kda_launch(xs, ws, hs, gs, bs, gts, os_, st, st_out, out, per_token=per_token)
     if device != "cpu":
         torch.cuda.synchronize()
@@ -320,7 +322,7 @@ def kda_compare(torch: Any, device: str, B: int, T: int, N: int, per_token: bool
 
 
 def mla_compare(torch: Any, device: str, B: int, T: int, heads: int, S: int, fmt: str, seed: int = 0,
-                sms: int = 132) -> float:
+                sms: int = 132, block_n: int = MLA_BLOCK_N, num_stages: int | None = None) -> float:
     """Run split + combine and simulator.ops.mla.mla_decode_attention (float64 on the dequantised cache)."""
     from simulator.ops import mla as ref
     rng = np.random.default_rng(seed)
@@ -336,7 +338,7 @@ def mla_compare(torch: Any, device: str, B: int, T: int, heads: int, S: int, fmt
     want = ref.mla_decode_attention(q_lat_t.float().cpu().numpy().astype(np.float64),
                                     q_pe_t.float().cpu().numpy().astype(np.float64), deq, lengths, scale)
     out = torch.empty(B, T, heads, L_LAT, device=device, dtype=torch.float32)
-    MlaWork(torch, B, T, heads, S, device, sms=sms)(q_lat_t, q_pe_t, cache_t, out, scale, kv_scale)
+    MlaWork(torch, B, T, heads, S, device, sms=sms, block_n=block_n, num_stages=num_stages)(q_lat_t, q_pe_t, cache_t, out, scale, kv_scale)
     if device != "cpu":
         torch.cuda.synchronize()
     return float(np.abs(out.cpu().numpy() - want).max())
@@ -369,8 +371,7 @@ def _measure_kda(p: Any, torch: Any) -> dict:
     err = kda_compare(torch, "cuda", min(B, 2), T, N, per_token, dtype="bf16")
     C = 3 * N * H
     bf = torch.bfloat16
-    state_bytes = B * N * H * H * 4
-    slots = slots_for(state_bytes)
+    slots = slots_for(B * N * H * H * 4, max_slots=MAX_SLOTS)  # state bytes per launch
     states = [torch.randn(B, N, H, H, device=dev, dtype=torch.float32) * H ** -0.5 for _ in range(slots)]
     x = torch.randn(B, T, C, device=dev, dtype=bf)
     conv_w = torch.randn(C, CONV_W, device=dev, dtype=bf) * 0.5
@@ -386,48 +387,59 @@ def _measure_kda(p: Any, torch: Any) -> dict:
         return lambda: kda_launch(x, conv_w, hists[s], g, beta, gate, onw, states[s], st_outs[s % len(st_outs)],
                                   out, per_token=per_token)
 
-    res = time_graph(torch, [call(s) for s in range(slots)], reps=max(32, slots) if slots <= 64 else 64)
+    res = time_graph(torch, [call(s) for s in range(slots)], reps=max(32, slots))
     res.update(launches=1, max_err=err)
     return res
 
 
+MLA_CONFIGS = ((MLA_BLOCK_N, 2), (32, 1))  # (BLOCK_N, num_stages): the second if shared memory runs out
+
+
+def _mla_config(torch: Any, p: Any, sms: int) -> tuple[int, int, float, str]:
+    """(block_n, num_stages, max_err, note): the first config that builds, checked at a small batch."""
+    from triton.runtime.errors import OutOfResources
+    last: Exception | None = None
+    for block_n, stages in MLA_CONFIGS:
+        try:
+            err = mla_compare(torch, "cuda", min(p.B, 2), p.T, p.heads, min(p.S, 1024), p.fmt, sms=sms,
+                              block_n=block_n, num_stages=stages)
+            note = "" if last is None else f"ok (BLOCK_N={block_n} num_stages={stages}: {type(last).__name__})"
+            return block_n, stages, err, note
+        except OutOfResources as exc:
+            last = exc
+    raise RuntimeError(f"no MLA kernel config fits: {last}")
+
+
 def _measure_mla(p: Any, torch: Any) -> dict:
     from harness import slots_for, time_graph
-    from triton.runtime.errors import OutOfResources
     dev = torch.device("cuda")
     if p.fmt not in ("fp8", "bf16"):
         raise ValueError(f"mla cache fmt {p.fmt!r}")
     B, T, N, S = p.B, p.T, p.heads, p.S
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    err = mla_compare(torch, "cuda", min(B, 2), T, N, min(S, 1024), p.fmt, sms=sms)
+    block_n, stages, err, note = _mla_config(torch, p, sms)
     elem = 1 if p.fmt == "fp8" else 2
-    cache_bytes = B * S * (L_LAT + R_PE) * elem
-    slots = slots_for(cache_bytes)
+    slots = slots_for(B * S * (L_LAT + R_PE) * elem, max_slots=MAX_SLOTS)
     dt = torch.float8_e4m3fn if p.fmt == "fp8" else torch.bfloat16
     big = torch.empty(slots * B, S, L_LAT + R_PE, device=dev, dtype=dt)
-    if p.fmt == "fp8":  # finite e4m3 values of both signs (0x00..0x5f: |x| < 16), no temporary copy
-        big.view(torch.uint8).random_(0, 0x60)
-        big.view(torch.uint8).bitwise_or_(torch.randint_like(big.view(torch.uint8), 0, 2) * 0x80)
+    if p.fmt == "fp8":  # finite e4m3 values of both signs (bytes 0x00..0x5f and 0x80..0xdf: |x| < 16)
+        raw = big.view(torch.uint8)
+        raw.random_(0, 0x60)
+        raw.add_(torch.randint_like(raw, 0, 2).mul_(0x80))
+        del raw
     else:
         big.normal_()
-    caches = [big[s * B:(s + 1) * B] for s in range(slots)]
+    caches = [big[s * B:(s + 1) * B] for s in range(slots)]  # slot s: the B sequences' caches of launch s
     q_lat = torch.randn(B, T, N, L_LAT, device=dev, dtype=torch.bfloat16)
     q_pe = torch.randn(B, T, N, R_PE, device=dev, dtype=torch.bfloat16)
     out = torch.empty(B, T, N, L_LAT, device=dev, dtype=torch.bfloat16)
-    scale, kv_scale = 192 ** -0.5, 0.05
-    last: Exception | None = None
-    for block_n, stages in ((MLA_BLOCK_N, None), (32, 1)):  # fall back to a smaller tile if shared memory runs out
-        try:
-            work = MlaWork(torch, B, T, N, S, dev, sms=sms, block_n=block_n, num_stages=stages)
-            calls = [(lambda c=c: work(q_lat, q_pe, c, out, scale, kv_scale)) for c in caches]
-            res = time_graph(torch, calls, reps=max(32, slots) if slots <= 64 else 64)
-            res.update(launches=2, max_err=err)
-            if block_n != MLA_BLOCK_N:
-                res["status"] = f"ok (fallback BLOCK_N={block_n} after {type(last).__name__})"
-            return res
-        except OutOfResources as exc:
-            last = exc
-    raise RuntimeError(f"mla kernel does not fit: {last}")
+    work = MlaWork(torch, B, T, N, S, dev, sms=sms, block_n=block_n, num_stages=stages)
+    calls = [(lambda c=c: work(q_lat, q_pe, c, out, 192 ** -0.5, 0.05)) for c in caches]
+    res = time_graph(torch, calls, reps=max(32, slots))
+    res.update(launches=2, max_err=err)
+    if note:
+        res["status"] = note
+    return res
 
 
 # ============================================================================ checks
