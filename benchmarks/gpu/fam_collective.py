@@ -41,6 +41,7 @@ NVLINK_MIN_GBPS = 200.0
 SYMM_IMPLS = ("symm_one_shot", "symm_two_shot")
 NCCL_IMPLS = ("nccl_all_reduce", "nccl_reduce_scatter", "nccl_all_gather")
 SKEW_FIELDS = ["id", "impl", "n_bytes", "skew_us", "rank_medians_us"]
+_SYMM_BACKEND: list[str] = []  # set once per process
 
 
 class Unsupported(Exception):
@@ -90,6 +91,12 @@ def _symm_op(impl: str, torch: Any, dist: Any, n: int, device: Any) -> Callable[
     if not hasattr(torch.ops.symm_mem, op_name):
         raise Unsupported(f"torch.ops.symm_mem.{op_name} missing in torch {torch.__version__}")
     group_name = dist.group.WORLD.group_name
+    if hasattr(symm_mem, "set_backend") and not _SYMM_BACKEND:  # the native CUDA (P2P) backend, not NVSHMEM
+        try:
+            symm_mem.set_backend("CUDA")
+            _SYMM_BACKEND.append("CUDA")
+        except Exception as exc:  # noqa: BLE001 - keep the default backend
+            _SYMM_BACKEND.append(f"default ({type(exc).__name__})")
     if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed before torch 2.8, deprecated no-op after
         try:
             symm_mem.enable_symm_mem_for_group(group_name)
@@ -98,9 +105,7 @@ def _symm_op(impl: str, torch: Any, dist: Any, n: int, device: Any) -> Callable[
     buf = symm_mem.empty(n, device=device, dtype=torch.bfloat16)
     symm_mem.rendezvous(buf, group_name)
     buf.fill_(1.0)
-    op = getattr(torch.ops.symm_mem, op_name)
-    if impl == "symm_one_shot":
-        return lambda: op(buf, "sum", group_name)
+    op = getattr(torch.ops.symm_mem, op_name)  # one_shot returns a new tensor, two_shot reduces in place
     return lambda: op(buf, "sum", group_name)
 
 
