@@ -31,7 +31,7 @@ import points as pts  # noqa: E402
 
 FAMILY_MODULE = {"ceiling": "fam_dense", "gemm": "fam_dense", "moe": "fam_moe", "small": "fam_small",
                  "kda": "fam_attention", "mla": "fam_attention", "collective": "fam_collective"}
-RESULT_FIELDS = ["median_us", "p10_us", "p90_us", "reps", "replays", "launches", "max_err", "status"]
+RESULT_FIELDS = ["median_us", "p10_us", "p90_us", "reps", "replays", "launches", "max_err", "skew_us", "status"]
 ENV_FIELDS = ["gpu", "driver", "torch", "triton"]
 
 
@@ -95,7 +95,12 @@ def run_checks(device: str) -> int:
     """Each custom-kernel module's `check(device)` compares its kernels with simulator/ops; 0 = all pass."""
     failures = 0
     for name in sorted(set(FAMILY_MODULE.values())):
-        mod = importlib.import_module(name)
+        try:
+            mod = importlib.import_module(name)
+        except ImportError as exc:
+            failures += 1
+            print(f"FAIL {name}: cannot import ({exc})", flush=True)
+            continue
         if not hasattr(mod, "check"):
             continue
         for label, ok, detail in mod.check(device):
