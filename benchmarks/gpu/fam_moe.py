@@ -148,13 +148,27 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-try:  # the host side (routing, block layout, rotation) works without Triton; the kernels need it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - CI has no Triton
-    triton = None
+triton = tl = None  # imported on first use: importing this module (host side) never imports Triton
 
-if triton is not None:
+
+def import_triton():
+    """(triton, triton.language), or RuntimeError("unsupported: ...") where Triton is missing."""
+    try:
+        import triton as _triton
+        import triton.language as _tl
+    except ImportError as exc:
+        raise RuntimeError("unsupported: Triton is not installed") from exc
+    return _triton, _tl
+
+
+def _define_kernels() -> None:
+    """Import Triton and define the kernels as module globals (jit functions resolve each other and `tl`
+    through the module's globals), on first use, so TRITON_INTERPRET set before that first use applies."""
+    global triton, tl, _e2m1_times_scale, moe_w4a16_mxfp4
+    if triton is not None:
+        return
+    triton, tl = import_triton()
+
     @triton.jit
     def _e2m1_times_scale(code, scale_f):
         """E2M1 code (int32, 0..15: sign, 2-bit exponent, 1-bit mantissa) -> bf16 value x scale: the fp32
@@ -206,8 +220,7 @@ if triton is not None:
 
 
 def w4a16_kernel():
-    if triton is None:
-        raise RuntimeError("unsupported: Triton is not installed")
+    _define_kernels()
     return moe_w4a16_mxfp4
 
 
@@ -405,5 +418,5 @@ def check(device: str) -> list[tuple[str, bool, str]]:
         y = c.float().cpu().numpy()
         err = float(np.nanmax(np.abs(y - ref)) / np.abs(ref).max()) if np.isfinite(y).all() else float("inf")
         out.append((f"w4a16_{plan_key}[M={m},k={top_k},U={u},K={k},N={n},BM={bm}]", err < 1e-2,
-                    f"max |err| / max |ref| = {err:.2e} (tol 1e-2: bf16 output; the interpreter truncates to bf16, 1 ulp)"))
+                    f"max |err| / max |ref| = {err:.2e} (tol 1e-2: bf16 out, interpreter truncates: 1 ulp)"))
     return out

@@ -19,8 +19,8 @@
 All math in fp32 registers, bf16 in / out except where noted. Inputs rotate over harness.slots_for(bytes
 read) buffers (at most 64), so inputs of >= 3.75 MB per launch (attn_res and finalize at M >= 64, the tails
 at M = 256) are read cold from HBM; smaller ones stay L2-resident across the rotation, as they are in a
-decode step where the producer kernel just wrote them. The small weight vectors are shared. Numerics: `check(device)` against
-simulator/ops (norm.attn_res_mix / rms_norm, experts.glu / expert_finalize, router.route_fused).
+decode step where the producer kernel just wrote them. The small weight vectors are shared.
+Numerics: `check(device)` against simulator/ops (norm.attn_res_mix / rms_norm, experts.glu / expert_finalize, router.route_fused).
 """
 
 from __future__ import annotations
@@ -29,16 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from fam_moe import import_triton
 from harness import count_launches, slots_for, time_graph
 
 DEVICE = "cuda"  # tests set "cpu" to run the same code under TRITON_INTERPRET=1
 BLOCK = 1024
 
-try:  # the module imports without Triton (CI); the kernels need it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
+triton = tl = None  # imported on first use (see _define_kernels)
 
 
 def _cfg():
@@ -50,7 +47,15 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-if triton is not None:
+def _define_kernels() -> None:
+    """Import Triton and define the kernels as module globals on first use (jit functions resolve each
+    other and `tl` through the module's globals), so TRITON_INTERPRET set before that applies."""
+    global triton, tl, _tanh, attn_res_kernel, situ_mul_kernel, topk_kernel, finalize_kernel, rms_norm_kernel
+    global concat_kernel, add_kernel, empty_kernel
+    if triton is not None:
+        return
+    triton, tl = import_triton()
+
     @triton.jit
     def _tanh(x):
         return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)  # exact limits +-1 for large |x| (exp -> inf / 0)
@@ -169,8 +174,7 @@ if triton is not None:
 
 
 def _need_triton() -> None:
-    if triton is None:
-        raise RuntimeError("unsupported: Triton is not installed")
+    _define_kernels()
 
 
 # ===================================================================== launchers (one launch each)
