@@ -20,7 +20,8 @@ All math in fp32 registers, bf16 in / out except where noted. Inputs rotate over
 read) buffers (at most 64), so inputs of >= 3.75 MB per launch (attn_res and finalize at M >= 64, the tails
 at M = 256) are read cold from HBM; smaller ones stay L2-resident across the rotation, as they are in a
 decode step where the producer kernel just wrote them. The small weight vectors are shared.
-Numerics: `check(device)` against simulator/ops (norm.attn_res_mix / rms_norm, experts.glu / expert_finalize, router.route_fused).
+Numerics: `check(device)` against simulator/ops (norm.attn_res_mix / rms_norm, experts.glu /
+expert_finalize, router.route_fused).
 """
 
 from __future__ import annotations
