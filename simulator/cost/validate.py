@@ -45,13 +45,13 @@ FAMILIES = ("ceiling", "gemm", "moe", "small", "kda", "mla", "collective")
 # ---------------------------------------------------------------------------------------------------
 
 def read_measurements(folder: str | Path) -> list[dict[str, Any]]:
-    """Every ok row of every family CSV in `folder` (predictions.csv excluded), typed."""
+    """Every ok row of every family CSV (<family>.csv) in `folder`, typed."""
     root = Path(folder)
     if not root.is_dir():
         raise UserError(f"--measurements {folder}: not a folder of measurement CSVs.")
     rows = []
     for path in sorted(root.glob("*.csv")):
-        if path.name == "predictions.csv":
+        if path.stem not in FAMILIES:  # predictions.csv, tuning and skew side tables
             continue
         with path.open(newline="") as f:
             for raw in csv.DictReader(f):
@@ -79,7 +79,8 @@ def read_predictions(folder: str | Path) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------------
 
 def group_of(row: Mapping[str, Any]) -> str:
-    """Constants are shared within a group: one implementation of one family (fc1 and fc2 apart)."""
+    """Constants are shared within a group: one implementation of one family; fc1 and fc2 apart, and each
+    small kernel apart (a norm, a top-k and a copy have different floors)."""
     if row["family"] in ("ceiling", "small"):
         return row["family"]
     g = f"{row['family']}/{row['impl']}"
@@ -93,47 +94,104 @@ def wire_bytes(row: Mapping[str, Any], algorithm: str) -> float:
         algorithm, 2 * (p - 1) / p * n)
 
 
+SM_COUNT = 132  # H200; the suite's kernels size their grids with it (benchmarks/gpu/fam_attention.py)
+MLA_TILE = 64  # cache slots per tile of the suite's split-KV kernel
+NARROW_N = 1024  # output width at or below which cuBLAS splits K (two launches in calibration/h200/gemm.csv)
+
+
+def mla_splits(batch: int, cached: int, sms: int = SM_COUNT, tile: int = MLA_TILE) -> tuple[int, int]:
+    """(splits, chunk) of a flash-decoding grid: B x splits >= 2 x SMs where the cache has enough tiles."""
+    want = max(1, min(-(-2 * sms // batch), -(-cached // tile)))
+    chunk = -(-(-(-cached // want)) // tile) * tile
+    return -(-cached // chunk), chunk
+
+
+def moe_padded_flops(row: Mapping[str, Any]) -> int:
+    """2 x rows x K x N over the BLOCK_M-padded row blocks of a grouped GEMM (vLLM's moe_align_block_size):
+    U experts share M k rows; BLOCK_M is 16, or 64 once experts average more than 16 rows."""
+    from simulator.config import load_model
+    rows = row["M"] * load_model(row["model"]).top_k
+    per_expert = max(1.0, rows / max(row["U"], 1))
+    block = 64 if per_expert > 16 else 16
+    return 2 * row["U"] * math.ceil(per_expert / block) * block * row["K"] * row["N"]
+
+
 def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, float]:
-    """Named regressors of the family law (module docstring): each multiplies one constant."""
-    if row["family"] == "collective":
+    """Named regressors of the family law: each multiplies one constant. `bytes` and `flops` are the two
+    roofs (the law takes their max); every other term adds. Family by family:
+      gemm       t0 + max(W + X bytes / bw, flops / R) + out bytes / bw_out + K c_narrow [N <= 1024]
+                 (a narrow output splits K and reduces the partial sums in a second pass)
+      moe        t0 + max(bytes / bw, padded flops / R) + U c_U   (padded: whole BLOCK_M-row tiles)
+      small      t0[kernel] + bytes / bw         (a floor per kernel: a top-k is not a copy; one bw)
+      kda        t0 + ceil(B heads / SMs) T c_token + per-token state bytes / bw  (one program per
+                 (sequence, head) runs its T tokens in order; vLLM's verify kernel writes T states)
+      mla        t0 + ceil(B splits row-blocks / SMs) ceil(chunk / 64) c_tile + splits c_combine
+                 (split-KV flash decoding: waves of programs, each over its chunk; a combine pass)
+      collective t0 + wire bytes / beta                                     (NCCL: two protocols)
+    """
+    fam = row["family"]
+    if fam == "collective":
         return {"t0": 1.0, "wire_bytes": wire_bytes(row, priced["algorithm"])}
+    if fam == "kda":
+        state = row["B"] * row["heads"] * 128 * 128 * 4
+        extra = (row["T"] - 1) * state if row["variant"] == "per_token" else 0
+        return {"t0": 1.0, "serial": float(-(-row["B"] * row["heads"] // SM_COUNT) * row["T"]),
+                "token_state_bytes": float(extra)}
+    if fam == "mla":
+        splits, chunk = mla_splits(row["B"], row["S"])
+        programs = row["B"] * splits * -(-row["T"] * row["heads"] // 16)
+        return {"t0": 1.0, "tile_steps": float(-(-programs // SM_COUNT) * -(-chunk // MLA_TILE)),
+                "splits": float(splits)}
     f = {"t0": 1.0, "bytes": float(priced["bytes"]), "flops": float(priced["flops"])}
-    if row["family"] == "moe":
+    if fam == "gemm":
+        out = row["M"] * row["N"] * (4 if row["variant"] == "out_fp32" else 2)
+        f["bytes"] -= out
+        f["out_bytes"] = float(out)
+        f["narrow_k"] = row["K"] / 1000.0 if row["N"] <= NARROW_N else 0.0
+    if fam == "moe":  # padded tile math: every BLOCK_M-row block of an expert runs a full tile
         f["experts"] = float(row["U"])
+        f["flops"] = float(moe_padded_flops(row))
+    if fam == "small":  # each kernel its own floor, one bandwidth for all
+        del f["flops"], f["t0"]
+        f[f"t0_{row['plan_key'] or row['impl']}"] = 1.0
     return f
 
 
 @dataclass
 class Fit:
-    """Constants of one group's law: coefficient per regressor (µs per unit)."""
+    """Constants of one group's law: a coefficient per regressor (µs per unit) for each regime. A law
+    with two regimes (NCCL's small- and large-message protocols) predicts the cheaper one."""
 
     names: tuple[str, ...]
-    coef: tuple[float, ...]
+    regimes: tuple[tuple[float, ...], ...]
     n: int
 
     def predict(self, feats: Mapping[str, float]) -> float:
-        """The law: t0 + max(bytes term, flops term) + the other terms."""
-        terms = {n: c * feats[n] for n, c in zip(self.names, self.coef)}
-        roof = max(terms.pop("bytes", 0.0), terms.pop("flops", 0.0))
-        return roof + sum(terms.values())
+        return min(_law(self.names, coef, feats) for coef in self.regimes)
 
-    def constants(self) -> dict[str, float]:
-        """Physical reading: t0 µs, bw GB/s, R TFLOP/s, c_U µs per expert, beta GB/s."""
-        out = {}
-        for name, c in zip(self.names, self.coef):
-            if name == "t0":
-                out["t0_us"] = c
-            elif name in ("bytes", "wire_bytes"):
-                out["bw_gbps" if name == "bytes" else "beta_gbps"] = 1e-3 / c if c > 0 else None
-            elif name == "flops":
-                out["tflops"] = 1e-6 / c if c > 0 else None
-            elif name == "experts":
-                out["per_expert_us"] = c
+    def constants(self) -> dict[str, float | None]:
+        """Physical reading: t0 µs, bw GB/s, R TFLOP/s, beta GB/s, other terms in µs per unit."""
+        out: dict[str, float | None] = {}
+        for i, coef in enumerate(self.regimes):
+            tag = "" if len(self.regimes) == 1 else f"_regime{i + 1}"
+            for name, c in zip(self.names, coef):
+                if name in ("bytes", "wire_bytes", "out_bytes", "token_state_bytes"):
+                    out[f"{name}_gbps{tag}"] = 1e-3 / c if c > 0 else None
+                elif name == "flops":
+                    out[f"tflops{tag}"] = 1e-6 / c if c > 0 else None
+                else:
+                    out[f"{name}_us{tag}"] = c
         return out
 
 
+def _law(names: tuple[str, ...], coef: tuple[float, ...], feats: Mapping[str, float]) -> float:
+    """t = max(bytes term, flops term) + every other term."""
+    terms = {n: c * feats[n] for n, c in zip(names, coef)}
+    return max(terms.pop("bytes", 0.0), terms.pop("flops", 0.0)) + sum(terms.values())
+
+
 def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """min |A c - b|^2 with c >= 0, by trying every subset of columns (at most 4 here)."""
+    """min |A c - b|^2 with c >= 0, by trying every subset of the used columns (at most ~10 here)."""
     best, best_err = np.zeros(A.shape[1]), math.inf
     cols_used = [j for j in range(A.shape[1]) if np.any(A[:, j])]
     for k in range(1, len(cols_used) + 1):
@@ -150,27 +208,60 @@ def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_group(X: np.ndarray, t: np.ndarray, names: tuple[str, ...], ridge: float = 206.0) -> Fit:
-    """Fit t = t0 + max(bytes / bw, flops / R) + U c_U (+ wire / beta) on relative error, constants >= 0.
-    The max makes it piecewise linear: assign each point to the memory or the compute side, solve a
-    non-negative least squares, reassign by the fitted terms, repeat until the sides stop changing.
-    The first assignment puts a point on the compute side when its FLOP/B exceeds the GPU's `ridge`."""
-    ib, iflop = names.index("bytes") if "bytes" in names else -1, names.index("flops") if "flops" in names else -1
-    memory_side = np.ones(len(t), dtype=bool) if ib < 0 or iflop < 0 else X[:, iflop] <= ridge * X[:, ib]
-    coef = np.zeros(len(names))
-    for _ in range(12):
-        Xs = X.copy()
-        if ib >= 0 and iflop >= 0:
+def _fit_roofs(X: np.ndarray, t: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+    """Fit the max(bytes, flops) law on relative error: assign each point to the memory or the compute
+    side, solve non-negative least squares, reassign by the fitted terms until the sides settle; started
+    from several FLOP/B splits, the best fit kept."""
+    if "bytes" not in names or "flops" not in names:
+        return _nnls(X / t[:, None], np.ones_like(t))
+    ib, iflop = names.index("bytes"), names.index("flops")
+    best, best_err = np.zeros(len(names)), math.inf
+    for ridge in (25.0, 100.0, 206.0, 1000.0, math.inf):
+        memory_side = X[:, iflop] <= ridge * X[:, ib]
+        for _ in range(12):
+            Xs = X.copy()
             Xs[~memory_side, ib] = 0.0
             Xs[memory_side, iflop] = 0.0
-        coef = _nnls(Xs / t[:, None], np.ones_like(t))
-        if ib < 0 or iflop < 0:
-            break
-        side = X[:, ib] * coef[ib] >= X[:, iflop] * coef[iflop]
-        if np.array_equal(side, memory_side):
-            break
-        memory_side = side
-    return Fit(names, tuple(float(c) for c in coef), len(t))
+            coef = _nnls(Xs / t[:, None], np.ones_like(t))
+            side = X[:, ib] * coef[ib] >= X[:, iflop] * coef[iflop]
+            if np.array_equal(side, memory_side):
+                break
+            memory_side = side
+        err = float(np.sum((np.array([_law(names, tuple(coef), dict(zip(names, x))) for x in X]) / t - 1) ** 2))
+        if err < best_err:
+            best_err, best = err, coef
+    return best
+
+
+def _fit_two_regimes(X: np.ndarray, t: np.ndarray, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Two lines t = t0 + wire / beta, the cheaper one wins (NCCL picks its protocol by size): split the
+    points by size at each candidate, fit each side, reassign to the cheaper line, keep the best."""
+    iw = names.index("wire_bytes")
+    order = np.argsort(X[:, iw])
+    best, best_err = (np.zeros(len(names)), np.zeros(len(names))), math.inf
+    for cut in range(2, len(t) - 1):
+        small = np.zeros(len(t), dtype=bool)
+        small[order[:cut]] = True
+        for _ in range(8):
+            lines = [_nnls(X[m] / t[m, None], np.ones(int(m.sum()))) for m in (small, ~small)]
+            pred = np.stack([X @ c for c in lines])
+            pred[pred <= 0] = math.inf
+            new = pred[0] <= pred[1]
+            if np.array_equal(new, small) or new.all() or not new.any():
+                break
+            small = new
+        err = float(np.sum((pred.min(axis=0) / t - 1) ** 2))
+        if err < best_err:
+            best_err, best = err, (lines[0], lines[1])
+    return best
+
+
+def fit_group(X: np.ndarray, t: np.ndarray, names: tuple[str, ...], regimes: int = 1) -> Fit:
+    """Non-negative constants of one group's law, minimising the relative squared error."""
+    if regimes == 2 and len(t) >= 4:
+        lines = _fit_two_regimes(X, t, names)
+        return Fit(names, tuple(tuple(float(c) for c in line) for line in lines), len(t))
+    return Fit(names, (tuple(float(c) for c in _fit_roofs(X, t, names)),), len(t))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -203,7 +294,7 @@ def split_halves(points: list[Point]) -> None:
     """Alternate fit / held-back within each group, in the order the suite measured them (grid order)."""
     seen: dict[str, int] = {}
     for p in points:
-        g = group_of(p.row)
+        g = group_of(p.row) + "/" + p.row["plan_key"]  # small kernels: each kernel's own grid
         p.held_back = seen.get(g, 0) % 2 == 1
         seen[g] = seen.get(g, 0) + 1
 
@@ -217,18 +308,21 @@ def validate(folder: str | Path, hw: HardwareProfile) -> dict[str, Any]:
         points.append(Point(row, row["measured_us"], priced["model_us"], prereg.get(row["id"]), False,
                             feats=features(row, priced)))
     split_halves(points)
-    fits = refit(points, hw.critical_intensity)
+    fits = refit(points)
     return report(points, fits, hw)
 
 
-def refit(points: list[Point], ridge: float) -> dict[str, Fit]:
+def refit(points: list[Point]) -> dict[str, Fit]:
     fits = {}
     for g in dict.fromkeys(group_of(p.row) for p in points):
         mine = [p for p in points if group_of(p.row) == g]
         train = [p for p in mine if not p.held_back] or mine
-        names = tuple(train[0].feats)
+        names = tuple(dict.fromkeys(n for p in mine for n in p.feats))
+        for p in mine:
+            p.feats = {n: p.feats.get(n, 0.0) for n in names}
         X = np.array([[p.feats[n] for n in names] for p in train])
-        fits[g] = fit_group(X, np.array([p.measured for p in train]), names, ridge)
+        regimes = 2 if g.startswith("collective/nccl") else 1
+        fits[g] = fit_group(X, np.array([p.measured for p in train]), names, regimes)
         for p in mine:
             p.refit = fits[g].predict(p.feats)
     return fits
