@@ -14,7 +14,7 @@ Implementations (Point.impl):
                         per K step, so no nibble interleave is needed in registers.
                         Rows are sorted by expert into BLOCK_M-padded blocks (vLLM moe_align_block_size: sorted
                         row ids, one expert id per block; pad rows = M*top_k are masked). Grid = (blocks x
-                        N tiles,). BLOCK_M 16 (64 when the average expert gets > 16 rows), BLOCK_N 64,
+                        N tiles,). BLOCK_M 16 (64 when the average expert gets > 16 rows), BLOCK_N 32 / 64 (TILE_CONFIG),
                         BLOCK_K 128. fc1 gathers its A rows from x[M, K] (row // top_k) as fused_moe does; fc2
                         reads h[M*top_k, F]. The GEMM only: no SiTU in the fc1 epilogue, no routing weight.
                         The sort/align is its own small kernel in engines and is done here outside the timed
@@ -43,7 +43,11 @@ import numpy as np
 
 from harness import count_launches, slots_for, time_graph
 
-BLOCK_N, BLOCK_K = 32, 128  # tune_w4a16.py: within 8 % of the best of 54 configs on 3 shapes (64: up to 46 % slower at M = 1)
+BLOCK_K = 128
+# Tile config by row block (tune_w4a16.py on 3 shapes, then both configs over all 58 points): with 16-row
+# blocks (<= 16 rows per expert) BLOCK_N 32 and 3 stages is up to 28 % faster than BLOCK_N 64; with 64-row
+# blocks BLOCK_N 32 is up to 5x slower (calibration/h200/superseded/), so those keep BLOCK_N 64, default stages.
+TILE_CONFIG = {16: (32, 3), 64: (64, None)}  # BLOCK_M -> (BLOCK_N, num_stages)
 CHECK_EXPERTS = 32  # max_err is measured on the rows of the first this-many experts of window 0
 
 DEVICE = "cuda"  # measure() runs here; tests set "cpu" to dry-run the host side under TRITON_INTERPRET=1
@@ -225,7 +229,7 @@ def w4a16_kernel():
 
 
 def w4a16_launch(a, w, s, c, sorted_ids, block_experts, n_blocks: int, a_div: int, block_m: int, num_warps: int = 4,
-                 num_stages: int | None = 3):
+                 num_stages: int | None = None, block_n: int | None = None):
     """One launch of the grouped GEMM. a [rows_a, K] bf16, w [E, N, K/2] u8, s [E, N, K/32] u8, c [R, N] bf16."""
     kernel = w4a16_kernel()
     n, k2 = w.shape[1], w.shape[2]
@@ -234,10 +238,12 @@ def w4a16_launch(a, w, s, c, sorted_ids, block_experts, n_blocks: int, a_div: in
         raise ValueError(f"K={k} must be a multiple of BLOCK_K={BLOCK_K}")
     if a.stride(1) != 1 or w.stride(2) != 1 or s.stride(2) != 1 or c.stride(1) != 1:
         raise ValueError("inner dimensions must be contiguous")
-    grid = (n_blocks * math.ceil(n / BLOCK_N),)
+    tuned_n, tuned_stages = TILE_CONFIG.get(block_m, (64, None))
+    block_n, num_stages = block_n or tuned_n, num_stages or tuned_stages
+    grid = (n_blocks * math.ceil(n / block_n),)
     extra = {} if num_stages is None else {"num_stages": num_stages}
     kernel[grid](a, w, s, c, sorted_ids, block_experts, n, k, c.shape[0], a.stride(0), w.stride(0), w.stride(1),
-                 s.stride(0), s.stride(1), c.stride(0), A_DIV=a_div, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+                 s.stride(0), s.stride(1), c.stride(0), A_DIV=a_div, BLOCK_M=block_m, BLOCK_N=block_n,
                  BLOCK_K=BLOCK_K, DOT_F32=interpreting(), num_warps=num_warps, **extra)
 
 

@@ -40,12 +40,12 @@ def main() -> int:
         c = torch.empty(hp["rows"], p.N, device="cuda", dtype=torch.bfloat16)
         bes = [torch.tensor(hp["block_experts"] + i * p.U, device="cuda") for i in range(hp["slots"])]
         for bn, bk, warps, stages in itertools.product((32, 64, 128), (128, 256), (2, 4, 8), (2, 3, 4)):
-            fam_moe.BLOCK_N, fam_moe.BLOCK_K = bn, bk
+            fam_moe.BLOCK_K = bk
             t0 = time.time()
             try:
                 calls = [(lambda be=be: fam_moe.w4a16_launch(a, wd["w"], wd["s"], c, sorted_ids, be,
                                                              len(hp["block_experts"]), a_div, hp["block_m"],
-                                                             num_warps=warps, num_stages=stages)) for be in bes]
+                                                             num_warps=warps, num_stages=stages, block_n=bn)) for be in bes]
                 us = time_graph(torch, calls, reps=max(16, len(calls)), replays=10)["median_us"]
             except Exception as exc:  # a config that does not compile or fit
                 us = float("nan")

@@ -84,6 +84,8 @@ def group_of(row: Mapping[str, Any]) -> str:
     if row["family"] in ("ceiling", "small"):
         return row["family"]
     g = f"{row['family']}/{row['impl']}"
+    if row["family"] == "gemm":  # a short K (<= 1024) cannot hide its prologue / epilogue behind the K loop
+        return g + ("/short_k" if row["K"] <= SHORT_K else "/long_k")
     return g + f"/{row['plan_key']}" if row["family"] == "moe" else g
 
 
@@ -96,6 +98,7 @@ def wire_bytes(row: Mapping[str, Any], algorithm: str) -> float:
 
 SM_COUNT = 132  # H200; the suite's kernels size their grids with it (benchmarks/gpu/fam_attention.py)
 MLA_TILE = 64  # cache slots per tile of the suite's split-KV kernel
+SHORT_K = 1024  # reduction depth at or below which a GEMM tile runs <= 8 K-steps of 128
 NARROW_N = 1024  # output width at or below which cuBLAS splits K (two launches in calibration/h200/gemm.csv)
 
 
@@ -190,8 +193,11 @@ def _law(names: tuple[str, ...], coef: tuple[float, ...], feats: Mapping[str, fl
     return max(terms.pop("bytes", 0.0), terms.pop("flops", 0.0)) + sum(terms.values())
 
 
-def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """min |A c - b|^2 with c >= 0, by trying every subset of the used columns (at most ~10 here)."""
+def _nnls(A: np.ndarray, b: np.ndarray, lower: np.ndarray | None = None) -> np.ndarray:
+    """min |A c - b|^2 with c >= 0, by trying every subset of the used columns (at most ~10 here). A used
+    column's coefficient must also reach `lower` (no bandwidth above the HBM peak, no FLOP rate above the
+    tensor-core peak): a fit that needs an unphysical constant is not taken."""
+    lower = np.zeros(A.shape[1]) if lower is None else lower
     best, best_err = np.zeros(A.shape[1]), math.inf
     cols_used = [j for j in range(A.shape[1]) if np.any(A[:, j])]
     for k in range(1, len(cols_used) + 1):
@@ -199,7 +205,7 @@ def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
             if len(cols) > len(b):
                 continue
             c, *_ = np.linalg.lstsq(A[:, cols], b, rcond=None)
-            if np.any(c < 0):
+            if np.any(c < lower[list(cols)]):
                 continue
             err = float(np.sum((A[:, cols] @ c - b) ** 2))
             if err < best_err - 1e-15:
@@ -208,12 +214,21 @@ def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
-def _fit_roofs(X: np.ndarray, t: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+def _lower_bounds(names: tuple[str, ...], hw: HardwareProfile | None) -> np.ndarray:
+    """Least µs per unit a physical kernel pays: bytes at the HBM peak, FLOPs at the fp8 peak."""
+    if hw is None:
+        return np.zeros(len(names))
+    per = {"bytes": 1e6 / hw.hbm_bandwidth, "token_state_bytes": 1e6 / hw.hbm_bandwidth,
+           "flops": 1e6 / hw.peak_flops("fp8")}
+    return np.array([per.get(n, 0.0) for n in names])
+
+
+def _fit_roofs(X: np.ndarray, t: np.ndarray, names: tuple[str, ...], lower: np.ndarray) -> np.ndarray:
     """Fit the max(bytes, flops) law on relative error: assign each point to the memory or the compute
     side, solve non-negative least squares, reassign by the fitted terms until the sides settle; started
     from several FLOP/B splits, the best fit kept."""
     if "bytes" not in names or "flops" not in names:
-        return _nnls(X / t[:, None], np.ones_like(t))
+        return _nnls(X / t[:, None], np.ones_like(t), lower)
     ib, iflop = names.index("bytes"), names.index("flops")
     best, best_err = np.zeros(len(names)), math.inf
     for ridge in (25.0, 100.0, 206.0, 1000.0, math.inf):
@@ -222,7 +237,7 @@ def _fit_roofs(X: np.ndarray, t: np.ndarray, names: tuple[str, ...]) -> np.ndarr
             Xs = X.copy()
             Xs[~memory_side, ib] = 0.0
             Xs[memory_side, iflop] = 0.0
-            coef = _nnls(Xs / t[:, None], np.ones_like(t))
+            coef = _nnls(Xs / t[:, None], np.ones_like(t), lower)
             side = X[:, ib] * coef[ib] >= X[:, iflop] * coef[iflop]
             if np.array_equal(side, memory_side):
                 break
@@ -256,12 +271,14 @@ def _fit_two_regimes(X: np.ndarray, t: np.ndarray, names: tuple[str, ...]) -> tu
     return best
 
 
-def fit_group(X: np.ndarray, t: np.ndarray, names: tuple[str, ...], regimes: int = 1) -> Fit:
-    """Non-negative constants of one group's law, minimising the relative squared error."""
+def fit_group(X: np.ndarray, t: np.ndarray, names: tuple[str, ...], regimes: int = 1,
+              hw: HardwareProfile | None = None) -> Fit:
+    """Non-negative constants of one group's law, minimising the relative squared error; with `hw`, no
+    constant may beat that GPU's peaks."""
     if regimes == 2 and len(t) >= 4:
         lines = _fit_two_regimes(X, t, names)
         return Fit(names, tuple(tuple(float(c) for c in line) for line in lines), len(t))
-    return Fit(names, (tuple(float(c) for c in _fit_roofs(X, t, names)),), len(t))
+    return Fit(names, (tuple(float(c) for c in _fit_roofs(X, t, names, _lower_bounds(names, hw))),), len(t))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -308,11 +325,11 @@ def validate(folder: str | Path, hw: HardwareProfile) -> dict[str, Any]:
         points.append(Point(row, row["measured_us"], priced["model_us"], prereg.get(row["id"]), False,
                             feats=features(row, priced)))
     split_halves(points)
-    fits = refit(points)
+    fits = refit(points, hw)
     return report(points, fits, hw)
 
 
-def refit(points: list[Point]) -> dict[str, Fit]:
+def refit(points: list[Point], hw: HardwareProfile | None = None) -> dict[str, Fit]:
     fits = {}
     for g in dict.fromkeys(group_of(p.row) for p in points):
         mine = [p for p in points if group_of(p.row) == g]
@@ -322,7 +339,8 @@ def refit(points: list[Point]) -> dict[str, Fit]:
             p.feats = {n: p.feats.get(n, 0.0) for n in names}
         X = np.array([[p.feats[n] for n in names] for p in train])
         regimes = 2 if g.startswith("collective/nccl") else 1
-        fits[g] = fit_group(X, np.array([p.measured for p in train]), names, regimes)
+        # small kernels write their outputs into L2 (write-back): their slope may beat the HBM read peak
+        fits[g] = fit_group(X, np.array([p.measured for p in train]), names, regimes, None if g == "small" else hw)
         for p in mine:
             p.refit = fits[g].predict(p.feats)
     return fits

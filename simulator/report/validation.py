@@ -36,10 +36,9 @@ def print_validation(doc: Mapping[str, Any]) -> None:
                   _cell({"n": doc["kernels"], "median_abs_pct_error": doc["median_abs_pct_error"],
                          "worst_abs_pct_error": doc["worst_abs_pct_error"]}))
     con.print(table)
-    fits = Table("group", "points fitted", "t0 µs", "bandwidth GB/s", "TFLOP/s", "µs per expert", "beta GB/s")
+    fits = Table("group", "points fitted", "constants of the family law (µs, GB/s, TFLOP/s)")
     for g, f in doc["fits"].items():
-        fits.add_row(g, str(f["n"]), *(_num(f.get(k)) for k in ("t0_us", "bw_gbps", "tflops", "per_expert_us",
-                                                                  "beta_gbps")))
+        fits.add_row(g, str(f["n"]), "  ".join(f"{k} {_num(v)}" for k, v in f.items() if k != "n"))
     con.print(fits)
 
 
