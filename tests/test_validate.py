@@ -114,3 +114,12 @@ def test_validate_bad_folder_is_one_sentence(tmp_path, make):
         target.write_text("x")
     r = runner.invoke(app, ["validate", "--measurements", str(target)])
     assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+def test_gpu_suite_says_one_sentence_without_a_gpu(tmp_path):
+    """CI has no GPU: the suite says why in one line, measures nothing and exits 0."""
+    import subprocess
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "suite.py"), "--part", "A1", "--out",
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and len(r.stdout.strip().splitlines()) == 1 and "nothing measured" in r.stdout
+    assert not (tmp_path / "out").exists()
