@@ -14,6 +14,7 @@ Only JSON is read, never executed. Every problem becomes one `UserError` sentenc
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,36 @@ LayerKind = Literal["kda", "mla"]
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 ACTIVATIONS = ("situ", "silu")
 EXPERT_DTYPES = ("mxfp4", "fp8", "bf16")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """YaRN context extension of RoPE (Peng et al. 2023, arXiv:2309.00071, section 3.2 "NTK-by-parts").
+
+    A model trained at `original_max` positions and stretched by `factor`: rotary pairs that turn more
+    than `beta_fast` times over `original_max` keep their frequency (extrapolated), pairs that turn fewer
+    than `beta_slow` times are interpolated (frequency / factor), and a linear ramp blends the band in
+    between (`simulator.ops.mla.rope_inv_freq`). Attention logits are sharpened by the temperature
+
+        mscale = 0.1 * mscale_all_dim * ln(factor) + 1,      softmax scale = (Dn + R)^-1/2 * mscale^2
+
+    (paper eq. 22, sqrt(1/t) = 0.1 ln(s) + 1; DeepSeek-V3 folds it into the softmax scale of every head,
+    all dims, hence `mscale_all_dim`). DeepSeek-V3: factor 40, original 4096, beta 32 / 1, mscale 1, so
+    the scale goes from 192^-1/2 = 0.0722 to 0.0722 * (0.1 ln 40 + 1)^2 = 0.1352.
+    """
+
+    factor: float  # s: context stretch
+    original_max: int  # L: original_max_position_embeddings
+    beta_fast: float = 32.0  # rotations above which a pair is extrapolated (unchanged)
+    beta_slow: float = 1.0  # rotations below which a pair is interpolated (frequency / s)
+    mscale_all_dim: float = 0.0  # 0: no logit temperature (Hugging Face's default)
+
+    @property
+    def softmax_mscale(self) -> float:
+        """mscale of the softmax scale; 1 when `factor` <= 1 or `mscale_all_dim` is 0."""
+        if self.factor <= 1 or not self.mscale_all_dim:
+            return 1.0
+        return 0.1 * self.mscale_all_dim * math.log(self.factor) + 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +104,7 @@ class ModelConfig:
     # --- residual stream ---
     attn_res_block: int  # Block AttnRes block size; 0 means a plain residual
     expert_dtype: str  # storage of routed experts: "mxfp4" | "fp8" | "bf16"
+    rope_scaling: RopeScaling | None = None  # YaRN; None: plain RoPE at rope_theta
     source: str = field(default="", compare=False)  # file the config came from
 
     def __post_init__(self) -> None:
@@ -86,6 +118,12 @@ class ModelConfig:
     @property
     def mla_qk_head_dim(self) -> int:
         return self.qk_nope_dim + self.qk_rope_dim
+
+    @property
+    def mla_softmax_scale(self) -> float:
+        """(Dn + R)^-1/2, times YaRN's mscale^2 when the config stretches RoPE (0.1352 for DeepSeek-V3)."""
+        mscale = self.rope_scaling.softmax_mscale if self.rope_scaling else 1.0
+        return self.mla_qk_head_dim ** -0.5 * mscale * mscale
 
     @property
     def kda_width(self) -> int:
@@ -266,10 +304,47 @@ def _common(r: _Reader, name: str, family: str) -> dict[str, Any]:
         mla_heads=r.get("num_attention_heads", int), q_lora_rank=r.get("q_lora_rank", int),
         kv_lora_rank=r.get("kv_lora_rank", int), qk_nope_dim=r.get("qk_nope_head_dim", int),
         qk_rope_dim=r.get("qk_rope_head_dim", int), v_head_dim=r.get("v_head_dim", int),
-        rope_theta=r.get("rope_theta", float, 10000.0),
+        rope_theta=r.get("rope_theta", float, 10000.0), rope_scaling=_rope_scaling(r),
         moe_intermediate=r.get("moe_intermediate_size", int, 0),
         routed_scaling_factor=r.get("routed_scaling_factor", float, 1.0),
     )
+
+
+YARN_KEYS = {"type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+             "mscale", "mscale_all_dim"}
+
+
+def _rope_scaling(r: _Reader) -> RopeScaling | None:
+    """`rope_scaling` as Hugging Face writes it; only YaRN is modelled, anything else is refused.
+
+    A key that would change the math and is not modelled (another type, an unknown key, a rotary
+    magnitude `mscale` different from `mscale_all_dim`) is an error, never silently dropped.
+    """
+    raw = r.get("rope_scaling", dict, None)
+    if raw is None:
+        return None
+    kind = raw.get("type", raw.get("rope_type"))
+    if kind != "yarn":
+        raise UserError(f"{r.source}: field 'rope_scaling' has type {kind!r}; only 'yarn' is modelled.")
+    unknown = sorted(set(raw) - YARN_KEYS)
+    if unknown:
+        raise UserError(f"{r.source}: field 'rope_scaling' has unknown key {unknown[0]!r} (known: "
+                        f"{', '.join(sorted(YARN_KEYS))}).")
+    y = _Reader(raw, f"{r.source} rope_scaling")
+    scaling = RopeScaling(factor=y.get("factor", float), original_max=y.get("original_max_position_embeddings", int),
+                          beta_fast=y.get("beta_fast", float, 32.0), beta_slow=y.get("beta_slow", float, 1.0),
+                          mscale_all_dim=y.get("mscale_all_dim", float, 0.0))
+    bad = [k for k, ok in (("factor", scaling.factor >= 1), ("original_max_position_embeddings", scaling.original_max > 0),
+                           ("beta_slow", 0 < scaling.beta_slow < scaling.beta_fast),
+                           ("mscale_all_dim", scaling.mscale_all_dim >= 0)) if not ok]  # NaN fails every test
+    if bad or not math.isfinite(scaling.factor * scaling.beta_fast * scaling.mscale_all_dim):
+        raise UserError(f"{r.source}: field 'rope_scaling' = {raw!r} is out of range: YaRN needs finite factor >= 1, "
+                        "original_max_position_embeddings > 0, 0 < beta_slow < beta_fast, mscale_all_dim >= 0.")
+    mscale = y.get("mscale", float, 1.0)  # Hugging Face defaults: mscale 1, mscale_all_dim 0
+    if mscale != scaling.mscale_all_dim:  # cos/sin would be scaled by get_mscale(mscale) / get_mscale(all_dim)
+        raise UserError(f"{r.source}: field 'rope_scaling' has mscale {mscale:g} != mscale_all_dim "
+                        f"{scaling.mscale_all_dim:g}; the rotary magnitude factor this implies is not modelled.")
+    return scaling
 
 
 def _parse_kimi_linear(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
