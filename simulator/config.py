@@ -25,6 +25,7 @@ LayerKind = Literal["kda", "mla"]
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 ACTIVATIONS = ("situ", "silu")
 EXPERT_DTYPES = ("mxfp4", "fp8", "bf16")
+MAX_LAYERS = 10_000  # sanity bound on num_hidden_layers; Llama 3.1 405B has 126, DeepSeek-V3 61, Kimi K3 93
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +181,14 @@ def _validate(cfg: ModelConfig) -> None:
                  "kda_heads", "kda_head_dim", "conv_size", "dense_intermediate"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 0:
             raise _bad(cfg, name, "must be a non-negative integer")
-    if not cfg.rms_norm_eps > 0:
-        raise _bad(cfg, "rms_norm_eps", "must be positive")
+    for name in ("rms_norm_eps", "mla_lora_eps", "rope_theta", "situ_beta", "situ_linear_beta", "routed_scaling_factor"):
+        if not 0 < getattr(cfg, name) < math.inf:  # also refuses NaN, which fails every comparison
+            raise _bad(cfg, name, "must be a finite positive number")
+    if not math.isfinite(cfg.gate_lower_bound):
+        raise _bad(cfg, "gate_lower_bound", "must be a finite number")
+    if cfg.num_layers > MAX_LAYERS:
+        raise _bad(cfg, "num_layers", f"exceeds {MAX_LAYERS} (a sanity bound: the deepest public decoder stacks "
+                                      "have ~130 layers, and every layer is listed and looped over)")
     if cfg.hidden_act not in ACTIVATIONS:
         raise _bad(cfg, "hidden_act", f"is not a known activation (known: {', '.join(ACTIVATIONS)})")
     if cfg.router_act not in ("sigmoid", "softmax"):
@@ -218,6 +225,8 @@ def _validate_layers(cfg: ModelConfig) -> None:
         raise _bad(cfg, "dense_intermediate", "must be positive when dense layers exist")
     if not cfg.mla_nope and cfg.qk_rope_dim % 2:
         raise _bad(cfg, "qk_rope_dim", "must be even for RoPE")
+    if not cfg.mla_nope and cfg.rope_theta <= 1:
+        raise _bad(cfg, "rope_theta", "must exceed 1 for RoPE (frequencies theta^(-2i/R) must fall with i)")
 
 
 def validate_tp(cfg: ModelConfig, tp: int) -> None:
@@ -266,6 +275,15 @@ class _Reader:
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if not ok:
             raise UserError(f"{self.source}: field '{key}' = {value!r} should be of type {kind.__name__}.")
+        if kind is float and not math.isfinite(value):  # json reads NaN / Infinity / -Infinity as floats
+            raise UserError(f"{self.source}: field '{key}' = {value!r} must be a finite number.")
+        return value
+
+    def positive(self, key: str, default: float) -> float:
+        """A finite float > 0 (an eps, a temperature, a scaling factor), named by its JSON key when not."""
+        value = self.get(key, float, default)
+        if value <= 0:
+            raise UserError(f"{self.source}: field '{key}' = {value!r} must be positive.")
         return value
 
 
@@ -290,23 +308,23 @@ def _layer_kinds(r: _Reader, num_layers: int) -> tuple[str, ...]:
 
 def _common(r: _Reader, name: str, family: str) -> dict[str, Any]:
     num_layers = r.get("num_hidden_layers", int)
-    if num_layers <= 0:
-        raise UserError(f"{r.source}: field 'num_hidden_layers' = {num_layers} must be a positive integer.")
+    if not 0 < num_layers <= MAX_LAYERS:
+        raise UserError(f"{r.source}: field 'num_hidden_layers' = {num_layers} must be an integer in [1, {MAX_LAYERS}].")
     return dict(
         name=name, family=family, source=r.source,
         hidden_size=r.get("hidden_size", int), vocab_size=r.get("vocab_size", int),
-        num_layers=num_layers, rms_norm_eps=r.get("rms_norm_eps", float, 1e-6),
+        num_layers=num_layers, rms_norm_eps=r.positive("rms_norm_eps", 1e-6),
         first_k_dense=r.get("first_k_dense_replace", int, 0),
         dense_intermediate=r.get("intermediate_size", int, 0),
         hidden_act=r.get("hidden_act", str, "silu"),
-        situ_beta=r.get("activation_situ_beta", float, 4.0),
-        situ_linear_beta=r.get("activation_situ_linear_beta", float, 25.0),
+        situ_beta=r.positive("activation_situ_beta", 4.0),
+        situ_linear_beta=r.positive("activation_situ_linear_beta", 25.0),
         mla_heads=r.get("num_attention_heads", int), q_lora_rank=r.get("q_lora_rank", int),
         kv_lora_rank=r.get("kv_lora_rank", int), qk_nope_dim=r.get("qk_nope_head_dim", int),
         qk_rope_dim=r.get("qk_rope_head_dim", int), v_head_dim=r.get("v_head_dim", int),
-        rope_theta=r.get("rope_theta", float, 10000.0), rope_scaling=_rope_scaling(r),
+        rope_theta=r.positive("rope_theta", 10000.0), rope_scaling=_rope_scaling(r),
         moe_intermediate=r.get("moe_intermediate_size", int, 0),
-        routed_scaling_factor=r.get("routed_scaling_factor", float, 1.0),
+        routed_scaling_factor=r.positive("routed_scaling_factor", 1.0),
     )
 
 
@@ -356,7 +374,7 @@ def _parse_kimi_linear(raw: dict[str, Any], name: str, source: str) -> ModelConf
         attn_kinds=_layer_kinds(r, base["num_layers"]),
         mla_nope=r.get("mla_use_nope", bool, True),
         mla_output_gate=r.get("mla_use_output_gate", bool, False),
-        mla_lora_eps=r.get("mla_lora_norm_eps", float, 1e-6),
+        mla_lora_eps=r.positive("mla_lora_norm_eps", 1e-6),
         kda_heads=r.get("num_heads", int, 0), kda_head_dim=r.get("head_dim", int, 0),
         conv_size=r.get("short_conv_kernel_size", int, 4),
         gate_lower_bound=r.get("gate_lower_bound", float, -5.0),

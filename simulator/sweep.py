@@ -151,6 +151,7 @@ def write_outputs(sc: Scenario, rows: list[dict[str, Any]], summary: dict[str, A
     if plots and sc.outputs.get("plots"):
         from simulator.report.scenario_plots import scenario_plots
         files += scenario_plots(sc, rows, out)
-    summary_text = json.dumps(summary | {"files": [str(f) for f in files] + [str(out / "summary.json")]}, indent=2)
+    summary_text = json.dumps(summary | {"files": [str(f) for f in files] + [str(out / "summary.json")]}, indent=2,
+                              allow_nan=False)
     files.append(atomic_write(out / "summary.json", summary_text))
     return [str(f) for f in files]
