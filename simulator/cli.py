@@ -71,7 +71,7 @@ def check(
     Exit 0 when both variants are within the precision's tolerances, 1 when not.
     """
     from simulator.check import guard_memory, report_json, run_check
-    from simulator.config import load_model
+    from simulator.config import load_model, validate_tp
     from simulator.plans.kernel import DecodeShape
 
     def body() -> dict:
@@ -80,6 +80,7 @@ def check(
             raise UserError(f"--all-reduce '{all_reduce}' is not one of one_shot, two_shot, ring.")
         cfg = load_model(model)
         shape = DecodeShape(batch, tokens_per_seq, context)
+        validate_tp(cfg, tp)  # a layout that cannot shard is the first thing to say, before its memory
         guard_memory(cfg, layer.value, tp, shape)  # before any weight is generated
         checks = run_check(cfg, layer.value, tp, shape, precision.value, seed, all_reduce)
         return report_json(checks, precision.value, cfg, tp, shape)

@@ -81,6 +81,9 @@ CASES = {
     "cfg-layers-zero": (DS, deepseek(num_hidden_layers="0"), "'num_hidden_layers' = 0 must be an integer in [1, 10000]"),
     "cfg-layers-huge": (DS, deepseek(num_hidden_layers="1000000000"), "must be an integer in [1, 10000]"),
     "cfg-topk-zero": (DS, deepseek(num_experts_per_tok="0"), "'top_k' = 0 must be a positive integer"),
+    "cfg-gate-bound-nan": (K3, kimi(gate_lower_bound="NaN"), "'gate_lower_bound' = nan must be a finite"),
+    "cfg-rope-scaling-unknown-key": (DS, deepseek(rope_scaling='{"type": "yarn", "factor": 4, "original_max_position_embeddings": 64, '
+                                                               '"mscale_all_dim": 1, "truncate": false}'), "unknown key 'truncate'"),
     "cfg-hidden-2-20": (K3, kimi(hidden_size=str(2**20)), "this check needs about"),
     "cfg-rope-scaling-linear": (DS, deepseek(rope_scaling='{"type": "linear", "factor": 4.0}'), "only 'yarn' is modelled"),
     "cfg-rope-scaling-nan": (DS, deepseek(rope_scaling='{"type": "yarn", "factor": NaN, "original_max_position_embeddings": 64}'),
@@ -118,6 +121,7 @@ CASES = {
     "flag-batch-negative": ("step --batch -1", None, "--batch = -1 must be an integer in [1,"),
     "flag-tp-zero": ("layer --tp 0", None, "--tp = 0 must be an integer in [1,"),
     "flag-tp-not-dividing": ("check --tp 3", None, "TP = 3 does not divide"),
+    "flag-tp-huge-check": ("check --tp 2147483647", None, "TP = 2147483647 does not divide"),
     "flag-draft-negative": ("step --draft-tokens -1", None, "--draft-tokens = -1 must be an integer in [0,"),
     "flag-context-negative": ("layer --context -5", None, "--context = -5 must be an integer in [0,"),
     "flag-tokens-zero": ("ablation --tokens-per-seq 0", None, "--tokens-per-seq = 0 must be an integer in [1,"),
