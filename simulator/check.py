@@ -167,19 +167,19 @@ WEIGHT_COPY_BYTES = 12  # float32 container (4 B) + the float64 copy the referen
 STATE_COPIES = 6  # initial + reference (astype, update) + ranks' shards and their updates + unshard
 BUFFERS_PER_RANK = 12  # [M, widest]-sized float64 buffers a rank holds: stream, blocks, norms, partial sums, MoE rows
 SCRATCH_BYTES = 8  # per element of the largest weight while it is generated: float32 draw + scaled float32 copy
-SAFETY = 1.1  # the estimate sits ~8 % above the measured peak of the full-size check (see estimate_layer_bytes)
+BASELINE_BYTES = 200_000_000  # measured: `check --model tiny-k3 --batch 1` peaks at 184,532 kB (Python, NumPy, Numba, JIT code)
+SAFETY = 1.1  # the estimate sits ~9 % above the measured peak of the full-size check (see estimate_layer_bytes)
 
 
-def _layer_weight_elements(cfg: ModelConfig, layer_type: str, tokens: int) -> int:
-    """Elements of the weights one layer's check generates: its attention, its FFN, the touched experts."""
+def _layer_weight_sizes(cfg: ModelConfig, layer_type: str, tokens: int) -> list[int]:
+    """Element counts of the weights one layer's check generates: its attention, its FFN, the touched experts."""
     attn = cfg.attn_kinds[cfg.first_layer_of(layer_type)]
     ffn = ("dense.",) if layer_type == "dense" else ("router.", "shared.", "latent.")
-    used = [shape for name, (shape, _) in weight_table(cfg).items()
-            if "." not in name or name.startswith((f"{attn}.",) + ffn)]
-    total = sum(int(np.prod(shape, dtype=object)) for shape in used)
+    sizes = [int(np.prod(shape, dtype=object)) for name, (shape, _) in weight_table(cfg).items()
+             if "." not in name or name.startswith((f"{attn}.",) + ffn)]
     if layer_type != "dense":
-        total += min(cfg.num_experts, tokens * cfg.top_k) * 3 * cfg.expert_in_dim * cfg.moe_intermediate
-    return total
+        sizes += [cfg.expert_in_dim * cfg.moe_intermediate] * 3 * min(cfg.num_experts, tokens * cfg.top_k)
+    return sizes
 
 
 def _state_elements(cfg: ModelConfig, attn: str, tp: int, shape: DecodeShape) -> int:
@@ -194,19 +194,20 @@ def estimate_layer_bytes(cfg: ModelConfig, layer_type: str, tp: int, shape: Deco
 
     Calibration, `moe-sim check --model kimi-k3 --tp 16 --batch 1` (fp64, context 64): layer 0 (KDA
     attention + the 33,792-wide dense FFN) generates 1.17 G weight elements -> 14.0 GB of copies, plus
-    1.9 GB of scratch for its largest weight (7168 x 33792); the estimate is 17.6 GB with the 1.1 safety
-    factor against a measured peak RSS of 16.25 GB (15,873,100 kB, /usr/bin/time -v). On tiny-k3 the
-    state and buffer terms dominate and stay above the measured peaks (MLA --batch 8 --context 100000
-    --tp 4: 4.4 GB estimated, 3.4 GB measured; --batch 4000 KDA: 0.9 vs 0.75 GB).
+    1.9 GB of scratch for its largest weight (7168 x 33792); with the 1.1 safety factor and the 0.2 GB
+    interpreter baseline the estimate is 18.0 GB against a measured peak RSS of 16.25 GB (15,873,100 KiB,
+    /usr/bin/time -v); its MLA layer alone (--layer mla): 13.7 GB estimated, 11.9 GB measured. On
+    tiny-k3 the state and buffer terms dominate and stay above the measured peaks (MLA --batch 8
+    --context 100000 --tp 4: 4.4 GB estimated, 3.4 GB measured; KDA --batch 4000: 1.0 vs 0.75 GB; MLA
+    --batch 1000 --tokens-per-seq 8 --tp 16: 2.3 vs 1.4 GB; dense --batch 2000: 0.61 vs 0.45 GB).
     """
     attn = cfg.attn_kinds[cfg.first_layer_of(layer_type)]
-    elements = _layer_weight_elements(cfg, layer_type, shape.tokens)
-    largest = max(int(np.prod(shape_, dtype=object)) for shape_, _ in weight_table(cfg).values())
-    weights = WEIGHT_COPY_BYTES * elements + SCRATCH_BYTES * largest
+    sizes = _layer_weight_sizes(cfg, layer_type, shape.tokens)
+    weights = WEIGHT_COPY_BYTES * sum(sizes) + SCRATCH_BYTES * max(sizes)
     state = 8 * STATE_COPIES * _state_elements(cfg, attn, tp, shape)
     widest = max(cfg.hidden_size, cfg.expert_in_dim * cfg.top_k, cfg.dense_intermediate, cfg.shared_intermediate)
     buffers = 8 * BUFFERS_PER_RANK * (tp + 1) * shape.tokens * widest
-    return int(SAFETY * (weights + state + buffers))
+    return int(SAFETY * (weights + state + buffers)) + BASELINE_BYTES
 
 
 def available_memory() -> int:

@@ -39,9 +39,11 @@ class RopeScaling:
 
         mscale = 0.1 * mscale_all_dim * ln(factor) + 1,      softmax scale = (Dn + R)^-1/2 * mscale^2
 
-    (paper eq. 22, sqrt(1/t) = 0.1 ln(s) + 1; DeepSeek-V3 folds it into the softmax scale of every head,
+    (paper section 3.4: sqrt(1/t) = 0.1 ln(s) + 1; DeepSeek-V3 folds it into the softmax scale of every head,
     all dims, hence `mscale_all_dim`). DeepSeek-V3: factor 40, original 4096, beta 32 / 1, mscale 1, so
-    the scale goes from 192^-1/2 = 0.0722 to 0.0722 * (0.1 ln 40 + 1)^2 = 0.1352.
+    the scale goes from 192^-1/2 = 0.0722 to 0.0722 * (0.1 ln 40 + 1)^2 = 0.1352. Both corrections apply
+    whenever the config carries them, as in Hugging Face's DeepSeek-V3 attention (DeepSeek's own inference
+    script applies them only when its max_seq_len exceeds original_max; the checkpoint's config is the contract).
     """
 
     factor: float  # s: context stretch
