@@ -81,9 +81,9 @@ def check(
         cfg = load_model(model)
         shape = DecodeShape(batch, tokens_per_seq, context)
         validate_tp(cfg, tp)  # a layout that cannot shard is the first thing to say, before its memory
-        guard_memory(cfg, layer.value, tp, shape)  # before any weight is generated
+        need = guard_memory(cfg, layer.value, tp, shape)  # before any weight is generated
         checks = run_check(cfg, layer.value, tp, shape, precision.value, seed, all_reduce)
-        return report_json(checks, precision.value, cfg, tp, shape)
+        return report_json(checks, precision.value, cfg, tp, shape) | {"memory_estimate_gb": round(need / 1e9, 2)}
 
     doc = _guard(body)
     if as_json:

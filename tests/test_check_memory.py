@@ -3,6 +3,8 @@ sentence past what the machine has available."""
 
 from __future__ import annotations
 
+import json
+
 from typer.testing import CliRunner
 
 from simulator import check
@@ -29,3 +31,8 @@ def test_check_refuses_past_available_memory(monkeypatch):
 
 def test_available_memory_reads_the_machine():
     assert 0 < check.available_memory() < 1 << 50
+
+
+def test_check_json_reports_its_estimate():
+    doc = json.loads(runner.invoke(app, ["check", "--json"]).stdout)
+    assert 0.2 <= doc["memory_estimate_gb"] < 1.0  # tiny-k3: mostly the interpreter baseline
