@@ -1,13 +1,13 @@
 """Does one decode step fit? Bytes per GPU under TP: weights + MLA cache + KDA state + activations.
 
-    weights     = (sharded weights) / P + replicated weights       bf16 trunk, routed experts in their format
+    weights     = (sharded weights) / P + replicated weights       as each layer type's plan declares them
     mla_cache   = B x (context + T) x (Lkv + R) x 1 B x n_mla      FP8 latent, replicated on every rank
     kda_state   = B x n_kda x [(Nh/P) H H x 4 B + 3 (Nh/P) H (W-1) x 2 B]   FP32 state + BF16 conv history
     activations = M x [2 B x D x (blocks + 3) + widest per-rank intermediate]
 
 Replicated on every rank in the stock layout (reference/kimi_k3.md 1h): the router, the latent down /
-up projections and the MLA q_a / kv_a projection. Kimi K3 comes to 1.56 TB in all, 195 GB per GPU at
-TP8: more than an H200 (141 GB), B200 (180 GB) or GB200 (186 GB) holds, so TP8 on those needs pipeline
+up projections and the MLA q_a / kv_a projection. Kimi K3 comes to 1.56 TB in all, 205 GB per GPU at
+TP8 (1.56 TB / 8 plus the replicated weights): more than an H200 (141 GB), B200 (180 GB) or GB200 (186 GB) holds, so TP8 on those needs pipeline
 parallelism; the CLI still prices the TP8 layer (with a warning), a sweep skips the point.
 
 The cache and the state grow with the batch and the context and soon dominate: absorbed MLA keeps one

@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from simulator.cost.memory import shortfall
+
 
 def _console() -> Console:
     console = Console(highlight=False)
@@ -49,7 +51,6 @@ def _conditions(doc: dict[str, Any]) -> str:
 
 def _memory_line(con: Console, doc: dict[str, Any]) -> None:
     """Memory per GPU by part; a warning when it exceeds HBM (the cost shown is still the TP one)."""
-    from simulator.cost.memory import shortfall
     mem = doc["memory_gb"]
     if mem["fits"]:
         con.print(f"memory per GPU: {mem['total']:.1f} GB = weights {mem['weights']:.1f} + MLA cache "
