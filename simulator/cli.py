@@ -15,6 +15,7 @@ import typer
 
 from simulator.dtypes import PRECISIONS
 from simulator.errors import UserError
+from simulator.limits import check_flags
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Simulate one Kimi K3-class MoE decode step: numbers and microseconds.")
@@ -74,21 +75,24 @@ def check(
     Example: moe-sim check --model kimi-k3 --tp 16 --batch 1
     Exit 0 when both variants are within the precision's tolerances, 1 when not.
     """
-    from simulator.check import report_json, run_check
-    from simulator.config import load_model
+    from simulator.check import guard_memory, report_json, run_check
+    from simulator.config import load_model, validate_tp
     from simulator.plans.kernel import DecodeShape
 
     def body() -> dict:
+        check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context, seed=seed)
         if all_reduce not in ("one_shot", "two_shot", "ring"):
             raise UserError(f"--all-reduce '{all_reduce}' is not one of one_shot, two_shot, ring.")
         cfg = load_model(model)
         shape = DecodeShape(batch, tokens_per_seq, context)
+        validate_tp(cfg, tp)  # a layout that cannot shard is the first thing to say, before its memory
+        need = guard_memory(cfg, layer.value, tp, shape)  # before any weight is generated
         checks = run_check(cfg, layer.value, tp, shape, precision.value, seed, all_reduce)
-        return report_json(checks, precision.value, cfg, tp, shape)
+        return report_json(checks, precision.value, cfg, tp, shape) | {"memory_estimate_gb": round(need / 1e9, 2)}
 
     doc = _guard(body)
     if as_json:
-        typer.echo(json.dumps(doc, indent=2))
+        typer.echo(json.dumps(doc, indent=2, allow_nan=False))
     else:
         from simulator.report.tables import print_check
         print_check(doc)
@@ -103,7 +107,7 @@ EnableOpt = Annotated[Optional[list[str]], typer.Option("--enable-fusion", help=
 
 def _emit(doc: dict, as_json: bool, printer: Callable[[dict], None]) -> None:
     if as_json:
-        typer.echo(json.dumps(doc, indent=2))
+        typer.echo(json.dumps(doc, indent=2, allow_nan=False))
     else:
         printer(doc)
 
@@ -138,6 +142,7 @@ def layer(
 
     def body() -> dict:
         from simulator.ops.experts import RoutingStats
+        check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context)
         cfg, hw = load_model(model), load_hardware(hardware)
         routing = RoutingStats(expert_skew, draft_correlation)
         shape, fusions = DecodeShape(batch, tokens_per_seq, context, routing), fusion_set(disable_fusion, enable_fusion)
@@ -185,9 +190,8 @@ def step(
     from simulator.report.summary import fusion_set, step_report
 
     def body() -> dict:
+        check_flags(tp=tp, batch=batch, context=context, draft_tokens=draft_tokens, acceptance_length=acceptance_length)
         cfg, hw = load_model(model), load_hardware(hardware)
-        if batch < 1 or context < 0:
-            raise UserError(f"batch = {batch} must be >= 1 and context = {context} >= 0.")
         from simulator.ops.experts import RoutingStats
         return step_report(cfg, hw, tp, batch, context, draft_tokens, acceptance_length, variant.value, drafter,
                            fusion_set(disable_fusion, enable_fusion), RoutingStats(expert_skew, draft_correlation),
@@ -221,6 +225,7 @@ def trace(
     from simulator.report.trace import write_trace
 
     def body() -> str:
+        check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context)
         cfg, hw = load_model(model), load_hardware(hardware)
         shape = DecodeShape(batch, tokens_per_seq, context)
         if whole_step:
@@ -258,6 +263,8 @@ def ablation(
     from simulator.hardware import load_hardware
 
     def body() -> dict:
+        check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context,
+                    acceptance_length=acceptance_length)
         cfg, hw = load_model(model), load_hardware(hardware)
         from simulator.plans.common import make_dims
         from simulator.plans.kernel import DecodeShape
@@ -298,7 +305,8 @@ def run_cmd(
         typer.echo(f"interrupted after {stop.summary['rows']} rows; finished points written", err=True)
         raise typer.Exit(130) from None
     if as_json:
-        typer.echo(json.dumps({"summary": result["summary"], "rows": result["rows"]}, indent=2, default=str))
+        typer.echo(json.dumps({"summary": result["summary"], "rows": result["rows"]}, indent=2, default=str,
+                              allow_nan=False))
     else:
         from simulator.report.tables import print_run
         print_run(result)

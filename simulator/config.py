@@ -14,6 +14,7 @@ Only JSON is read, never executed. Every problem becomes one `UserError` sentenc
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,39 @@ LayerKind = Literal["kda", "mla"]
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 ACTIVATIONS = ("situ", "silu")
 EXPERT_DTYPES = ("mxfp4", "fp8", "bf16")
+MAX_LAYERS = 10_000  # sanity bound on num_hidden_layers; Llama 3.1 405B has 126, DeepSeek-V3 61, Kimi K3 93
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """YaRN context extension of RoPE (Peng et al. 2023, arXiv:2309.00071, section 3.2 "NTK-by-parts").
+
+    A model trained at `original_max` positions and stretched by `factor`: rotary pairs that turn more
+    than `beta_fast` times over `original_max` keep their frequency (extrapolated), pairs that turn fewer
+    than `beta_slow` times are interpolated (frequency / factor), and a linear ramp blends the band in
+    between (`simulator.ops.mla.rope_inv_freq`). Attention logits are sharpened by the temperature
+
+        mscale = 0.1 * mscale_all_dim * ln(factor) + 1,      softmax scale = (Dn + R)^-1/2 * mscale^2
+
+    (paper section 3.4: sqrt(1/t) = 0.1 ln(s) + 1; DeepSeek-V3 folds it into the softmax scale of every head,
+    all dims, hence `mscale_all_dim`). DeepSeek-V3: factor 40, original 4096, beta 32 / 1, mscale 1, so
+    the scale goes from 192^-1/2 = 0.0722 to 0.0722 * (0.1 ln 40 + 1)^2 = 0.1352. Both corrections apply
+    whenever the config carries them, as in Hugging Face's DeepSeek-V3 attention (DeepSeek's own inference
+    script applies them only when its max_seq_len exceeds original_max; the checkpoint's config is the contract).
+    """
+
+    factor: float  # s: context stretch
+    original_max: int  # L: original_max_position_embeddings
+    beta_fast: float = 32.0  # rotations above which a pair is extrapolated (unchanged)
+    beta_slow: float = 1.0  # rotations below which a pair is interpolated (frequency / s)
+    mscale_all_dim: float = 0.0  # 0: no logit temperature (Hugging Face's default)
+
+    @property
+    def softmax_mscale(self) -> float:
+        """mscale of the softmax scale; 1 when `factor` <= 1 or `mscale_all_dim` is 0."""
+        if self.factor <= 1 or not self.mscale_all_dim:
+            return 1.0
+        return 0.1 * self.mscale_all_dim * math.log(self.factor) + 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +107,7 @@ class ModelConfig:
     # --- residual stream ---
     attn_res_block: int  # Block AttnRes block size; 0 means a plain residual
     expert_dtype: str  # storage of routed experts: "mxfp4" | "fp8" | "bf16"
+    rope_scaling: RopeScaling | None = None  # YaRN; None: plain RoPE at rope_theta
     source: str = field(default="", compare=False)  # file the config came from
 
     def __post_init__(self) -> None:
@@ -86,6 +121,12 @@ class ModelConfig:
     @property
     def mla_qk_head_dim(self) -> int:
         return self.qk_nope_dim + self.qk_rope_dim
+
+    @property
+    def mla_softmax_scale(self) -> float:
+        """(Dn + R)^-1/2, times YaRN's mscale^2 when the config stretches RoPE (0.1352 for DeepSeek-V3)."""
+        mscale = self.rope_scaling.softmax_mscale if self.rope_scaling else 1.0
+        return self.mla_qk_head_dim ** -0.5 * mscale * mscale
 
     @property
     def kda_width(self) -> int:
@@ -142,8 +183,14 @@ def _validate(cfg: ModelConfig) -> None:
                  "kda_heads", "kda_head_dim", "conv_size", "dense_intermediate"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 0:
             raise _bad(cfg, name, "must be a non-negative integer")
-    if not cfg.rms_norm_eps > 0:
-        raise _bad(cfg, "rms_norm_eps", "must be positive")
+    for name in ("rms_norm_eps", "mla_lora_eps", "rope_theta", "situ_beta", "situ_linear_beta", "routed_scaling_factor"):
+        if not 0 < getattr(cfg, name) < math.inf:  # also refuses NaN, which fails every comparison
+            raise _bad(cfg, name, "must be a finite positive number")
+    if not math.isfinite(cfg.gate_lower_bound):
+        raise _bad(cfg, "gate_lower_bound", "must be a finite number")
+    if cfg.num_layers > MAX_LAYERS:
+        raise _bad(cfg, "num_layers", f"exceeds {MAX_LAYERS} (a sanity bound: the deepest public decoder stacks "
+                                      "have ~130 layers, and every layer is listed and looped over)")
     if cfg.hidden_act not in ACTIVATIONS:
         raise _bad(cfg, "hidden_act", f"is not a known activation (known: {', '.join(ACTIVATIONS)})")
     if cfg.router_act not in ("sigmoid", "softmax"):
@@ -180,6 +227,8 @@ def _validate_layers(cfg: ModelConfig) -> None:
         raise _bad(cfg, "dense_intermediate", "must be positive when dense layers exist")
     if not cfg.mla_nope and cfg.qk_rope_dim % 2:
         raise _bad(cfg, "qk_rope_dim", "must be even for RoPE")
+    if not cfg.mla_nope and cfg.rope_theta <= 1:
+        raise _bad(cfg, "rope_theta", "must exceed 1 for RoPE (frequencies theta^(-2i/R) must fall with i)")
 
 
 def validate_tp(cfg: ModelConfig, tp: int) -> None:
@@ -228,6 +277,15 @@ class _Reader:
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if not ok:
             raise UserError(f"{self.source}: field '{key}' = {value!r} should be of type {kind.__name__}.")
+        if kind is float and not math.isfinite(value):  # json reads NaN / Infinity / -Infinity as floats
+            raise UserError(f"{self.source}: field '{key}' = {value!r} must be a finite number.")
+        return value
+
+    def positive(self, key: str, default: float) -> float:
+        """A finite float > 0 (an eps, a temperature, a scaling factor), named by its JSON key when not."""
+        value = self.get(key, float, default)
+        if value <= 0:
+            raise UserError(f"{self.source}: field '{key}' = {value!r} must be positive.")
         return value
 
 
@@ -252,24 +310,61 @@ def _layer_kinds(r: _Reader, num_layers: int) -> tuple[str, ...]:
 
 def _common(r: _Reader, name: str, family: str) -> dict[str, Any]:
     num_layers = r.get("num_hidden_layers", int)
-    if num_layers <= 0:
-        raise UserError(f"{r.source}: field 'num_hidden_layers' = {num_layers} must be a positive integer.")
+    if not 0 < num_layers <= MAX_LAYERS:
+        raise UserError(f"{r.source}: field 'num_hidden_layers' = {num_layers} must be an integer in [1, {MAX_LAYERS}].")
     return dict(
         name=name, family=family, source=r.source,
         hidden_size=r.get("hidden_size", int), vocab_size=r.get("vocab_size", int),
-        num_layers=num_layers, rms_norm_eps=r.get("rms_norm_eps", float, 1e-6),
+        num_layers=num_layers, rms_norm_eps=r.positive("rms_norm_eps", 1e-6),
         first_k_dense=r.get("first_k_dense_replace", int, 0),
         dense_intermediate=r.get("intermediate_size", int, 0),
         hidden_act=r.get("hidden_act", str, "silu"),
-        situ_beta=r.get("activation_situ_beta", float, 4.0),
-        situ_linear_beta=r.get("activation_situ_linear_beta", float, 25.0),
+        situ_beta=r.positive("activation_situ_beta", 4.0),
+        situ_linear_beta=r.positive("activation_situ_linear_beta", 25.0),
         mla_heads=r.get("num_attention_heads", int), q_lora_rank=r.get("q_lora_rank", int),
         kv_lora_rank=r.get("kv_lora_rank", int), qk_nope_dim=r.get("qk_nope_head_dim", int),
         qk_rope_dim=r.get("qk_rope_head_dim", int), v_head_dim=r.get("v_head_dim", int),
-        rope_theta=r.get("rope_theta", float, 10000.0),
+        rope_theta=r.positive("rope_theta", 10000.0), rope_scaling=_rope_scaling(r),
         moe_intermediate=r.get("moe_intermediate_size", int, 0),
-        routed_scaling_factor=r.get("routed_scaling_factor", float, 1.0),
+        routed_scaling_factor=r.positive("routed_scaling_factor", 1.0),
     )
+
+
+YARN_KEYS = {"type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+             "mscale", "mscale_all_dim"}
+
+
+def _rope_scaling(r: _Reader) -> RopeScaling | None:
+    """`rope_scaling` as Hugging Face writes it; only YaRN is modelled, anything else is refused.
+
+    A key that would change the math and is not modelled (another type, an unknown key, a rotary
+    magnitude `mscale` different from `mscale_all_dim`) is an error, never silently dropped.
+    """
+    raw = r.get("rope_scaling", dict, None)
+    if raw is None:
+        return None
+    kind = raw.get("type", raw.get("rope_type"))
+    if kind != "yarn":
+        raise UserError(f"{r.source}: field 'rope_scaling' has type {kind!r}; only 'yarn' is modelled.")
+    unknown = sorted(set(raw) - YARN_KEYS)
+    if unknown:
+        raise UserError(f"{r.source}: field 'rope_scaling' has unknown key {unknown[0]!r} (known: "
+                        f"{', '.join(sorted(YARN_KEYS))}).")
+    y = _Reader(raw, f"{r.source} rope_scaling")
+    scaling = RopeScaling(factor=y.get("factor", float), original_max=y.get("original_max_position_embeddings", int),
+                          beta_fast=y.get("beta_fast", float, 32.0), beta_slow=y.get("beta_slow", float, 1.0),
+                          mscale_all_dim=y.get("mscale_all_dim", float, 0.0))
+    bad = [k for k, ok in (("factor", scaling.factor >= 1), ("original_max_position_embeddings", scaling.original_max > 0),
+                           ("beta_slow", 0 < scaling.beta_slow < scaling.beta_fast),
+                           ("mscale_all_dim", scaling.mscale_all_dim >= 0)) if not ok]  # NaN fails every test
+    if bad or not math.isfinite(scaling.factor * scaling.beta_fast * scaling.mscale_all_dim):
+        raise UserError(f"{r.source}: field 'rope_scaling' = {raw!r} is out of range: YaRN needs finite factor >= 1, "
+                        "original_max_position_embeddings > 0, 0 < beta_slow < beta_fast, mscale_all_dim >= 0.")
+    mscale = y.get("mscale", float, 1.0)  # Hugging Face defaults: mscale 1, mscale_all_dim 0
+    if mscale != scaling.mscale_all_dim:  # cos/sin would be scaled by get_mscale(mscale) / get_mscale(all_dim)
+        raise UserError(f"{r.source}: field 'rope_scaling' has mscale {mscale:g} != mscale_all_dim "
+                        f"{scaling.mscale_all_dim:g}; the rotary magnitude factor this implies is not modelled.")
+    return scaling
 
 
 def _parse_kimi_linear(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
@@ -281,7 +376,7 @@ def _parse_kimi_linear(raw: dict[str, Any], name: str, source: str) -> ModelConf
         attn_kinds=_layer_kinds(r, base["num_layers"]),
         mla_nope=r.get("mla_use_nope", bool, True),
         mla_output_gate=r.get("mla_use_output_gate", bool, False),
-        mla_lora_eps=r.get("mla_lora_norm_eps", float, 1e-6),
+        mla_lora_eps=r.positive("mla_lora_norm_eps", 1e-6),
         kda_heads=r.get("num_heads", int, 0), kda_head_dim=r.get("head_dim", int, 0),
         conv_size=r.get("short_conv_kernel_size", int, 4),
         gate_lower_bound=r.get("gate_lower_bound", float, -5.0),

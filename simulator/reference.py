@@ -79,19 +79,20 @@ def mla_reference(d: Dims, W, x: np.ndarray, state: LayerState) -> tuple[np.ndar
     old_pe = cache[:, :ctx, lkv:]
     theta = None if cfg.mla_nope else cfg.rope_theta
     if theta is not None:  # the cache holds rotated k_pe; the textbook form rotates inside attention
-        old_pe = mla_ops.rope(old_pe, -np.broadcast_to(np.arange(ctx), (B, ctx)), theta)
+        old_pe = mla_ops.rope(old_pe, -np.broadcast_to(np.arange(ctx), (B, ctx)), theta, cfg.rope_scaling)
     c_kv_all = np.concatenate([cache[:, :ctx, :lkv], c_kv.reshape(B, T, lkv)], axis=1)  # [B, S, Lkv]
     k_pe_all = np.concatenate([old_pe, k_pe.reshape(B, T, -1)], axis=1)  # [B, S, R]
     w_uk = W("mla.w_uk").reshape(lkv, N, cfg.qk_nope_dim).transpose(1, 2, 0)  # [N, Dn, Lkv]
     w_uv = W("mla.w_uv").reshape(lkv, N, cfg.v_head_dim).transpose(1, 0, 2)  # [N, Lkv, Dv]
     o = mla_ops.mla_attention_reference(c_q.reshape(B, T, -1), c_kv_all, k_pe_all, W("mla.w_qb"), w_uk, w_uv,
-                                        lengths, cfg.mla_qk_head_dim ** -0.5, rope_theta=theta)
+                                        lengths, cfg.mla_softmax_scale, rope_theta=theta,
+                                        rope_scaling=cfg.rope_scaling)
     o = o.reshape(B * T, N * cfg.v_head_dim)  # [M, N Dv]
     if cfg.mla_output_gate:
         o = o / (1.0 + np.exp(-(x @ W("mla.w_g"))))
     new_pe = k_pe.reshape(B, T, -1)
     if theta is not None:
-        new_pe = mla_ops.rope(new_pe, lengths[:, None] + np.arange(T)[None, :], theta)
+        new_pe = mla_ops.rope(new_pe, lengths[:, None] + np.arange(T)[None, :], theta, cfg.rope_scaling)
     new_cache = cache.copy()
     new_cache[:, ctx:ctx + T] = np.concatenate([c_kv.reshape(B, T, lkv), new_pe], axis=-1)
     return o @ W("mla.w_o"), {"mla.cache": new_cache, "mla.lengths": lengths + T}

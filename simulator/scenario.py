@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from simulator import limits
 from simulator.errors import UserError
 
 DEFAULTS: dict[str, Any] = {
@@ -105,8 +106,9 @@ def _check_value(path: str, text: str, table: str, key: str, value: Any) -> None
         raise _fail(path, text, table, key, f"= {value!r} should be {kinds}")
     if key in CHOICES and value not in CHOICES[key]:
         raise _fail(path, text, table, key, f"= {value!r} is not one of {', '.join(CHOICES[key])}")
-    if isinstance(value, (int, float)) and value < (0 if key in ("draft_tokens", "context") else 1):
-        raise _fail(path, text, table, key, f"= {value!r} is out of range")
+    why = limits.problem(key, value) if key in limits.LIMITS else None
+    if why:  # NaN and inf too: TOML has nan / inf literals
+        raise _fail(path, text, table, key, f"= {value!r} {why}")
 
 
 def _check_table(path: str, text: str, table: str, data: dict[str, Any], axis: bool) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from simulator.config import ModelConfig, load_model
+from simulator.cost.memory import memory_per_gpu, shortfall
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile, load_hardware
 from simulator.plans.kernel import DecodeShape
@@ -55,7 +56,7 @@ def _step_rows(point: dict[str, Any]) -> list[dict[str, Any]]:
                "tokens_per_s_per_user": v["tokens_per_s_per_user"], "kernels_per_step": v["kernels_per_step"],
                "speedup": doc.get("speedup"), "acceptance_length": doc["acceptance_length"]}
         row |= {f"{k}_ms": x for k, x in v["breakdown_ms"].items()}
-        rows.append(row | doc["memory"])
+        rows.append(row | _memory_columns(doc["memory_gb"]))
     return rows
 
 
@@ -65,16 +66,25 @@ def _layer_rows(point: dict[str, Any]) -> list[dict[str, Any]]:
                        _shape(point), point["layer"], point["variant"], _fusions(point))
     return [{"variant": variant, "kernel_count": v["kernel_count"], "layer_us": v["layer_us"],
              "floor_us": v["floor_us"], "hbm_mb": round(v["hbm_bytes"] / 1e6, 3), "speedup": doc.get("speedup")}
-            | doc["memory"] for variant, v in doc["variants"].items()]
+            | _memory_columns(doc["memory_gb"]) for variant, v in doc["variants"].items()]
+
+
+def _memory_columns(gb: dict[str, Any]) -> dict[str, Any]:
+    """The memory parts as CSV columns; a point that does not fit HBM becomes a skipped row saying why."""
+    if not gb["fits"]:
+        raise UserError(f"does not fit: {shortfall(gb)}")
+    return {f"memory_{k}_gb": v for k, v in gb.items() if k != "fits"}
 
 
 def _ablation_rows(point: dict[str, Any]) -> list[dict[str, Any]]:
     from simulator.cost.ablation import ablate
-    doc = ablate(_model(point["model"], point["precision"]), _hardware(point["hardware"]), point["tp"],
+    cfg, hw = _model(point["model"], point["precision"]), _hardware(point["hardware"])
+    doc = ablate(cfg, hw, point["tp"],
                  point["batch"], point["tokens_per_seq"], point["context"], point["layer"], point["acceptance_length"])
+    memory = _memory_columns(memory_per_gpu(cfg, hw.hbm_capacity, point["tp"], _shape(point)).as_gb())
     base = {"standard_layer_us": doc["standard"]["layer_us"], "specialized_layer_us": doc["specialized"]["layer_us"],
             "standard_step_ms": doc["standard"]["step_ms"], "specialized_step_ms": doc["specialized"]["step_ms"]}
-    return [{"variant": "specialized"} | r | base for r in doc["fusions"]]
+    return [{"variant": "specialized"} | r | base | memory for r in doc["fusions"]]
 
 
 def _shape(point: dict[str, Any]) -> DecodeShape:
@@ -151,6 +161,7 @@ def write_outputs(sc: Scenario, rows: list[dict[str, Any]], summary: dict[str, A
     if plots and sc.outputs.get("plots"):
         from simulator.report.scenario_plots import scenario_plots
         files += scenario_plots(sc, rows, out)
-    summary_text = json.dumps(summary | {"files": [str(f) for f in files] + [str(out / "summary.json")]}, indent=2)
+    summary_text = json.dumps(summary | {"files": [str(f) for f in files] + [str(out / "summary.json")]}, indent=2,
+                              allow_nan=False)
     files.append(atomic_write(out / "summary.json", summary_text))
     return [str(f) for f in files]

@@ -93,14 +93,23 @@ class LayerWeights:
 
 def weight_spec(cfg: ModelConfig, name: str) -> tuple[tuple[int, ...], str]:
     """Full shape and init kind of a named weight (the single table of weight names)."""
-    d, f_in = cfg.hidden_size, cfg.expert_in_dim
+    f_in = cfg.expert_in_dim
     if name.startswith("expert."):
         _, _, part = name.split(".")
         shape = (cfg.moe_intermediate, f_in) if part == "w_down" else (f_in, cfg.moe_intermediate)
         return shape, "expert"
+    table = weight_table(cfg)
+    if name not in table:
+        raise KeyError(f"unknown weight '{name}'")
+    return table[name]
+
+
+def weight_table(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (full shape, init kind) of every non-expert weight a layer may hold."""
+    d = cfg.hidden_size
     n, h = cfg.mla_heads, cfg.v_head_dim
     kn, kh, w = cfg.kda_heads, cfg.kda_head_dim, cfg.conv_size
-    table: dict[str, tuple[tuple[int, ...], str]] = {
+    return {
         # residual stream
         "attn_res_norm": ((d,), "norm"), "attn_res_proj": ((d,), "res_proj"),
         "mlp_res_norm": ((d,), "norm"), "mlp_res_proj": ((d,), "res_proj"),
@@ -134,9 +143,6 @@ def weight_spec(cfg: ModelConfig, name: str) -> tuple[tuple[int, ...], str]:
         "dense.w_up": ((d, cfg.dense_intermediate), "linear"),
         "dense.w_down": ((cfg.dense_intermediate, d), "linear"),
     }
-    if name not in table:
-        raise KeyError(f"unknown weight '{name}'")
-    return table[name]
 
 
 # ---------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def test_check_exit_1_when_out_of_tolerance(monkeypatch):
     (("check", "--tp", "3"), "does not divide"),
     (("check", "--batch", "-2"), "batch"),
     (("check", "--model", "no-such-model"), "unknown model"),
-    (("check", "--tokens-per-seq", "0"), "tokens_per_seq"),
+    (("check", "--tokens-per-seq", "0"), "--tokens-per-seq = 0"),
     (("check", "--all-reduce", "tree"), "all-reduce"),
     (("list", "gpus"), "cannot list"),
 ])

@@ -154,8 +154,8 @@ def test_memory_capacity(k3):
     assert weight_bytes_per_gpu(k3, 1) == pytest.approx(1.56e12, rel=0.02)  # the 1.56 TB checkpoint
     assert weight_bytes_per_gpu(k3, 16) < weight_bytes_per_gpu(k3, 8) < load_hardware("gb300").hbm_capacity
     r = runner.invoke(app, ["step", "--hardware", "h200", "--tp", "8", "--json"])
-    mem = json.loads(r.output)["memory"]
-    assert r.exit_code == 0 and not mem["fits_in_hbm"] and mem["weights_per_gpu_gb"] > mem["hbm_gb"]
+    mem = json.loads(r.output)["memory_gb"]
+    assert r.exit_code == 0 and not mem["fits"] and mem["weights"] > mem["capacity"]
     assert "pipeline" in runner.invoke(app, ["step", "--hardware", "h200", "--tp", "8"]).output
 
 

@@ -15,7 +15,7 @@ from simulator.plans.specialized import FUSIONS
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "scenarios").glob("*.toml"))
 runner = CliRunner()
-METRICS = {"step": {"step_ms", "tokens_per_s", "tokens_per_s_per_user", "speedup", "fits_in_hbm"},
+METRICS = {"step": {"step_ms", "tokens_per_s", "tokens_per_s_per_user", "speedup", "memory_total_gb"},
            "layer": {"layer_us", "floor_us", "kernel_count", "speedup"},
            "ablation": {"fusion", "add_one_layer_us", "remove_one_layer_us", "waterfall_layer_us", "waterfall_step_ms"}}
 

@@ -1,42 +1,121 @@
-"""Does the model fit? Weight bytes per GPU under TP, against HBM capacity.
+"""Does one decode step fit? Bytes per GPU under TP: weights + MLA cache + KDA state + activations.
 
-    per GPU = (sharded weights) / P + replicated weights            bf16 trunk, routed experts in their format
+    weights     = (sharded weights) / P + replicated weights       as each layer type's plan declares them
+    mla_cache   = B x (context + T) x (Lkv + R) x 1 B x n_mla      FP8 latent, replicated on every rank
+    kda_state   = B x n_kda x [(Nh/P) H H x 4 B + 3 (Nh/P) H (W-1) x 2 B]   FP32 state + BF16 conv history
+    activations = M x [2 B x D x (blocks + 3) + widest per-rank intermediate]
 
 Replicated on every rank in the stock layout (reference/kimi_k3.md 1h): the router, the latent down /
-up projections and the MLA q_a / kv_a projection. Kimi K3 comes to 1.56 TB in all, 195 GB per GPU at
-TP8: more than an H200 (141 GB), B200 (180 GB) or GB200 (186 GB) holds, so TP8 on those needs pipeline
-parallelism; the per-layer cost is still the TP8 one, which is why a misfit is a warning, not an error.
-KV cache and KDA state come on top (a few GB at batch 1).
+up projections and the MLA q_a / kv_a projection. Kimi K3 comes to 1.56 TB in all, 205 GB per GPU at
+TP8 (1.56 TB / 8 plus the replicated weights): more than an H200 (141 GB), B200 (180 GB) or GB200 (186 GB) holds, so TP8 on those needs pipeline
+parallelism; the CLI still prices the TP8 layer (with a warning), a sweep skips the point.
+
+The cache and the state grow with the batch and the context and soon dominate: absorbed MLA keeps one
+576-element latent per token per MLA layer (512 c_kv + 64 k_pe, FP8 in vLLM's `--kv-cache-dtype fp8`,
+reference/kimi_k3.md 1b), and every rank holds all of it because every rank's heads attend to the same
+latent. Kimi K3 at TP8, batch 64, context 131,072: 64 x 131,073 x 576 B x 24 layers = 116 GB per GPU.
+KDA's state is fixed-size per sequence: 96/8 heads x 128 x 128 x 4 B = 0.75 MiB per layer (ref 1c).
+
+Activations are modest: per token the residual stream and its AttnRes block snapshots in BF16, plus the
+widest intermediate one rank holds at once (the gathered expert rows and their gate/up output, the dense
+FFN's gate/up, or FP32 logits over V/P); about 0.3 MB per token for K3 at TP8. Not counted: the
+framework's workspace (CUDA graphs, NCCL buffers, allocator slack; vLLM reserves 10 % by default with
+gpu_memory_utilization = 0.9) and the drafter's weights.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
 from simulator.config import ModelConfig
-from simulator.plans.kernel import Tensor
+from simulator.cost.step import build_plan
+from simulator.plans.kernel import DTYPE_BYTES, DecodeShape, Tensor
+
+MLA_CACHE_DTYPE = "fp8"  # vLLM --kv-cache-dtype fp8, as in the Kimi K3 serving recipes (reference/kimi_k3.md 2)
+KDA_STATE_DTYPE, KDA_CONV_DTYPE = "fp32", "bf16"  # vLLM defaults (reference/kimi_k3.md 2, V-KDA)
 
 
-def _attention(cfg: ModelConfig, kind: str) -> tuple[int, int]:
-    """(sharded, replicated) parameter counts of one attention block."""
-    d = cfg.hidden_size
-    if kind == "kda":
-        c, h = cfg.kda_width, cfg.kda_head_dim
-        return 4 * d * c + h * c + d * cfg.kda_heads + c * d, d * h
-    n = cfg.mla_heads
-    sharded = cfg.q_lora_rank * n * cfg.mla_qk_head_dim + cfg.kv_lora_rank * n * (cfg.qk_nope_dim + cfg.v_head_dim)
-    sharded += (d * n * cfg.v_head_dim if cfg.mla_output_gate else 0) + n * cfg.v_head_dim * d
-    return sharded, d * (cfg.q_lora_rank + cfg.kv_lora_rank + cfg.qk_rope_dim)
-
-
+@lru_cache(maxsize=256)
 def weight_bytes_per_gpu(cfg: ModelConfig, tp: int) -> int:
-    d, total = cfg.hidden_size, 0
+    """Each layer type's weights x its layer count + the resident routed experts + embedding and LM head.
+
+    A layer's non-expert weights are the standard plan's own declarations, per rank (sharded weights
+    already F/P, replicated ones whole, norms and FP32 biases included), so the capacity check and the
+    bytes every kernel loads come from one truth. The plan declares only the experts a step touches;
+    all E are resident, each sharded F/P in its checkpoint format.
+    """
     expert = Tensor("e", (3 * cfg.expert_in_dim * cfg.moe_intermediate,), cfg.expert_dtype).nbytes if cfg.has_moe else 0
-    for layer in range(cfg.num_layers):
-        sharded, replicated = _attention(cfg, cfg.attn_kinds[layer])
-        if cfg.layer_type(layer) == "dense":
-            sharded += 3 * d * cfg.dense_intermediate
-        else:
-            sharded += 3 * d * cfg.shared_intermediate
-            replicated += d * cfg.num_experts + 2 * d * cfg.latent_dim
-            total += cfg.num_experts * expert // tp
-        total += 2 * (sharded // tp + replicated)
-    return total + 2 * (2 * cfg.vocab_size * d) // tp  # embedding + LM head, vocab-sharded
+    total = 0
+    for layer_type, count in cfg.layer_counts().items():
+        if count:
+            plan = build_plan(cfg, "standard", tp, DecodeShape(1, 1, 0), layer_type)
+            declared = {t.name: t.nbytes for k in plan for t in k.weights if not t.name.startswith("experts.")}
+            total += count * (sum(declared.values()) + (cfg.num_experts * expert // tp if layer_type != "dense" else 0))
+    return total + 2 * (2 * cfg.vocab_size * cfg.hidden_size) // tp  # embedding + LM head, vocab-sharded
+
+
+def mla_cache_bytes_per_gpu(cfg: ModelConfig, shape: DecodeShape) -> int:
+    """Latent cache rows B x (context + T), (Lkv + R) elements each, every MLA layer, on every rank."""
+    n_mla = cfg.attn_kinds.count("mla")
+    rows = shape.batch * (shape.context + shape.tokens_per_seq)
+    return int(rows * (cfg.kv_lora_rank + cfg.qk_rope_dim) * DTYPE_BYTES[MLA_CACHE_DTYPE] * n_mla)
+
+
+def kda_state_bytes_per_gpu(cfg: ModelConfig, tp: int, shape: DecodeShape) -> int:
+    """Recurrent state [Nh/P, H, H] plus conv history [3 Nh/P H, W-1] per sequence per KDA layer."""
+    n_kda = cfg.attn_kinds.count("kda")
+    if not n_kda:
+        return 0
+    heads, h = cfg.kda_heads // tp, cfg.kda_head_dim
+    state = heads * h * h * DTYPE_BYTES[KDA_STATE_DTYPE]
+    conv = 3 * heads * h * (cfg.conv_size - 1) * DTYPE_BYTES[KDA_CONV_DTYPE]
+    return int(shape.batch * n_kda * (state + conv))
+
+
+def activation_bytes_per_gpu(cfg: ModelConfig, tp: int, shape: DecodeShape) -> int:
+    """M tokens x (BF16 stream + block snapshots + the widest per-rank intermediate held at once)."""
+    blocks = math.ceil(cfg.num_layers / cfg.attn_res_block) if cfg.attn_res_block else 0
+    stream = 2 * cfg.hidden_size * (blocks + 3)  # snapshots + prefix + pending delta + normed input
+    moe = 2 * cfg.top_k * (cfg.expert_in_dim + 2 * cfg.moe_intermediate // tp) if cfg.has_moe else 0
+    dense = 2 * 2 * cfg.dense_intermediate // tp
+    logits = 4 * cfg.vocab_size // tp
+    return int(shape.tokens * (stream + max(moe, dense, logits)))
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPerGPU:
+    """Bytes one GPU holds for a decode step, by part, against its HBM capacity."""
+
+    weights: int
+    mla_cache: int
+    kda_state: int
+    activations: int
+    capacity: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.mla_cache + self.kda_state + self.activations
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def as_gb(self) -> dict[str, float | bool]:
+        parts = ("weights", "mla_cache", "kda_state", "activations", "total", "capacity")
+        return {k: round(getattr(self, k) / 1e9, 3) for k in parts} | {"fits": self.fits}  # MB resolution
+
+
+def shortfall(gb: dict[str, float | bool]) -> str:
+    """One clause for warnings and skipped sweep rows, from `MemoryPerGPU.as_gb()`: the parts in GB."""
+    return (f"needs {gb['total']:.1f} GB per GPU (weights {gb['weights']:.1f} + MLA cache {gb['mla_cache']:.1f} "
+            f"+ KDA state {gb['kda_state']:.1f} + activations {gb['activations']:.2f}), more than the "
+            f"{gb['capacity']:.0f} GB of HBM")
+
+
+def memory_per_gpu(cfg: ModelConfig, hbm_capacity: float, tp: int, shape: DecodeShape) -> MemoryPerGPU:
+    """Every part of one GPU's memory for `shape` (T = tokens per sequence in this forward)."""
+    return MemoryPerGPU(weight_bytes_per_gpu(cfg, tp), mla_cache_bytes_per_gpu(cfg, shape),
+                        kda_state_bytes_per_gpu(cfg, tp, shape), activation_bytes_per_gpu(cfg, tp, shape),
+                        int(hbm_capacity))

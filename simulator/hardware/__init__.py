@@ -26,6 +26,7 @@ fraction in (0, 1]. Bus bandwidths (`beta_*`) follow the nccl-tests busbw conven
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,8 +186,10 @@ def _constant(data: dict[str, Any], key: str, where: str) -> tuple[float | int, 
     if isinstance(value, bool) or not isinstance(value, wanted):
         kind = "an integer" if key in INTEGER_KEYS else "a number"
         raise UserError(f"Hardware profile {where}: {key!r} value must be {kind}.")
+    if not math.isfinite(value):  # TOML has nan and inf literals
+        raise UserError(f"Hardware profile {where}: {key!r} value = {value} must be a finite number.")
     if value < 0 or (value == 0 and not key.startswith("launch_gap")):
-        raise UserError(f"Hardware profile {where}: {key!r} must be positive.")
+        raise UserError(f"Hardware profile {where}: {key!r} value = {value} must be positive.")
     fit = _fit(entry, key, where)
     if fit and not fit.low <= value <= fit.high:
         raise UserError(f"Hardware profile {where}: fitted {key!r} = {value} lies outside its range "
@@ -199,7 +202,7 @@ def _fit(entry: dict[str, Any], key: str, where: str) -> Fit | None:
         return None
     bounds = entry.get("range")
     ok = isinstance(bounds, list) and len(bounds) == 2 and all(
-        isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+        isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) for b in bounds)
     texts = all(isinstance(entry.get(k), str) and entry[k].strip() for k in ("fitted_to", "range_source"))
     if not ok or not texts or bounds[0] > bounds[1]:
         raise UserError(f"Hardware profile {where}: fitted {key!r} needs fitted_to, range = [low, high] "

@@ -21,7 +21,8 @@ Dv value head dim (128), L latent (kv_lora_rank, 512), Rq q latent (q_lora_rank,
 
 What differs from DeepSeek's MLA (reference/kimi_k3.md section 1b):
 - Kimi K3 is NoPE: the R "rope" dims are projected, cached and scored but never rotated, so
-  `rope` is only called for DeepSeek-style models; the scale stays (Dn + R)^-1/2 = 192^-1/2;
+  `rope` is only called for DeepSeek-style models; the scale stays (Dn + R)^-1/2 = 192^-1/2
+  (DeepSeek-V3's YaRN multiplies it by mscale^2 = 1.87 and corrects the frequencies: `rope_inv_freq`);
 - the LoRA RMSNorms use eps 1e-6 (first-party) and the kv norm covers the latent only, not k_pe;
 - the output gate sigmoid(g_proj x) multiplies o before o_proj, with no norm (done by the plan).
 
@@ -34,6 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+
+from simulator.config import RopeScaling
 
 Array = npt.NDArray[np.floating]
 KV_TILE = 64  # cache positions per tile of the fused kernel (FlashMLA's page/block size)
@@ -70,15 +73,43 @@ def mla_qkv_a_norm(
     return c_q, c_kv, kv_a[..., kv_lora:].copy()  # ..., [B, T, R]
 
 
-def rope(x: Array, positions: Array, theta: float) -> Array:
-    """Rotary embedding in the "half" layout: pairs (x[i], x[i + R/2]) rotate by positions * theta^(-2i/R).
+def rope_inv_freq(R: int, theta: float, scaling: RopeScaling | None = None) -> Array:
+    """Rotary frequency of each pair i < R/2: theta^(-2i/R), with YaRN's "NTK-by-parts" correction.
 
+    YaRN (arXiv:2309.00071 section 3.2) counts how often pair i turns over the original context L,
+    r_i = L / (2 pi / f_i). Solving r_i = beta for i gives the correction dim
+
+        i(beta) = R ln(L / (2 pi beta)) / (2 ln theta)
+
+    pairs below floor(i(beta_fast)) turn fast (> 32 times) and keep f_i (extrapolation); pairs from
+    ceil(i(beta_slow)) on turn less than once and get f_i / factor (interpolation); a linear ramp
+    blends the two in between (DeepSeek-V3's R = 64, theta 1e4, L = 4096: pairs 0-9 kept, 23-31 / 40).
+    -> [R/2] float64.
+    """
+    inv_freq = float(theta) ** (-np.arange(0, R, 2, dtype=np.float64) / R)  # [R/2]
+    if scaling is None:
+        return inv_freq
+    low = max(np.floor(_correction_dim(R, theta, scaling.original_max, scaling.beta_fast)), 0.0)
+    high = min(np.ceil(_correction_dim(R, theta, scaling.original_max, scaling.beta_slow)), R - 1.0)
+    ramp = np.clip((np.arange(R // 2) - low) / max(high - low, 1e-3), 0.0, 1.0)  # 0 extrapolate .. 1 interpolate
+    return inv_freq / scaling.factor * ramp + inv_freq * (1.0 - ramp)  # [R/2]
+
+
+def _correction_dim(R: int, theta: float, original_max: int, beta: float) -> float:
+    """The (fractional) pair index that turns `beta` times over `original_max` positions."""
+    return R * np.log(original_max / (2 * np.pi * beta)) / (2 * np.log(theta))
+
+
+def rope(x: Array, positions: Array, theta: float, scaling: RopeScaling | None = None) -> Array:
+    """Rotary embedding in the "half" layout: pairs (x[i], x[i + R/2]) rotate by positions * f_i.
+
+    f_i = theta^(-2i/R), YaRN-corrected when `scaling` is given (`rope_inv_freq`).
     x [B, T, (N,) R], positions [B, T] ints -> same shape as x. Angles are computed in float64 (a cos/sin
     table, as kernels precompute) and cast to x's dtype, so position 1M does not lose precision.
     """
     R = x.shape[-1]
     assert R % 2 == 0, f"rope dim must be even, got {R}"
-    inv_freq = float(theta) ** (-np.arange(0, R, 2, dtype=np.float64) / R)  # [R/2]
+    inv_freq = rope_inv_freq(R, theta, scaling)  # [R/2]
     angles = np.asarray(positions, np.float64)[..., None] * inv_freq  # [B, T, R/2]
     angles = angles.reshape(angles.shape[:2] + (1,) * (x.ndim - 3) + (R // 2,))  # [B, T, (1,) R/2]
     cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
@@ -99,13 +130,14 @@ def mla_uv(o_lat: Array, w_uv: Array) -> Array:
 # ============================================================================ textbook oracle
 def mla_attention_reference(
     c_q: Array, c_kv_all: Array, k_pe_all: Array, w_qb: Array, w_uk: Array, w_uv: Array,
-    lengths: Array, scale: float, *, rope_theta: float | None = None,
+    lengths: Array, scale: float, *, rope_theta: float | None = None, rope_scaling: RopeScaling | None = None,
 ) -> Array:
     """Non-absorbed MLA: up-project per-head keys and values from the latent, then plain attention.
 
     c_q [B, T, Rq] (normed), c_kv_all [B, S, L] (normed) and k_pe_all [B, S, R] (*unrotated*) for every
     cache position, w_qb [Rq, N*(Dn+R)] (per head [nope | pe]), w_uk [N, Dn, L], w_uv [N, L, Dv],
-    lengths [B]. With rope_theta, q_pe rotates at positions lengths[b] + t and k_pe at s.
+    lengths [B]. With rope_theta, q_pe rotates at positions lengths[b] + t and k_pe at s (YaRN-corrected
+    frequencies with rope_scaling; its softmax mscale is already inside `scale`).
     Returns o [B, T, N, Dv] (before the output gate and o_proj).
     """
     B, T, _ = c_q.shape
@@ -116,8 +148,8 @@ def mla_attention_reference(
     v = np.einsum("bsl,nlv->bsnv", c_kv_all, w_uv)  # [B, S, N, Dv]
     q_pe, k_pe = q[..., Dn:], k_pe_all[:, :, None, :]  # [B, T, N, R], [B, S, 1, R]: one k_pe for all heads
     if rope_theta is not None:
-        q_pe = rope(q_pe, lengths[:, None] + np.arange(T), rope_theta)
-        k_pe = rope(k_pe, np.broadcast_to(np.arange(k_pe.shape[1]), k_pe.shape[:2]), rope_theta)
+        q_pe = rope(q_pe, lengths[:, None] + np.arange(T), rope_theta, rope_scaling)
+        k_pe = rope(k_pe, np.broadcast_to(np.arange(k_pe.shape[1]), k_pe.shape[:2]), rope_theta, rope_scaling)
     q = np.concatenate([q[..., :Dn], q_pe], axis=-1)  # [B, T, N, Dn+R]
     k = np.concatenate([k_nope, np.broadcast_to(k_pe, k_nope.shape[:3] + k_pe.shape[3:])], axis=-1)
     o = np.empty((B, T, N, w_uv.shape[2]), np.result_type(q, k, v))  # [B, T, N, Dv]

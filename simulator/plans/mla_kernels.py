@@ -134,7 +134,8 @@ def mla_cache_insert(d: Dims) -> Kernel:
         k_pe = b["mla.kpe"].reshape(B, T, r)
         pos = b["mla.lengths"][:, None] + np.arange(T)[None, :]  # [B, T]
         if not cfg.mla_nope:
-            q_pe, k_pe = mla_ops.rope(q_pe, pos, cfg.rope_theta), mla_ops.rope(k_pe, pos, cfg.rope_theta)
+            q_pe = mla_ops.rope(q_pe, pos, cfg.rope_theta, cfg.rope_scaling)
+            k_pe = mla_ops.rope(k_pe, pos, cfg.rope_theta, cfg.rope_scaling)
         new = np.concatenate([b["mla.ckv"].reshape(B, T, lkv), k_pe], axis=-1)  # [B, T, Lkv+R]
         cache = b["mla.cache"].copy()
         cache[np.arange(B)[:, None], pos] = new
@@ -158,7 +159,7 @@ def mla_decode(d: Dims) -> Kernel:
         b = rank.buf
         q = b["mla.qcat"].reshape(B, d.shape.tokens_per_seq, Nh, lkv + r)
         o = mla_ops.mla_decode_attention(q[..., :lkv], q[..., lkv:], b["mla.cache"], b["mla.lengths"],
-                                         cfg.mla_qk_head_dim ** -0.5)
+                                         cfg.mla_softmax_scale)
         b["mla.olat"] = o.reshape(M, Nh, lkv)
 
     return Kernel(key="mla_decode", name="trtllm_gen_mla_decode", kind="attention",

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from simulator.config import ModelConfig
-from simulator.cost.memory import weight_bytes_per_gpu
+from simulator.cost.memory import memory_per_gpu
 from simulator.cost.step import StepEstimate, build_plan, estimate_step, head_plan, representative_layer
 from simulator.cost.timeline import Span, Timeline, schedule
 from simulator.hardware import HardwareProfile
@@ -31,11 +31,9 @@ def fusion_set(disable: list[str] | None = None, enable: list[str] | None = None
     return resolve_fusions(base | set(enable or ()))
 
 
-def capacity(cfg: ModelConfig, hw: HardwareProfile, tp: int) -> dict[str, Any]:
-    """Weights per GPU against HBM: a misfit means pipeline parallelism is needed (a warning, not an error)."""
-    need = weight_bytes_per_gpu(cfg, tp)
-    return {"weights_per_gpu_gb": round(need / 1e9, 1), "hbm_gb": round(hw.hbm_capacity / 1e9, 1),
-            "fits_in_hbm": bool(need < hw.hbm_capacity)}
+def capacity(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape) -> dict[str, Any]:
+    """Memory per GPU by part (GB) against HBM; a misfit is a warning here and a skipped row in a sweep."""
+    return memory_per_gpu(cfg, hw.hbm_capacity, tp, shape).as_gb()
 
 
 def _span_row(span: Span) -> dict[str, Any]:
@@ -62,7 +60,7 @@ def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeSh
         "tokens_per_seq": shape.tokens_per_seq, "tokens": shape.tokens, "context": shape.context,
         "layer": layer_type, "layer_index": representative_layer(cfg, layer_type),
         "fusions": sorted(fusions if fusions is not None else resolve_fusions()),
-        "memory": capacity(cfg, hw, tp),
+        "memory_gb": capacity(cfg, hw, tp, shape),
         "variants": {v: {"kernel_count": tl.kernel_count, "layer_us": round(tl.layer_us, 3),
                          "floor_us": round(tl.floor_us, 3), "hbm_bytes": int(tl.hbm_bytes),
                          "kernels": [_span_row(s) for s in tl.spans]} for v, tl in tls.items()},
@@ -90,7 +88,7 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
         "metric": STEP_METRIC, "model": cfg.name, "hardware": hw.name, "tp": tp, "batch": batch,
         "context": context, "draft_tokens": draft_tokens, "acceptance_length": first.tokens_per_step,
         "drafter": drafter if draft_tokens else None, "layer_counts": cfg.layer_counts(),
-        "memory": capacity(cfg, hw, tp),
+        "memory_gb": capacity(cfg, hw, tp, DecodeShape(batch, 1 + draft_tokens, context)),
         "variants": {v: _step_row(e) for v, e in ests.items()},
     }
     doc["routing"] = {"expert_skew": routing.skew, "draft_correlation": routing.draft_correlation}

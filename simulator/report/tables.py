@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from simulator.cost.memory import shortfall
+
 
 def _console() -> Console:
     console = Console(highlight=False)
@@ -47,17 +49,21 @@ def _conditions(doc: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def _memory_warning(con: Console, doc: dict[str, Any]) -> None:
-    mem = doc["memory"]
-    if not mem["fits_in_hbm"]:
-        con.print(f"warning: {doc['model']} needs {mem['weights_per_gpu_gb']:.0f} GB of weights per GPU at TP{doc['tp']}, "
-                  f"more than the {mem['hbm_gb']:.0f} GB of a {doc['hardware']}: this layout also needs pipeline "
-                  "parallelism (the per-layer cost shown is the TP one)")
+def _memory_line(con: Console, doc: dict[str, Any]) -> None:
+    """Memory per GPU by part; a warning when it exceeds HBM (the cost shown is still the TP one)."""
+    mem = doc["memory_gb"]
+    if mem["fits"]:
+        con.print(f"memory per GPU: {mem['total']:.1f} GB = weights {mem['weights']:.1f} + MLA cache "
+                  f"{mem['mla_cache']:.2f} + KDA state {mem['kda_state']:.2f} + activations {mem['activations']:.2f}, "
+                  f"of {mem['capacity']:.0f} GB HBM")
+    else:
+        con.print(f"warning: {doc['model']} at TP{doc['tp']} on {doc['hardware']} {shortfall(mem)}: this layout needs "
+                  "pipeline parallelism or a smaller batch or context (the per-layer cost shown is the TP one)")
 
 
 def print_layer(doc: dict[str, Any]) -> None:
     con = _console()
-    _memory_warning(con, doc)
+    _memory_line(con, doc)
     con.print(f"{doc['layer'].upper()} layer (#{doc['layer_index']})  " + _conditions(doc))
     con.print(f"metric: {doc['metric']}")
     for name, v in doc["variants"].items():
@@ -77,7 +83,7 @@ def print_layer(doc: dict[str, Any]) -> None:
 
 def print_step(doc: dict[str, Any]) -> None:
     con = _console()
-    _memory_warning(con, doc)
+    _memory_line(con, doc)
     con.print("decode step  " + _conditions(doc))
     con.print(f"metric: {doc['metric']}")
     keys = list(next(iter(doc["variants"].values()))["breakdown_ms"])
@@ -123,7 +129,7 @@ def print_ablation(doc: dict[str, Any]) -> None:
 
 
 RUN_METRICS = {
-    "step": ("step_ms", "tokens_per_s", "tokens_per_s_per_user", "speedup", "fits_in_hbm"),
+    "step": ("step_ms", "tokens_per_s", "tokens_per_s_per_user", "speedup", "memory_total_gb"),
     "layer": ("kernel_count", "layer_us", "floor_us", "hbm_mb", "speedup"),
     "ablation": ("fusion", "kernels_saved", "add_one_layer_us", "remove_one_layer_us", "waterfall_layer_us",
                  "waterfall_step_ms"),

@@ -73,4 +73,4 @@ def _prefetch(pid: int, tid: int, span: Span) -> Event:
 def write_trace(path: str | Path, timelines: Timeline | Iterable[Timeline] | Mapping[str, Any]) -> Path:
     """Write the trace (or an already built trace dict) atomically: a temp file, then os.replace."""
     trace = timelines if isinstance(timelines, Mapping) else chrome_trace(timelines)
-    return atomic_write(path, json.dumps(trace))
+    return atomic_write(path, json.dumps(trace, allow_nan=False))
