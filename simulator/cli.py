@@ -258,7 +258,7 @@ def ablation(
 
 @app.command("run")
 def run_cmd(
-    scenario: Annotated[str, typer.Argument(help="Scenario TOML file (see scenarios/).")],
+    scenario: Annotated[str, typer.Argument(help="Scenario TOML file, or the name of a shipped one (see `moe-sim list scenarios`).")],
     out: Annotated[Optional[str], typer.Option("--out", help="Folder for points.csv, summary.json and the plots.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Cut every sweep axis to its first and last value.")] = False,
     as_json: JsonOpt = False,
@@ -305,8 +305,8 @@ def _progress_bar(total: int) -> Callable[[int, int], None] | None:
 
 
 @app.command("list")
-def list_cmd(what: Annotated[str, typer.Argument(help="models or hardware")] = "models") -> None:
-    """List the bundled model configs or hardware profiles."""
+def list_cmd(what: Annotated[str, typer.Argument(help="models, hardware or scenarios")] = "models") -> None:
+    """List the bundled model configs, hardware profiles or scenarios (each usable by name)."""
     def body() -> list[str]:
         if what == "models":
             from simulator.config import list_models
@@ -314,7 +314,10 @@ def list_cmd(what: Annotated[str, typer.Argument(help="models or hardware")] = "
         if what == "hardware":
             from simulator.hardware import list_hardware
             return list_hardware()
-        raise UserError(f"cannot list '{what}': choose models or hardware.")
+        if what == "scenarios":
+            from simulator.scenario import list_scenarios
+            return list_scenarios()
+        raise UserError(f"cannot list '{what}': choose models, hardware or scenarios.")
     for name in _guard(body):
         typer.echo(name)
 

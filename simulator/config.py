@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from simulator.errors import UserError
+from simulator.paths import data_dir
 
 LayerKind = Literal["kda", "mla"]
-MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+MODELS_DIR = data_dir("models")
 ACTIVATIONS = ("situ", "silu")
 EXPERT_DTYPES = ("mxfp4", "fp8", "bf16")
 

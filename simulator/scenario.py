@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from simulator.errors import UserError
+from simulator.paths import data_dir
 
 DEFAULTS: dict[str, Any] = {
     "model": "kimi-k3", "hardware": "gb300", "tp": 16, "batch": 1, "tokens_per_seq": 1, "draft_tokens": 0,
@@ -52,6 +53,7 @@ PLOTS: dict[str, tuple[str, ...]] = {
 }
 OUTPUT_KEYS = {"plots": list, "x": str, "y": str, "group": str, "logx": bool}
 TOP_KEYS = {"question": str, "kind": str, "base": dict, "sweep": dict, "outputs": dict}
+SCENARIOS_DIR = data_dir("scenarios")
 
 
 @dataclass(frozen=True)
@@ -145,13 +147,31 @@ def _check_names(path: str, text: str, sc_base: dict[str, Any], sweep: dict[str,
                 raise _fail(path, text, table, key, f"= {value!r} cannot be used ({exc})") from None
 
 
+def list_scenarios() -> list[str]:
+    return sorted(p.stem for p in SCENARIOS_DIR.glob("*.toml"))
+
+
+def scenario_path(name_or_path: str | Path) -> Path:
+    """A scenario file: a path, or a shipped scenario by name (`batch-sweep`, `scenarios/batch-sweep.toml`)."""
+    p = Path(name_or_path)
+    if p.exists() or p.parent.name not in ("", "scenarios"):
+        return p
+    if p.stem in list_scenarios() and p.suffix in ("", ".toml"):
+        return SCENARIOS_DIR / f"{p.stem}.toml"
+    raise UserError(f"scenario '{name_or_path}' is not a file and not one of {', '.join(list_scenarios())}.")
+
+
 def load_scenario(path: str | Path) -> Scenario:
-    p = Path(path)
+    p = scenario_path(path)
     try:
         text = p.read_text(encoding="utf-8")
         raw = tomllib.loads(text)
     except FileNotFoundError:
         raise UserError(f"scenario file {p} does not exist.") from None
+    except IsADirectoryError:
+        raise UserError(f"scenario {p} is a folder: name one TOML file in it (see `moe-sim list scenarios`).") from None
+    except OSError as exc:
+        raise UserError(f"scenario file {p} cannot be read ({exc.strerror}).") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{p}: not valid TOML ({exc}).") from None
     for key, value in raw.items():

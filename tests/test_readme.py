@@ -20,10 +20,17 @@ def _block_after(heading: str) -> list[str]:
 
 def test_exactly_two_set_up_commands():
     install, tests = _block_after("## Set up")
-    assert "pip install -e" in install and "moe-sim" in install
+    assert install.strip() == 'python -m pip install -e ".[test]" && moe-sim layer', "no extra beyond the tests'"
     assert tests.strip() == "python -m pytest"
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "python -m pytest" in ci and 'pip install --quiet -e ".[test,plots]"' in ci
+    assert "python -m pytest" in ci and 'pip install --quiet -e ".[test]"' in ci
+
+
+def test_ci_builds_installs_and_runs_the_wheel_outside_the_clone():
+    ci = (ROOT / ".ci" / "run").read_text()
+    for step in ("pip wheel", 'python3 -m venv "$scratch/venv"', 'cd "$scratch"', "moe-sim\" list models",
+                 "moe-sim\" run batch-sweep"):
+        assert step in ci, step
 
 
 def test_pictures_exist():
