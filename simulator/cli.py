@@ -15,6 +15,7 @@ import typer
 
 from simulator.dtypes import PRECISIONS
 from simulator.errors import UserError
+from simulator.report.files import output_dir, output_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Simulate one Kimi K3-class MoE decode step: numbers and microseconds.")
@@ -43,12 +44,16 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document i
 
 
 def _guard(fn: Callable[[], Any]) -> Any:
-    """Run a command body; a UserError becomes one sentence on stderr and exit code 2."""
+    """Run a command body; a UserError becomes one sentence on stderr and exit code 2, Ctrl-C one line
+    and exit code 130 (click alone would print 'Aborted!' and exit 1)."""
     try:
         return fn()
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt as exc:
+        typer.echo(str(exc) or "interrupted", err=True)
+        raise typer.Exit(130) from None
 
 
 @app.command()
@@ -130,10 +135,12 @@ def layer(
     from simulator.report.summary import fusion_set, layer_report
 
     def body() -> dict:
+        if plot_dir is not None:
+            output_dir(plot_dir, "--plot")
         cfg, hw = load_model(model), load_hardware(hardware)
         shape, fusions = DecodeShape(batch, tokens_per_seq, context), fusion_set(disable_fusion, enable_fusion)
         doc = layer_report(cfg, hw, tp, shape, layer_type.value, variant.value, fusions)
-        if plot_dir:
+        if plot_dir is not None:
             from simulator.report.scenario_plots import layer_plots
             doc["plots"] = [str(p) for p in layer_plots(doc, cfg, hw, tp, shape, layer_type.value, variant.value,
                                                        fusions, plot_dir)]
@@ -205,6 +212,7 @@ def trace(
     from simulator.report.trace import write_trace
 
     def body() -> str:
+        output_file(out, "--out")
         cfg, hw = load_model(model), load_hardware(hardware)
         shape = DecodeShape(batch, tokens_per_seq, context)
         if whole_step:
@@ -242,12 +250,14 @@ def ablation(
     from simulator.hardware import load_hardware
 
     def body() -> dict:
+        if plot_dir is not None:
+            output_dir(plot_dir, "--plot")
         cfg, hw = load_model(model), load_hardware(hardware)
         from simulator.plans.common import make_dims
         from simulator.plans.kernel import DecodeShape
         make_dims(cfg, tp, DecodeShape(batch, tokens_per_seq, context), None, layer_type.value)
         doc = ablate(cfg, hw, tp, batch, tokens_per_seq, context, layer_type.value, acceptance_length)
-        if plot_dir:
+        if plot_dir is not None:
             from simulator.report.scenario_plots import ablation_plots
             doc["plots"] = [str(p) for p in ablation_plots(doc, plot_dir)]
         return doc
@@ -261,12 +271,14 @@ def run_cmd(
     scenario: Annotated[str, typer.Argument(help="Scenario TOML file, or the name of a shipped one (see `moe-sim list scenarios`).")],
     out: Annotated[Optional[str], typer.Option("--out", help="Folder for points.csv, summary.json and the plots.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Cut every sweep axis to its first and last value.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Run a grid larger than 20,000 points (its estimated time is printed without it).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a what-if scenario: the grid of its [sweep] axes over its [base] configuration.
 
     Example: moe-sim run scenarios/batch-sweep.toml --out out/batch
-    Ctrl-C keeps the finished points (written atomically) and exits 130.
+    Ctrl-C keeps the finished points (written atomically) and exits 130; rerunning the same command
+    into the same --out folder resumes after them.
     """
     from simulator import sweep
     from simulator.scenario import load_scenario
@@ -274,13 +286,10 @@ def run_cmd(
     def body() -> dict:
         sc = load_scenario(scenario)
         sc = sc.reduced() if quick else sc
-        return sweep.run(sc, out, progress=_progress_bar(len(sc.points())))
+        sweep.check_size(sc, yes)
+        return sweep.run(sc, out, progress=_progress_bar(sc.count), yes=yes, tell=lambda m: typer.echo(m, err=True))
 
-    try:
-        result = _guard(body)
-    except sweep.ScenarioInterrupted as stop:
-        typer.echo(f"interrupted after {stop.summary['rows']} rows; finished points written", err=True)
-        raise typer.Exit(130) from None
+    result = _guard(body)
     if as_json:
         typer.echo(json.dumps({"summary": result["summary"], "rows": result["rows"]}, indent=2, default=str))
     else:

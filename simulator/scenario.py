@@ -23,12 +23,15 @@ reason, so one bad corner does not sink a sweep.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from simulator.errors import UserError
 from simulator.paths import data_dir
@@ -52,6 +55,13 @@ PLOTS: dict[str, tuple[str, ...]] = {
     "ablation": ("waterfall",),
 }
 OUTPUT_KEYS = {"plots": list, "x": str, "y": str, "group": str, "logx": bool}
+Y_COLUMNS: dict[str, tuple[str, ...]] = {  # what `[outputs] y` may name: numeric columns of each kind's rows
+    "step": ("step_ms", "tokens_per_s", "tokens_per_s_per_user", "kernels_per_step", "speedup", "kda_layers_ms",
+             "mla_layers_ms", "dense_layers_ms", "head_ms", "weights_per_gpu_gb"),
+    "layer": ("layer_us", "floor_us", "kernel_count", "hbm_mb", "speedup", "weights_per_gpu_gb"),
+    "ablation": ("add_one_layer_us", "remove_one_layer_us", "waterfall_layer_us", "add_one_step_ms",
+                 "remove_one_step_ms", "waterfall_step_ms", "kernels_saved"),
+}
 TOP_KEYS = {"question": str, "kind": str, "base": dict, "sweep": dict, "outputs": dict}
 SCENARIOS_DIR = data_dir("scenarios")
 
@@ -66,10 +76,21 @@ class Scenario:
     sweep: dict[str, list[Any]]
     outputs: dict[str, Any] = field(default_factory=dict)
 
-    def points(self) -> list[dict[str, Any]]:
+    def points(self) -> Iterator[dict[str, Any]]:
+        """The grid, one point at a time (a 10^6-point grid is never held as a list)."""
         axes = list(self.sweep)
-        grid = itertools.product(*(self.sweep[a] for a in axes)) if axes else [()]
-        return [self.base | dict(zip(axes, values)) for values in grid]
+        for values in itertools.product(*(self.sweep[a] for a in axes)):
+            yield self.base | dict(zip(axes, values))
+
+    @property
+    def count(self) -> int:
+        return math.prod(len(v) for v in self.sweep.values())
+
+    @property
+    def digest(self) -> str:
+        """What the rows depend on (kind, base, sweep), hashed: a rerun with the same digest resumes."""
+        key = json.dumps({"kind": self.kind, "base": self.base, "sweep": self.sweep}, sort_keys=True, default=str)
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def reduced(self, per_axis: int = 2) -> "Scenario":
         """The same scenario with each axis cut to its first and last values (for quick runs and tests)."""
@@ -204,3 +225,5 @@ def _check_outputs(path: str, text: str, kind: str, outputs: dict[str, Any], swe
     for key in ("x", "group"):
         if key in outputs and outputs[key] not in sweep:
             raise _fail(path, text, "outputs", key, f"= {outputs[key]!r} is not a [sweep] axis")
+    if "y" in outputs and outputs["y"] not in Y_COLUMNS[kind]:
+        raise _fail(path, text, "outputs", "y", f"= {outputs['y']!r} is not a {kind} column ({', '.join(Y_COLUMNS[kind])})")

@@ -126,8 +126,10 @@ def print_run(result: dict[str, Any], max_rows: int = 60) -> None:
     table = Table(*axes, *RUN_METRICS[s["kind"]], "status")
     for row in result["rows"][:max_rows]:
         cells = [row.get(a) for a in axes] + [row.get(m) for m in RUN_METRICS[s["kind"]]]
-        table.add_row(*[_fmt(c) for c in cells], "ok" if row["status"] == "ok" else "skipped (reason in points.csv)")
+        table.add_row(*[_fmt(c) for c in cells], "ok" if row["status"] == "ok" else "skipped (reason below)")
     con.print(table)
+    for reason in s["skipped"]:
+        con.print(f"skipped: {reason}")
     if len(result["rows"]) > max_rows:
         con.print(f"... {len(result['rows']) - max_rows} more rows in points.csv")
     con.print(f"{s['rows_ok']} of {s['rows']} rows ok over {s['points']} grid points"
