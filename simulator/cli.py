@@ -36,10 +36,11 @@ VariantChoice = _choices("VariantChoice", ("standard", "specialized", "both"))
 
 
 ModelOpt = Annotated[str, typer.Option("--model", help="Model name (see `moe-sim list models`) or path to a config.json.")]
-TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree P.")]
-BatchOpt = Annotated[int, typer.Option("--batch", help="Sequences decoded together.")]
-TokensOpt = Annotated[int, typer.Option("--tokens-per-seq", help="Tokens per sequence in this forward: 1, or 1 + draft tokens being verified.")]
-ContextOpt = Annotated[int, typer.Option("--context", help="Tokens already in the KV cache / folded into the KDA state.")]
+# min= makes click name the flag as typed and state one fact: "Invalid value for '--batch': -1 is not in the range x>=1."
+TpOpt = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree P.")]
+BatchOpt = Annotated[int, typer.Option("--batch", min=1, help="Sequences decoded together.")]
+TokensOpt = Annotated[int, typer.Option("--tokens-per-seq", min=1, help="Tokens per sequence in this forward: 1, or 1 + draft tokens being verified.")]
+ContextOpt = Annotated[int, typer.Option("--context", min=0, help="Tokens already in the KV cache / folded into the KDA state.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of a table.")]
 
 
@@ -71,7 +72,8 @@ def check(
 ) -> None:
     """Run the float64 reference and both plans over P ranks; report errors and routing flips.
 
-    Example: moe-sim check --model kimi-k3 --tp 16 --batch 1
+    Example: moe-sim check --tp 2 --batch 4 --precision bf16
+
     Exit 0 when both variants are within the precision's tolerances, 1 when not.
     """
     from simulator.check import report_json, run_check
@@ -101,6 +103,15 @@ DisableOpt = Annotated[Optional[list[str]], typer.Option("--disable-fusion", hel
 EnableOpt = Annotated[Optional[list[str]], typer.Option("--enable-fusion", help="Turn a what-if fusion on (repeatable), e.g. unpadded_experts.")]
 
 
+def _fusions(variant: Enum, disable: list[str] | None, enable: list[str] | None) -> frozenset[str]:
+    """The fusion flags, refused when they would change nothing (they act on the specialized plan only)."""
+    from simulator.report.summary import fusion_set
+    if variant.value == "standard" and (disable or enable):
+        flag = "--disable-fusion" if disable else "--enable-fusion"
+        raise UserError(f"{flag} changes the specialized plan, and --variant standard prices only the standard one.")
+    return fusion_set(disable, enable)
+
+
 def _emit(doc: dict, as_json: bool, printer: Callable[[dict], None]) -> None:
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
@@ -127,18 +138,20 @@ def layer(
 
     With no options: the configuration assumed for the published trace (Kimi K3 KDA + MoE layer,
     GB300, TP16, batch 1 verifying 7 draft tokens = 8 tokens, context 512).
+
     Example: moe-sim layer --hardware h200 --tp 8 --batch 32 --tokens-per-seq 1
+
     """
     from simulator.config import load_model
     from simulator.hardware import load_hardware
     from simulator.plans.kernel import DecodeShape
-    from simulator.report.summary import fusion_set, layer_report
+    from simulator.report.summary import layer_report
 
     def body() -> dict:
         if plot_dir is not None:
             output_dir(plot_dir, "--plot")
         cfg, hw = load_model(model), load_hardware(hardware)
-        shape, fusions = DecodeShape(batch, tokens_per_seq, context), fusion_set(disable_fusion, enable_fusion)
+        shape, fusions = DecodeShape(batch, tokens_per_seq, context), _fusions(variant, disable_fusion, enable_fusion)
         doc = layer_report(cfg, hw, tp, shape, layer_type.value, variant.value, fusions)
         if plot_dir is not None:
             from simulator.report.scenario_plots import layer_plots
@@ -171,18 +184,18 @@ def step(
 
     With no options: the published batch-1 configuration (Kimi K3, GB300, TP16, no speculation,
     context 512 = the middle of a 1,024-token generation).
+
     Example: moe-sim step --draft-tokens 7 --acceptance-length 6
+
     """
     from simulator.config import load_model
     from simulator.hardware import load_hardware
-    from simulator.report.summary import fusion_set, step_report
+    from simulator.report.summary import step_report
 
     def body() -> dict:
+        fusions = _fusions(variant, disable_fusion, enable_fusion)
         cfg, hw = load_model(model), load_hardware(hardware)
-        if batch < 1 or context < 0:
-            raise UserError(f"batch = {batch} must be >= 1 and context = {context} >= 0.")
-        return step_report(cfg, hw, tp, batch, context, draft_tokens, acceptance_length, variant.value, drafter,
-                           fusion_set(disable_fusion, enable_fusion))
+        return step_report(cfg, hw, tp, batch, context, draft_tokens, acceptance_length, variant.value, drafter, fusions)
 
     from simulator.report.tables import print_step
     _emit(_guard(body), as_json, print_step)
@@ -204,6 +217,7 @@ def trace(
     """Write the layer (or step) timeline as a Chrome trace: one process per variant, one track per stream.
 
     Example: moe-sim trace --out layer.json
+
     """
     from simulator.config import load_model
     from simulator.hardware import load_hardware
@@ -244,6 +258,7 @@ def ablation(
     """What each fusion of the specialized plan saves, per layer and per step (add one / remove one / waterfall).
 
     Example: moe-sim ablation --batch 32 --tokens-per-seq 1 --tp 8
+
     """
     from simulator.config import load_model
     from simulator.cost.ablation import ablate
@@ -256,6 +271,9 @@ def ablation(
         from simulator.plans.common import make_dims
         from simulator.plans.kernel import DecodeShape
         make_dims(cfg, tp, DecodeShape(batch, tokens_per_seq, context), None, layer_type.value)
+        if acceptance_length is not None and not 1 <= acceptance_length <= tokens_per_seq:
+            raise UserError(f"--acceptance-length {acceptance_length:g} must lie in [1, --tokens-per-seq = {tokens_per_seq}]: "
+                            f"a verify step of {tokens_per_seq} token(s) per sequence emits at most {tokens_per_seq}.")
         doc = ablate(cfg, hw, tp, batch, tokens_per_seq, context, layer_type.value, acceptance_length)
         if plot_dir is not None:
             from simulator.report.scenario_plots import ablation_plots
@@ -276,7 +294,8 @@ def run_cmd(
 ) -> None:
     """Evaluate a what-if scenario: the grid of its [sweep] axes over its [base] configuration.
 
-    Example: moe-sim run scenarios/batch-sweep.toml --out out/batch
+    Example: moe-sim run batch-sweep --out out/batch
+
     Ctrl-C keeps the finished points (written atomically) and exits 130; rerunning the same command
     into the same --out folder resumes after them.
     """
