@@ -51,3 +51,16 @@ def test_usage_lines_run(tmp_path, monkeypatch):
         args = [str(ROOT / a) if a.startswith("scenarios/") else a for a in args]
         r = runner.invoke(app, args)
         assert r.exit_code == 0, f"{line}: {r.output[-400:]}"
+
+
+def test_intro_labels_published_and_modelled_numbers():
+    import json
+    intro = README.split("## Set up", 1)[0]
+    published, modelled = intro.split("**Modelled**", 1)
+    assert "**Published**" in published and "69 µs" in published and "3.90 ms against 7.38 ms" in published
+    runner = CliRunner()
+    layer = json.loads(runner.invoke(app, ["layer", "--json"]).output)["variants"]
+    step = json.loads(runner.invoke(app, ["step", "--json"]).output)["variants"]
+    assert (f"{layer['specialized']['kernel_count']} kernels / {layer['specialized']['layer_us']:.0f} µs against "
+            f"{layer['standard']['kernel_count']} / {layer['standard']['layer_us']:.0f} µs") in modelled
+    assert f"{step['specialized']['step_ms']:.2f} ms against {step['standard']['step_ms']:.2f} ms" in modelled

@@ -2,7 +2,7 @@
 
     per GPU = (sharded weights) / P + replicated weights            bf16 trunk, routed experts in their format
 
-Replicated on every rank in the stock layout (reference/kimi_k3.md 1h): the router, the latent down /
+Replicated on every rank in the stock layout (docs/sources.md §K1h): the router, the latent down /
 up projections and the MLA q_a / kv_a projection. Kimi K3 comes to 1.56 TB in all, 195 GB per GPU at
 TP8: more than an H200 (141 GB), B200 (180 GB) or GB200 (186 GB) holds, so TP8 on those needs pipeline
 parallelism; the per-layer cost is still the TP8 one, which is why a misfit is a warning, not an error.

@@ -1,7 +1,7 @@
 """The specialized plan: the fused decode path of vLLM PR #61867 ("latency_specialized"), one rank.
 
-Reconstructed from the published description (published.md) and the public precursors of each
-fusion (reference/kimi_k3.md section 3). Each fusion is a named switch; turning one off puts back
+Reconstructed from the published description (docs/published.md) and the public precursors of each
+fusion (docs/sources.md §K3). Each fusion is a named switch; turning one off puts back
 the standard kernels it replaced, so a user can ablate one at a time.
 
     fused_kda             conv + gate + delta rule + norm + output gate in one kernel, also for
