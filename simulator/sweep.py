@@ -111,8 +111,9 @@ def check_size(sc: Scenario, yes: bool) -> None:
     """A grid over LIMIT points runs only when asked for, and the refusal says how long it would take."""
     if sc.count > LIMIT and not yes:
         minutes = estimate_s(sc) / 60
+        took = f"{minutes / 60:,.1f} h" if minutes >= 120 else f"{minutes:,.0f} min"
         raise UserError(f"scenario {sc.name} has {sc.count:,} grid points, over the {LIMIT:,} a run takes unasked "
-                        f"(about {minutes:,.0f} min at ~{POINTS_PER_S[sc.kind]} points/s): pass --yes to run it.")
+                        f"(about {took} at ~{POINTS_PER_S[sc.kind]} points/s): pass --yes to run it.")
 
 
 def run(sc: Scenario, out_dir: str | Path | None = None, progress: Callable[[int, int], None] | None = None,

@@ -41,7 +41,7 @@ def _check_names(path: Path, what: str) -> None:
         limit = 255
     for part in path.relative_to(anchor).parts if anchor != Path(".") else path.parts:
         if len(os.fsencode(part)) > limit:
-            raise UserError(f"{what} {str(path)!r}: the name {part[:40]}... is {len(os.fsencode(part))} bytes, "
+            raise UserError(f"{what}: the name {part[:24]}... is {len(os.fsencode(part))} bytes, "
                             f"longer than the {limit} this file system allows.")
 
 
@@ -76,7 +76,7 @@ def output_file(path: str | Path, what: str = "output file") -> Path:
     if target.exists():
         kind = NOT_A_FILE.get(stat.S_IFMT(target.stat().st_mode))
         if kind:
-            shown = str(path) if str(path) == str(target) else f"{path} (-> {target})"
+            shown = f"{path} (-> {target})" if Path(path).is_symlink() else str(path)
             raise UserError(f"{what} {shown} is {kind}, not a regular file: name a file to write.")
     _check_names(target, what)
     _check_folder(target.parent, what)
