@@ -305,7 +305,7 @@ def run_cmd(
     def body() -> dict:
         sc = load_scenario(scenario)
         sc = sc.reduced() if quick else sc
-        sweep.check_size(sc, yes)
+        sweep.check_size(sc, yes)  # before the progress bar starts
         return sweep.run(sc, out, progress=_progress_bar(sc.count), yes=yes, tell=lambda m: typer.echo(m, err=True))
 
     result = _guard(body)

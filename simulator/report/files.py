@@ -26,20 +26,19 @@ NOT_A_FILE = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"
 
 
 def _existing_ancestor(path: Path) -> Path:
-    for parent in (path, *path.parents):
-        if os.path.lexists(parent):
-            return parent
-    return Path(".")
+    """The nearest part of absolute `path` (itself included) that exists."""
+    return next(p for p in (path, *path.parents) if os.path.lexists(p))
 
 
-def _check_names(path: Path, what: str) -> None:
+def _check_names(path: str | Path, what: str) -> None:
     """Every part of `path` still to be created fits the file system's name limit."""
+    path = Path(os.path.abspath(path))
     anchor = _existing_ancestor(path)
     try:
         limit = os.pathconf(anchor if anchor.is_dir() else anchor.parent, "PC_NAME_MAX")
     except (OSError, ValueError):
         limit = 255
-    for part in path.relative_to(anchor).parts if anchor != Path(".") else path.parts:
+    for part in path.relative_to(anchor).parts:
         if len(os.fsencode(part)) > limit:
             raise UserError(f"{what}: the name {part[:24]}... is {len(os.fsencode(part))} bytes, "
                             f"longer than the {limit} this file system allows.")
@@ -47,13 +46,12 @@ def _check_names(path: Path, what: str) -> None:
 
 def _check_folder(folder: Path, what: str) -> None:
     """`folder` is, or can be created as, a folder this process may write in."""
-    anchor = _existing_ancestor(folder)
+    anchor = _existing_ancestor(Path(os.path.abspath(folder)))
     if not anchor.is_dir():
         raise UserError(f"{what} {str(folder)!r}: {anchor} is a file, not a folder.")
     if not os.access(anchor, os.W_OK | os.X_OK):
         reason = "is on a read-only file system" if _read_only(anchor) else "is not writable"
         raise UserError(f"{what} {str(folder)!r}: the folder {anchor} {reason}.")
-    _check_names(folder, what)
 
 
 def _read_only(folder: Path) -> bool:
@@ -65,20 +63,19 @@ def _read_only(folder: Path) -> bool:
 
 def _nonempty(path: str | Path, what: str) -> Path:
     if not str(path).strip():
-        raise UserError(f"{what} is an empty name: give a path.")
+        raise UserError(f"{what} '' is an empty name: give a path.")
     return Path(path)
 
 
 def output_file(path: str | Path, what: str = "output file") -> Path:
     """The real file `path` will write (a symlink followed); UserError when it cannot be written."""
-    _check_names(Path(os.path.abspath(_nonempty(path, what))), what)
+    _check_names(_nonempty(path, what), what)
     target = Path(os.path.realpath(path))
     if target.exists():
         kind = NOT_A_FILE.get(stat.S_IFMT(target.stat().st_mode))
         if kind:
             shown = f"{path} (-> {target})" if Path(path).is_symlink() else str(path)
             raise UserError(f"{what} {shown} is {kind}, not a regular file: name a file to write.")
-    _check_names(target, what)
     _check_folder(target.parent, what)
     return target
 
@@ -86,7 +83,7 @@ def output_file(path: str | Path, what: str = "output file") -> Path:
 def output_dir(path: str | Path, what: str = "output folder") -> Path:
     """A folder to write files into (created later if missing); UserError when it cannot be."""
     folder = _nonempty(path, what)
-    _check_names(Path(os.path.abspath(folder)), what)
+    _check_names(folder, what)
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{what} {folder} is a file, not a folder: name a folder (it is created if missing).")
     _check_folder(folder, what)
