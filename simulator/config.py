@@ -196,7 +196,7 @@ def validate_tp(cfg: ModelConfig, tp: int) -> None:
         checks.append(("dense_intermediate", cfg.dense_intermediate))
     for name, value in checks:
         if value and value % tp:
-            raise UserError(f"TP = {tp} does not divide {name} = {value} of model '{cfg.name}'.")
+            raise UserError(f"--tp {tp} does not divide {name} = {value} of model '{cfg.name}'.")
 
 
 # ---------------------------------------------------------------------------------------

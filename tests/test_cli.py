@@ -45,7 +45,7 @@ def test_check_exit_1_when_out_of_tolerance(monkeypatch):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (("check", "--tp", "3"), "does not divide"),
+    (("check", "--tp", "3"), "--tp 3 does not divide"),
     (("check", "--batch", "-2"), "batch"),
     (("check", "--model", "no-such-model"), "unknown model"),
     (("check", "--tokens-per-seq", "0"), "'--tokens-per-seq'"),

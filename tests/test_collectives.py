@@ -84,7 +84,7 @@ def test_min_alpha_never_exceeds_a_chosen_algorithm(name: str) -> None:
 
 
 def test_tp_beyond_the_nvlink_domain_is_a_user_error() -> None:
-    with pytest.raises(UserError, match=r"^TP 16 exceeds the 8-GPU NVLink domain of H200\.$"):
+    with pytest.raises(UserError, match=r"^--tp 16 exceeds the 8-GPU NVLink domain of H200\.$"):
         choose_algorithm("all_reduce", ONE_TOKEN, 16, load_hardware("h200"))
     assert choose_algorithm("all_reduce", ONE_TOKEN, 16, load_hardware("gb300")).time_us > 0
 

@@ -180,7 +180,7 @@ def split_router(d: Dims) -> list[Kernel]:
     (E + L) D 2 to (E + L) D 2 / P: 64 MB -> 4 MB for Kimi K3 at TP16."""
     cfg, M, D, E, L, P, k = d.cfg, d.M, d.D, d.cfg.num_experts, d.L, d.P, d.cfg.top_k
     if E % P or L % P:
-        raise UserError(f"split_router needs TP = {P} to divide the {E} experts and the latent {L}.")
+        raise UserError(f"split_router needs --tp {P} to divide the {E} experts and the latent {L}.")
 
     def gemm(rank: Any) -> None:
         x = rank.buf["x2"]
