@@ -160,21 +160,21 @@ def prepare_out(sc: Scenario, out: Path, tell: Callable[[str], None]) -> tuple[l
         if (out / name).exists() or (out / name).is_symlink():
             output_file(out / name, "--out")
     old = _old_summary(out)
-    if old.get("scenario_hash") == sc.digest and (out / "points.csv").is_file():
+    same = old.get("scenario_hash") == sc.digest and isinstance(old.get("points_done"), int)
+    if same and (out / "points.csv").is_file():
         rows = read_csv(out / "points.csv")
         if len(rows) != old.get("rows"):
             raise UserError(f"{out}/points.csv holds {len(rows)} rows but its summary.json says {old.get('rows')}: "
                             "move one of them away, then rerun.")
-        done = int(old.get("points_done", 0))
-        if done:
-            tell(f"resuming: {done} of {sc.count} points already in {out}/points.csv")
-        return rows, done
-    earlier = [f for f in old.get("files", []) if Path(f).exists()] or \
-        [str(out / n) for n in OWN_FILES if (out / n).exists()]
-    if earlier:
+        if old["points_done"]:
+            tell(f"resuming: {old['points_done']} of {sc.count} points already in {out}/points.csv")
+        return rows, old["points_done"]
+    files = old.get("files") if isinstance(old.get("files"), list) else []
+    names = [Path(str(f)).name for f in files] or list(OWN_FILES)
+    earlier = [n for n in dict.fromkeys(names) if (out / n).exists()]
+    if earlier and not same:
         tell(f"warning: {out} holds files of an earlier, different scenario ({old.get('scenario', 'unknown')}): "
-             f"{', '.join(Path(f).name for f in earlier)}; this run replaces the ones it writes again, "
-             "the others stay as they are")
+             f"{', '.join(earlier)}; this run replaces the ones it writes again, the others stay as they are")
     return [], 0
 
 

@@ -199,6 +199,15 @@ def test_resume_refuses_a_csv_that_disagrees_with_its_summary(tmp_path):
     assert r.exit_code == 2 and "summary.json says 8" in r.output and _csv_rows(tmp_path) == 7
 
 
+@pytest.mark.parametrize("summary", ["not json", "[1, 2]", '{"files": 3, "scenario_hash": 7}'])
+def test_a_foreign_or_broken_summary_is_named_not_a_traceback(tmp_path, summary):
+    (tmp_path / "summary.json").write_text(summary)
+    (tmp_path / "points.csv").write_text("a,b\n1,2\n")
+    r = runner.invoke(app, ["run", "batch-sweep", "--quick", "--out", str(tmp_path)])
+    assert r.exit_code == 0 and "earlier, different scenario (unknown): points.csv, summary.json" in r.output
+    assert _csv_rows(tmp_path) == 8
+
+
 def test_ctrl_c_while_plotting_is_one_line_and_130(tmp_path, monkeypatch):
     import simulator.report.scenario_plots as sp
 
