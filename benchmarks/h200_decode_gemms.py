@@ -2,7 +2,7 @@
 
     python benchmarks/h200_decode_gemms.py --out data/h200_decode_gemms.csv     (on a machine with a GPU)
 
-Per-rank shapes of Kimi K3 at TP8 (reference/kimi_k3.md 1h). Each GEMM is captured REPS times in one
+Per-rank shapes of Kimi K3 at TP8 (docs/sources.md §K1h). Each GEMM is captured REPS times in one
 CUDA graph on one stream, so they run back to back like a layer's kernels, cycling over copies of the
 weight so that at least 1 GB is read between two reads of one copy (L2 is 60 MB on H200: every read is
 cold). Time per kernel = graph replay time / REPS, median of 20 replays.

@@ -16,6 +16,7 @@ import typer
 from simulator.dtypes import PRECISIONS
 from simulator.errors import UserError
 from simulator.limits import check_flags
+from simulator.report.files import output_dir, output_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Simulate one Kimi K3-class MoE decode step: numbers and microseconds.")
@@ -36,6 +37,7 @@ VariantChoice = _choices("VariantChoice", ("standard", "specialized", "both"))
 
 
 ModelOpt = Annotated[str, typer.Option("--model", help="Model name (see `moe-sim list models`) or path to a config.json.")]
+# ranges are checked by simulator.limits.check_flags: one sentence in the flag's spelling, exit 2
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree P.")]
 BatchOpt = Annotated[int, typer.Option("--batch", help="Sequences decoded together.")]
 TokensOpt = Annotated[int, typer.Option("--tokens-per-seq", help="Tokens per sequence in this forward: 1, or 1 + draft tokens being verified.")]
@@ -49,12 +51,16 @@ CorrelationOpt = Annotated[float, typer.Option("--draft-correlation", help=(
 
 
 def _guard(fn: Callable[[], Any]) -> Any:
-    """Run a command body; a UserError becomes one sentence on stderr and exit code 2."""
+    """Run a command body; a UserError becomes one sentence on stderr and exit code 2, Ctrl-C one line
+    and exit code 130 (click alone would print 'Aborted!' and exit 1)."""
     try:
         return fn()
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt as exc:
+        typer.echo(str(exc) or "interrupted", err=True)
+        raise typer.Exit(130) from None
 
 
 @app.command()
@@ -72,7 +78,8 @@ def check(
 ) -> None:
     """Run the float64 reference and both plans over P ranks; report errors and routing flips.
 
-    Example: moe-sim check --model kimi-k3 --tp 16 --batch 1
+    Example: moe-sim check --tp 2 --batch 4 --precision bf16
+
     Exit 0 when both variants are within the precision's tolerances, 1 when not.
     """
     from simulator.check import guard_memory, report_json, run_check
@@ -105,6 +112,15 @@ DisableOpt = Annotated[Optional[list[str]], typer.Option("--disable-fusion", hel
 EnableOpt = Annotated[Optional[list[str]], typer.Option("--enable-fusion", help="Turn a what-if fusion on (repeatable), e.g. unpadded_experts.")]
 
 
+def _fusions(variant: Enum, disable: list[str] | None, enable: list[str] | None) -> frozenset[str]:
+    """The fusion flags, refused when they would change nothing (they act on the specialized plan only)."""
+    from simulator.report.summary import fusion_set
+    if variant.value == "standard" and (disable or enable):
+        flag = "--disable-fusion" if disable else "--enable-fusion"
+        raise UserError(f"{flag} changes the specialized plan, and --variant standard prices only the standard one.")
+    return fusion_set(disable, enable)
+
+
 def _emit(doc: dict, as_json: bool, printer: Callable[[dict], None]) -> None:
     if as_json:
         typer.echo(json.dumps(doc, indent=2, allow_nan=False))
@@ -133,21 +149,25 @@ def layer(
 
     With no options: the configuration assumed for the published trace (Kimi K3 KDA + MoE layer,
     GB300, TP16, batch 1 verifying 7 draft tokens = 8 tokens, context 512).
+
     Example: moe-sim layer --hardware h200 --tp 8 --batch 32 --tokens-per-seq 1
+
     """
     from simulator.config import load_model
     from simulator.hardware import load_hardware
     from simulator.plans.kernel import DecodeShape
-    from simulator.report.summary import fusion_set, layer_report
+    from simulator.report.summary import layer_report
 
     def body() -> dict:
         from simulator.ops.experts import RoutingStats
+        if plot_dir is not None:
+            output_dir(plot_dir, "--plot")
         check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context)
         cfg, hw = load_model(model), load_hardware(hardware)
         routing = RoutingStats(expert_skew, draft_correlation)
-        shape, fusions = DecodeShape(batch, tokens_per_seq, context, routing), fusion_set(disable_fusion, enable_fusion)
+        shape, fusions = DecodeShape(batch, tokens_per_seq, context, routing), _fusions(variant, disable_fusion, enable_fusion)
         doc = layer_report(cfg, hw, tp, shape, layer_type.value, variant.value, fusions)
-        if plot_dir:
+        if plot_dir is not None:
             from simulator.report.scenario_plots import layer_plots
             doc["plots"] = [str(p) for p in layer_plots(doc, cfg, hw, tp, shape, layer_type.value, variant.value,
                                                        fusions, plot_dir)]
@@ -183,19 +203,21 @@ def step(
 
     With no options: the published batch-1 configuration (Kimi K3, GB300, TP16, no speculation,
     context 512 = the middle of a 1,024-token generation).
+
     Example: moe-sim step --draft-tokens 7 --acceptance-length 6
+
     """
     from simulator.config import load_model
     from simulator.hardware import load_hardware
-    from simulator.report.summary import fusion_set, step_report
+    from simulator.report.summary import step_report
 
     def body() -> dict:
-        check_flags(tp=tp, batch=batch, context=context, draft_tokens=draft_tokens, acceptance_length=acceptance_length)
-        cfg, hw = load_model(model), load_hardware(hardware)
         from simulator.ops.experts import RoutingStats
+        check_flags(tp=tp, batch=batch, context=context, draft_tokens=draft_tokens, acceptance_length=acceptance_length)
+        fusions = _fusions(variant, disable_fusion, enable_fusion)
+        cfg, hw = load_model(model), load_hardware(hardware)
         return step_report(cfg, hw, tp, batch, context, draft_tokens, acceptance_length, variant.value, drafter,
-                           fusion_set(disable_fusion, enable_fusion), RoutingStats(expert_skew, draft_correlation),
-                           routing_bracket)
+                           fusions, RoutingStats(expert_skew, draft_correlation), routing_bracket)
 
     from simulator.report.tables import print_step
     _emit(_guard(body), as_json, print_step)
@@ -217,6 +239,7 @@ def trace(
     """Write the layer (or step) timeline as a Chrome trace: one process per variant, one track per stream.
 
     Example: moe-sim trace --out layer.json
+
     """
     from simulator.config import load_model
     from simulator.hardware import load_hardware
@@ -226,6 +249,7 @@ def trace(
 
     def body() -> str:
         check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context)
+        output_file(out, "--out")
         cfg, hw = load_model(model), load_hardware(hardware)
         shape = DecodeShape(batch, tokens_per_seq, context)
         if whole_step:
@@ -257,6 +281,7 @@ def ablation(
     """What each fusion of the specialized plan saves, per layer and per step (add one / remove one / waterfall).
 
     Example: moe-sim ablation --batch 32 --tokens-per-seq 1 --tp 8
+
     """
     from simulator.config import load_model
     from simulator.cost.ablation import ablate
@@ -265,12 +290,17 @@ def ablation(
     def body() -> dict:
         check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context,
                     acceptance_length=acceptance_length)
+        if plot_dir is not None:
+            output_dir(plot_dir, "--plot")
         cfg, hw = load_model(model), load_hardware(hardware)
         from simulator.plans.common import make_dims
         from simulator.plans.kernel import DecodeShape
         make_dims(cfg, tp, DecodeShape(batch, tokens_per_seq, context), None, layer_type.value)
+        if acceptance_length is not None and not 1 <= acceptance_length <= tokens_per_seq:
+            raise UserError(f"--acceptance-length {acceptance_length:g} must lie in [1, --tokens-per-seq = {tokens_per_seq}]: "
+                            f"a verify step of {tokens_per_seq} token(s) per sequence emits at most {tokens_per_seq}.")
         doc = ablate(cfg, hw, tp, batch, tokens_per_seq, context, layer_type.value, acceptance_length)
-        if plot_dir:
+        if plot_dir is not None:
             from simulator.report.scenario_plots import ablation_plots
             doc["plots"] = [str(p) for p in ablation_plots(doc, plot_dir)]
         return doc
@@ -281,15 +311,18 @@ def ablation(
 
 @app.command("run")
 def run_cmd(
-    scenario: Annotated[str, typer.Argument(help="Scenario TOML file (see scenarios/).")],
+    scenario: Annotated[str, typer.Argument(help="Scenario TOML file, or the name of a shipped one (see `moe-sim list scenarios`).")],
     out: Annotated[Optional[str], typer.Option("--out", help="Folder for points.csv, summary.json and the plots.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Cut every sweep axis to its first and last value.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Run a grid larger than 20,000 points (its estimated time is printed without it).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a what-if scenario: the grid of its [sweep] axes over its [base] configuration.
 
-    Example: moe-sim run scenarios/batch-sweep.toml --out out/batch
-    Ctrl-C keeps the finished points (written atomically) and exits 130.
+    Example: moe-sim run batch-sweep --out out/batch
+
+    Ctrl-C keeps the finished points (written atomically) and exits 130; rerunning the same command
+    into the same --out folder resumes after them.
     """
     from simulator import sweep
     from simulator.scenario import load_scenario
@@ -297,13 +330,10 @@ def run_cmd(
     def body() -> dict:
         sc = load_scenario(scenario)
         sc = sc.reduced() if quick else sc
-        return sweep.run(sc, out, progress=_progress_bar(len(sc.points())))
+        sweep.check_size(sc, yes)  # before the progress bar starts
+        return sweep.run(sc, out, progress=_progress_bar(sc.count), yes=yes, tell=lambda m: typer.echo(m, err=True))
 
-    try:
-        result = _guard(body)
-    except sweep.ScenarioInterrupted as stop:
-        typer.echo(f"interrupted after {stop.summary['rows']} rows; finished points written", err=True)
-        raise typer.Exit(130) from None
+    result = _guard(body)
     if as_json:
         typer.echo(json.dumps({"summary": result["summary"], "rows": result["rows"]}, indent=2, default=str,
                               allow_nan=False))
@@ -345,6 +375,8 @@ def validate(
     from simulator.hardware import load_hardware
 
     def body() -> dict:
+        if plot_dir is not None:
+            output_dir(plot_dir, "--plot")
         doc = run_validation(measurements, load_hardware(hardware))
         doc["measurements"] = measurements
         if plot_dir:
@@ -357,8 +389,8 @@ def validate(
 
 
 @app.command("list")
-def list_cmd(what: Annotated[str, typer.Argument(help="models or hardware")] = "models") -> None:
-    """List the bundled model configs or hardware profiles."""
+def list_cmd(what: Annotated[str, typer.Argument(help="models, hardware or scenarios")] = "models") -> None:
+    """List the bundled model configs, hardware profiles or scenarios (each usable by name)."""
     def body() -> list[str]:
         if what == "models":
             from simulator.config import list_models
@@ -366,7 +398,10 @@ def list_cmd(what: Annotated[str, typer.Argument(help="models or hardware")] = "
         if what == "hardware":
             from simulator.hardware import list_hardware
             return list_hardware()
-        raise UserError(f"cannot list '{what}': choose models or hardware.")
+        if what == "scenarios":
+            from simulator.scenario import list_scenarios
+            return list_scenarios()
+        raise UserError(f"cannot list '{what}': choose models, hardware or scenarios.")
     for name in _guard(body):
         typer.echo(name)
 

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from simulator.errors import UserError
+from simulator.paths import data_dir
 
 LayerKind = Literal["kda", "mla"]
-MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+MODELS_DIR = data_dir("models")
 ACTIVATIONS = ("situ", "silu")
 EXPERT_DTYPES = ("mxfp4", "fp8", "bf16")
 MAX_LAYERS = 10_000  # sanity bound on num_hidden_layers; Llama 3.1 405B has 126, DeepSeek-V3 61, Kimi K3 93
@@ -244,7 +245,7 @@ def validate_tp(cfg: ModelConfig, tp: int) -> None:
         checks.append(("dense_intermediate", cfg.dense_intermediate))
     for name, value in checks:
         if value and value % tp:
-            raise UserError(f"TP = {tp} does not divide {name} = {value} of model '{cfg.name}'.")
+            raise UserError(f"--tp {tp} does not divide {name} = {value} of model '{cfg.name}'.")
 
 
 # ---------------------------------------------------------------------------------------

@@ -23,15 +23,19 @@ reason, so one bad corner does not sink a sweep.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from simulator import limits
 from simulator.errors import UserError
+from simulator.paths import data_dir
 
 DEFAULTS: dict[str, Any] = {
     "model": "kimi-k3", "hardware": "gb300", "tp": 16, "batch": 1, "tokens_per_seq": 1, "draft_tokens": 0,
@@ -52,7 +56,17 @@ PLOTS: dict[str, tuple[str, ...]] = {
     "ablation": ("waterfall",),
 }
 OUTPUT_KEYS = {"plots": list, "x": str, "y": str, "group": str, "logx": bool}
+MEMORY_COLUMNS = tuple(f"memory_{k}_gb" for k in ("weights", "mla_cache", "kda_state", "activations", "total",
+                                                    "capacity"))  # sweep._memory_columns
+Y_COLUMNS: dict[str, tuple[str, ...]] = {  # what `[outputs] y` may name: numeric columns of each kind's rows
+    "step": ("step_ms", "tokens_per_s", "tokens_per_s_per_user", "kernels_per_step", "speedup", "kda_layers_ms",
+             "mla_layers_ms", "dense_layers_ms", "head_ms", *MEMORY_COLUMNS),
+    "layer": ("layer_us", "floor_us", "kernel_count", "hbm_mb", "speedup", *MEMORY_COLUMNS),
+    "ablation": ("add_one_layer_us", "remove_one_layer_us", "waterfall_layer_us", "add_one_step_ms",
+                 "remove_one_step_ms", "waterfall_step_ms", "kernels_saved"),
+}
 TOP_KEYS = {"question": str, "kind": str, "base": dict, "sweep": dict, "outputs": dict}
+SCENARIOS_DIR = data_dir("scenarios")
 
 
 @dataclass(frozen=True)
@@ -65,10 +79,21 @@ class Scenario:
     sweep: dict[str, list[Any]]
     outputs: dict[str, Any] = field(default_factory=dict)
 
-    def points(self) -> list[dict[str, Any]]:
+    def points(self) -> Iterator[dict[str, Any]]:
+        """The grid, one point at a time (a 10^6-point grid is never held as a list)."""
         axes = list(self.sweep)
-        grid = itertools.product(*(self.sweep[a] for a in axes)) if axes else [()]
-        return [self.base | dict(zip(axes, values)) for values in grid]
+        for values in itertools.product(*(self.sweep[a] for a in axes)):
+            yield self.base | dict(zip(axes, values))
+
+    @property
+    def count(self) -> int:
+        return math.prod(len(v) for v in self.sweep.values())
+
+    @property
+    def digest(self) -> str:
+        """What the rows depend on (kind, base, sweep), hashed: a rerun with the same digest resumes."""
+        key = json.dumps({"kind": self.kind, "base": self.base, "sweep": self.sweep}, sort_keys=True, default=str)
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def reduced(self, per_axis: int = 2) -> "Scenario":
         """The same scenario with each axis cut to its first and last values (for quick runs and tests)."""
@@ -147,13 +172,31 @@ def _check_names(path: str, text: str, sc_base: dict[str, Any], sweep: dict[str,
                 raise _fail(path, text, table, key, f"= {value!r} cannot be used ({exc})") from None
 
 
+def list_scenarios() -> list[str]:
+    return sorted(p.stem for p in SCENARIOS_DIR.glob("*.toml"))
+
+
+def scenario_path(name_or_path: str | Path) -> Path:
+    """A scenario file: a path, or a shipped scenario by name (`batch-sweep`, `scenarios/batch-sweep.toml`)."""
+    p = Path(name_or_path)
+    if p.exists() or p.parent.name not in ("", "scenarios"):
+        return p
+    if p.stem in list_scenarios() and p.suffix in ("", ".toml"):
+        return SCENARIOS_DIR / f"{p.stem}.toml"
+    raise UserError(f"scenario '{name_or_path}' is not a file and not one of {', '.join(list_scenarios())}.")
+
+
 def load_scenario(path: str | Path) -> Scenario:
-    p = Path(path)
+    p = scenario_path(path)
     try:
         text = p.read_text(encoding="utf-8")
         raw = tomllib.loads(text)
     except FileNotFoundError:
         raise UserError(f"scenario file {p} does not exist.") from None
+    except IsADirectoryError:
+        raise UserError(f"scenario {p} is a folder: name one TOML file in it (see `moe-sim list scenarios`).") from None
+    except OSError as exc:
+        raise UserError(f"scenario file {p} cannot be read ({exc.strerror}).") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{p}: not valid TOML ({exc}).") from None
     for key, value in raw.items():
@@ -186,3 +229,5 @@ def _check_outputs(path: str, text: str, kind: str, outputs: dict[str, Any], swe
     for key in ("x", "group"):
         if key in outputs and outputs[key] not in sweep:
             raise _fail(path, text, "outputs", key, f"= {outputs[key]!r} is not a [sweep] axis")
+    if "y" in outputs and outputs["y"] not in Y_COLUMNS[kind]:
+        raise _fail(path, text, "outputs", "y", f"= {outputs['y']!r} is not a {kind} column ({', '.join(Y_COLUMNS[kind])})")

@@ -3,13 +3,17 @@
 One row per (point, variant) for `step` and `layer` scenarios, one per (point, fusion) for `ablation`.
 Columns: the configuration keys first (so every row says its own conditions), then `status`
 ("ok" or "skipped: <reason>"), then the metrics. A Ctrl-C keeps the rows already finished: they are
-written (atomically, as complete files) and the summary says `interrupted: true`.
+written (atomically, as complete files) and the summary says `interrupted: true` and how many grid
+points are done. A rerun into the same folder with the same scenario (summary.json's `scenario_hash`)
+resumes after those points, so points.csv only grows; files of a different scenario are named in a
+warning. Grid points are generated lazily; a grid over LIMIT points runs only when asked (`--yes`).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 from dataclasses import replace
 from functools import lru_cache
@@ -21,10 +25,11 @@ from simulator.cost.memory import memory_per_gpu, shortfall
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile, load_hardware
 from simulator.plans.kernel import DecodeShape
-from simulator.report.files import atomic_write
+from simulator.report.files import atomic_write, output_dir, output_file
 from simulator.scenario import DEFAULTS, Scenario
 
 CONFIG_COLUMNS = list(DEFAULTS)
+OWN_FILES = ("points.csv", "summary.json")
 
 
 @lru_cache(maxsize=64)
@@ -104,31 +109,108 @@ def evaluate(point: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [point | {"status": "ok"} | row for row in rows]
 
 
-def run(sc: Scenario, out_dir: str | Path | None = None,
-        progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Evaluate the grid; write points.csv, summary.json and the plots into out_dir (if given)."""
-    points, rows, interrupted = sc.points(), [], False
+LIMIT = 20_000  # grid points a run takes without --yes
+POINTS_PER_S = {"step": 35, "layer": 125, "ablation": 2}  # measured, one core, every point a new shape
+
+
+def estimate_s(sc: Scenario) -> float:
+    return sc.count / POINTS_PER_S[sc.kind]
+
+
+def check_size(sc: Scenario, yes: bool) -> None:
+    """A grid over LIMIT points runs only when asked for, and the refusal says how long it would take."""
+    if sc.count > LIMIT and not yes:
+        minutes = estimate_s(sc) / 60
+        took = f"{minutes / 60:,.1f} h" if minutes >= 120 else f"{minutes:,.0f} min"
+        raise UserError(f"scenario {sc.name} has {sc.count:,} grid points, over the {LIMIT:,} a run takes unasked "
+                        f"(about {took} at ~{POINTS_PER_S[sc.kind]} points/s): pass --yes to run it.")
+
+
+def run(sc: Scenario, out_dir: str | Path | None = None, progress: Callable[[int, int], None] | None = None,
+        yes: bool = False, tell: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+    """Evaluate the grid lazily; write points.csv, summary.json and the plots into out_dir (if given).
+
+    A rerun into an out_dir holding this scenario's unfinished rows (same digest) resumes after them.
+    """
+    check_size(sc, yes)
+    out = output_dir(out_dir, "--out") if out_dir is not None else None
+    rows, done = prepare_out(sc, out, tell) if out is not None else ([], 0)
+    interrupted = False
     try:
-        for i, point in enumerate(points):
+        for i, point in enumerate(itertools.islice(sc.points(), done, None), done + 1):
             rows += evaluate(point, sc.kind)
+            done = i
             if progress:
-                progress(i + 1, len(points))
+                progress(i, sc.count)
     except KeyboardInterrupt:
         interrupted = True
-    summary = _summary(sc, points, rows, interrupted)
-    if out_dir is not None:
-        summary["files"] = write_outputs(sc, rows, summary, Path(out_dir), plots=not interrupted)
+    summary = _summary(sc, done, rows, interrupted)
+    if out is not None:
+        summary["files"] = write_outputs(sc, rows, summary, out, plots=not interrupted)
     if interrupted:
         raise ScenarioInterrupted(summary)
     return {"summary": summary, "rows": rows}
 
 
 class ScenarioInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a sweep, after the finished rows were written."""
+    """Ctrl-C during a sweep, after the finished rows were written; the message is one line for the user."""
 
-    def __init__(self, summary: dict[str, Any]):
-        super().__init__("interrupted")
+    def __init__(self, summary: dict[str, Any], while_doing: str = ""):
+        s = summary
+        where = f"{s['rows']} rows in {Path(s['files'][0]).parent}/points.csv: rerun the same command to resume" \
+            if s.get("files") else "nothing written (no --out)"
+        doing = while_doing or f"after {s['points_done']} of {s['points']} points"
+        super().__init__(f"interrupted {doing}; {where}.")
         self.summary = summary
+
+
+def prepare_out(sc: Scenario, out: Path, tell: Callable[[str], None]) -> tuple[list[dict[str, Any]], int]:
+    """Check the folder's files before any work; return the rows and points this scenario already did there."""
+    for name in OWN_FILES:
+        if (out / name).exists() or (out / name).is_symlink():
+            output_file(out / name, "--out")
+    old = _old_summary(out)
+    same = old.get("scenario_hash") == sc.digest and isinstance(old.get("points_done"), int)
+    if same and (out / "points.csv").is_file():
+        rows = read_csv(out / "points.csv")
+        if len(rows) != old.get("rows"):
+            raise UserError(f"{out}/points.csv holds {len(rows)} rows but its summary.json says {old.get('rows')}: "
+                            "move one of them away, then rerun.")
+        if old["points_done"]:
+            tell(f"resuming: {old['points_done']} of {sc.count} points already in {out}/points.csv")
+        return rows, old["points_done"]
+    files = old.get("files") if isinstance(old.get("files"), list) else []
+    names = [Path(str(f)).name for f in files] or list(OWN_FILES)
+    earlier = [n for n in dict.fromkeys(names) if (out / n).exists()]
+    if earlier and not same:
+        tell(f"warning: {out} holds files of an earlier, different scenario ({old.get('scenario', 'unknown')}): "
+             f"{', '.join(earlier)}; this run replaces the ones it writes again, the others stay as they are")
+    return [], 0
+
+
+def _old_summary(out: Path) -> dict[str, Any]:
+    try:
+        old = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return old if isinstance(old, dict) else {}
+
+
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """Rows of a points.csv, numbers as numbers again (for plots and --json of a resumed run)."""
+    with open(path, newline="") as f:
+        return [{k: _cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def _cell(text: str) -> Any:
+    if text in ("", "True", "False"):
+        return None if text == "" else text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -146,10 +228,11 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def _summary(sc: Scenario, points: list[dict[str, Any]], rows: list[dict[str, Any]], interrupted: bool) -> dict[str, Any]:
+def _summary(sc: Scenario, done: int, rows: list[dict[str, Any]], interrupted: bool) -> dict[str, Any]:
     ok = [r for r in rows if r["status"] == "ok"]
     return {"scenario": sc.name, "file": sc.path, "question": sc.question, "kind": sc.kind, "base": sc.base,
-            "sweep": sc.sweep, "points": len(points), "rows": len(rows), "rows_ok": len(ok),
+            "sweep": sc.sweep, "scenario_hash": sc.digest, "points": sc.count, "points_done": done,
+            "rows": len(rows), "rows_ok": len(ok),
             "skipped": sorted({r["status"].removeprefix("skipped: ") for r in rows if r["status"] != "ok"}),
             "interrupted": interrupted, "columns": columns(rows)}
 
@@ -158,10 +241,15 @@ def write_outputs(sc: Scenario, rows: list[dict[str, Any]], summary: dict[str, A
                   plots: bool = True) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     files = [atomic_write(out / "points.csv", to_csv(rows))]
+    stopped = None
     if plots and sc.outputs.get("plots"):
         from simulator.report.scenario_plots import scenario_plots
-        files += scenario_plots(sc, rows, out)
-    summary_text = json.dumps(summary | {"files": [str(f) for f in files] + [str(out / "summary.json")]}, indent=2,
-                              allow_nan=False)
-    files.append(atomic_write(out / "summary.json", summary_text))
-    return [str(f) for f in files]
+        try:
+            files += scenario_plots(sc, rows, out)
+        except KeyboardInterrupt:
+            stopped, summary["interrupted"] = "while drawing the plots", True
+    names = [str(f) for f in files] + [str(out / "summary.json")]
+    atomic_write(out / "summary.json", json.dumps(summary | {"files": names}, indent=2, allow_nan=False))
+    if stopped:
+        raise ScenarioInterrupted(summary | {"files": names}, stopped)
+    return names

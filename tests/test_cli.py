@@ -45,7 +45,7 @@ def test_check_exit_1_when_out_of_tolerance(monkeypatch):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (("check", "--tp", "3"), "does not divide"),
+    (("check", "--tp", "3"), "--tp 3 does not divide"),
     (("check", "--batch", "-2"), "batch"),
     (("check", "--model", "no-such-model"), "unknown model"),
     (("check", "--tokens-per-seq", "0"), "--tokens-per-seq = 0"),
@@ -73,3 +73,92 @@ def test_bad_files(tmp_path):
 def test_list_models():
     r = run("list", "models")
     assert r.exit_code == 0 and "kimi-k3" in r.output.split()
+
+
+# ------------------------------------------------------------------ flags as typed, one fact each, no no-ops
+
+
+@pytest.mark.parametrize("args, needle, absent", [
+    (("step", "--batch", "-1"), "--batch = -1", "context"),
+    (("layer", "--batch", "0"), "--batch = 0", "tokens"),
+    (("layer", "--tokens-per-seq", "0"), "--tokens-per-seq = 0", "batch"),
+    (("step", "--context", "-5"), "--context = -5", "batch"),
+    (("step", "--tp", "0"), "--tp = 0", "batch"),
+    (("ablation", "--tp", "-2"), "--tp = -2", "batch"),
+])
+def test_range_errors_name_the_flag_as_typed_one_fact(args, needle, absent):
+    r = run(*args)
+    assert r.exit_code == 2 and r.output.startswith(f"error: {needle}") and r.output.count("\n") == 1
+    assert absent not in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("layer", "--enable-fusion", "fused_kda"), "--enable-fusion fused_kda changes nothing"),
+    (("step", "--enable-fusion", "latent_tail"), "on by default"),
+    (("layer", "--enable-fusion", "unpadded_experts", "--disable-fusion", "unpadded_experts"), "both name unpadded_experts"),
+    (("layer", "--disable-fusion", "unpadded_experts"), "--disable-fusion unpadded_experts changes nothing"),
+    (("layer", "--variant", "standard", "--disable-fusion", "fused_kda"), "--variant standard prices only"),
+    (("step", "--variant", "standard", "--enable-fusion", "unpadded_experts"), "--enable-fusion changes the specialized"),
+    (("ablation", "--tokens-per-seq", "1", "--acceptance-length", "3"), "--acceptance-length 3 must lie in [1, --tokens-per-seq = 1]"),
+    (("ablation", "--acceptance-length", "9"), "must lie in [1, --tokens-per-seq = 8]"),
+])
+def test_options_that_change_nothing_are_refused(args, needle):
+    r = run(*args)
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_useful_fusion_flags_still_work():
+    assert run("layer", "--enable-fusion", "unpadded_experts", "--json").exit_code == 0
+    assert run("layer", "--variant", "specialized", "--disable-fusion", "fused_kda", "--json").exit_code == 0
+    assert run("ablation", "--acceptance-length", "6", "--json").exit_code == 0
+
+
+# ------------------------------------------------------------------ names never cut, help paragraphs apart
+
+
+def test_ablation_prints_whole_fusion_names_at_80_columns(monkeypatch):
+    from simulator.plans.specialized import FUSIONS
+    monkeypatch.setenv("COLUMNS", "80")
+    r = run("ablation")
+    assert r.exit_code == 0 and "…" not in r.output
+    assert max(len(line) for line in r.output.splitlines()) <= 80
+    for name in FUSIONS:
+        assert sum(f"│ {name} " in line for line in r.output.splitlines()) == 2, name  # layer and step tables
+
+
+def _kernel_cells(output: str) -> list[str]:
+    """The kernel column of `layer`'s tables, wrapped cells joined again."""
+    names: list[str] = []
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) > 3 and line.startswith("│") and cells[1].isdigit():
+            names.append(cells[2])
+        elif len(cells) > 3 and line.startswith("│") and not cells[1] and names:
+            names[-1] += cells[2]
+    return names
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_layer_never_cuts_kernel_names(monkeypatch, width):
+    monkeypatch.setenv("COLUMNS", str(width))
+    r = run("layer")
+    assert r.exit_code == 0 and "…" not in r.output
+    assert max(len(line) for line in r.output.splitlines()) <= width
+    monkeypatch.delenv("COLUMNS")
+    doc = json.loads(run("layer", "--json").output)
+    assert _kernel_cells(r.output) == [k["name"] for v in doc["variants"].values() for k in v["kernels"]]
+
+
+@pytest.mark.parametrize("command", ["check", "layer", "step", "trace", "ablation", "run"])
+def test_help_keeps_example_a_paragraph_of_its_own(command):
+    lines = run(command, "--help").output.splitlines()
+    example = next(i for i, line in enumerate(lines) if line.strip().startswith("Example:"))
+    assert not lines[example - 1].strip() and not lines[example + 1].strip(), "blank lines around Example:"
+
+
+def test_check_help_example_is_a_small_run():
+    text = run("check", "--help").output
+    assert "Exit 0 when" in text and "Example: moe-sim check --tp 2" in text and "kimi-k3" not in text.split("Options:")[0]
+    example = next(line for line in text.splitlines() if "Example:" in line)
+    assert "Exit 0" not in example

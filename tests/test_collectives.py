@@ -58,7 +58,7 @@ def test_rule_picks_the_cheaper_algorithm_far_from_the_threshold() -> None:
 
 def test_gb200_mnnvl_measurements_are_reproduced_within_10_percent() -> None:
     """tokenspeed PR #1234, 64 tokens x 7168 bf16 (0.88 MiB): one-shot 19.0 / 32.7 us and two-shot
-    14.0 / 15.0 us at P = 8 / 16 (hardware.md §4.3)."""
+    14.0 / 15.0 us at P = 8 / 16 (sources.md §4.3)."""
     hw = load_hardware("gb200")
     measured = {(one_shot, 8): 19.0, (one_shot, 16): 32.7, (two_shot, 8): 14.0, (two_shot, 16): 15.0}
     for (algorithm, ranks), us in measured.items():
@@ -84,7 +84,7 @@ def test_min_alpha_never_exceeds_a_chosen_algorithm(name: str) -> None:
 
 
 def test_tp_beyond_the_nvlink_domain_is_a_user_error() -> None:
-    with pytest.raises(UserError, match=r"^TP 16 exceeds the 8-GPU NVLink domain of H200\.$"):
+    with pytest.raises(UserError, match=r"^--tp 16 exceeds the 8-GPU NVLink domain of H200\.$"):
         choose_algorithm("all_reduce", ONE_TOKEN, 16, load_hardware("h200"))
     assert choose_algorithm("all_reduce", ONE_TOKEN, 16, load_hardware("gb300")).time_us > 0
 

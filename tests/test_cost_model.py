@@ -128,7 +128,7 @@ def test_trace_cli(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (("layer", "--hardware", "tpu-v9"), "Unknown hardware"),
-    (("layer", "--hardware", "h200", "--tp", "16"), "exceeds the 8-GPU NVLink domain"),
+    (("layer", "--hardware", "h200", "--tp", "16"), "--tp 16 exceeds the 8-GPU NVLink domain"),
     (("step", "--draft-tokens", "3", "--acceptance-length", "5"), "acceptance-length"),
     (("step", "--draft-tokens", "-1"), "draft-tokens"),
     (("step", "--batch", "0"), "batch"),

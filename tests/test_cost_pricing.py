@@ -69,7 +69,7 @@ def test_small_kernels_do_not_reach_peak_bandwidth(name: str) -> None:
 
 
 def test_h200_gemm_times_land_near_the_measured_cublas_table() -> None:
-    """hardware.md §3.2 (M=1, CUDA graph): 30.3 MB fused_a 13.3 us, 29.4 MB o-proj 10.1 us."""
+    """sources.md §3.2 (M=1, CUDA graph): 30.3 MB fused_a 13.3 us, 29.4 MB o-proj 10.1 us."""
     hw = load_hardware("h200")
     cost = price_kernel(gemm(1), hw)
     assert 10.1 * 0.9 < cost.total_us < 13.3 * 1.1

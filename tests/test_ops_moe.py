@@ -94,7 +94,7 @@ def test_situ_is_bounded(tiny):
 
 def test_expected_unique_experts():
     assert ex.expected_unique_experts(1, 896, 16) == pytest.approx(16)
-    assert ex.expected_unique_experts(8, 256, 8) == pytest.approx(57.4, abs=0.1)  # hardware.md table 5.1
+    assert ex.expected_unique_experts(8, 256, 8) == pytest.approx(57.4, abs=0.1)  # sources.md §5.1
     assert ex.expected_unique_experts(10_000, 256, 8) == pytest.approx(256)
 
 

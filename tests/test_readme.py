@@ -20,10 +20,17 @@ def _block_after(heading: str) -> list[str]:
 
 def test_exactly_two_set_up_commands():
     install, tests = _block_after("## Set up")
-    assert "pip install -e" in install and "moe-sim" in install
+    assert install.strip() == 'python -m pip install -e ".[test]" && moe-sim layer', "no extra beyond the tests'"
     assert tests.strip() == "python -m pytest"
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "python -m pytest" in ci and 'pip install --quiet -e ".[test,plots]"' in ci
+    assert "python -m pytest" in ci and 'pip install --quiet -e ".[test]"' in ci
+
+
+def test_ci_builds_installs_and_runs_the_wheel_outside_the_clone():
+    ci = (ROOT / ".ci" / "run").read_text()
+    for step in ("pip wheel", 'python3 -m venv "$scratch/venv"', 'cd "$scratch"', "moe-sim\" list models",
+                 "moe-sim\" run batch-sweep"):
+        assert step in ci, step
 
 
 def test_pictures_exist():
@@ -44,3 +51,16 @@ def test_usage_lines_run(tmp_path, monkeypatch):
         args = [str(ROOT / a) if a.startswith("scenarios/") else a for a in args]
         r = runner.invoke(app, args)
         assert r.exit_code == 0, f"{line}: {r.output[-400:]}"
+
+
+def test_intro_labels_published_and_modelled_numbers():
+    import json
+    intro = README.split("## Set up", 1)[0]
+    published, modelled = intro.split("**Modelled**", 1)
+    assert "**Published**" in published and "69 µs" in published and "3.90 ms against 7.38 ms" in published
+    runner = CliRunner()
+    layer = json.loads(runner.invoke(app, ["layer", "--json"]).output)["variants"]
+    step = json.loads(runner.invoke(app, ["step", "--json"]).output)["variants"]
+    assert (f"{layer['specialized']['kernel_count']} kernels / {layer['specialized']['layer_us']:.0f} µs against "
+            f"{layer['standard']['kernel_count']} / {layer['standard']['layer_us']:.0f} µs") in modelled
+    assert f"{step['specialized']['step_ms']:.2f} ms against {step['standard']['step_ms']:.2f} ms" in modelled

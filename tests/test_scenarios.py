@@ -92,10 +92,11 @@ GOOD = 'question = "A question long enough to be a question about decode steps o
     (GOOD + "colour = \"red\"\n", ["line 3", "colour"]),
     (GOOD.replace('"step"', '"dance"'), ["line 2", "kind"]),
     (GOOD + "[outputs]\nplots = [\"pie\"]\n", ["line 4", "plots", "pie"]),
+    (GOOD + "[outputs]\ny = \"nonsense\"\n", ["line 4", "'y'", "nonsense", "step_ms"]),
     ("kind = \"step\"\n", ["question"]),
     ("question = [unclosed\n", ["not valid TOML"]),
 ], ids=["unknown-key", "empty-axis", "wrong-type", "unknown-model", "unknown-hardware", "unknown-fusion",
-        "unknown-top-key", "unknown-kind", "unknown-plot", "no-question", "not-toml"])
+        "unknown-top-key", "unknown-kind", "unknown-plot", "unknown-y", "no-question", "not-toml"])
 def test_malformed_scenario(tmp_path, text, needles):
     out = tmp_path / "out"
     r = runner.invoke(app, ["run", str(_scenario(tmp_path, text)), "--out", str(out)])
@@ -127,4 +128,126 @@ def test_interrupted_sweep_keeps_finished_points(tmp_path, monkeypatch):
 
 def test_quick_cuts_axes():
     sc = load_scenario(ROOT / "scenarios" / "batch-sweep.toml")
-    assert len(sc.reduced().points()) == 4 and len(sc.points()) == 14
+    assert sc.reduced().count == len(list(sc.reduced().points())) == 4
+    assert sc.count == len(list(sc.points())) == 14
+
+
+# ------------------------------------------------------------------ sizes, resume, interruptions
+
+
+def _counting(monkeypatch, stop_at: int | None = None) -> dict:
+    """Patch sweep.evaluate to count calls, and to raise Ctrl-C at call `stop_at`."""
+    real, calls = sweep.evaluate, {"n": 0}
+
+    def counted(point, kind):
+        calls["n"] += 1
+        if calls["n"] == stop_at:
+            raise KeyboardInterrupt
+        return real(point, kind)
+
+    monkeypatch.setattr(sweep, "evaluate", counted)
+    return calls
+
+
+def _csv_rows(path: Path) -> int:
+    with open(path / "points.csv") as f:
+        return len(list(csv.DictReader(f)))
+
+
+def test_points_are_generated_lazily(tmp_path):
+    axes = "batch = [" + ", ".join(map(str, range(1, 1001))) + "]\ncontext = [" + ", ".join(map(str, range(1000))) + "]\n"
+    sc = load_scenario(_scenario(tmp_path, GOOD + "[sweep]\n" + axes))
+    points = sc.points()
+    assert sc.count == 10**6 and iter(points) is points  # an iterator, never a million-entry list
+    assert next(points)["batch"] == 1
+
+
+def test_grid_over_the_limit_needs_yes(tmp_path, monkeypatch):
+    axes = "batch = [" + ", ".join(map(str, range(1, 501))) + "]\ncontext = [" + ", ".join(map(str, range(100))) + "]\n"
+    path = _scenario(tmp_path, GOOD + "[sweep]\n" + axes)
+    calls = _counting(monkeypatch)
+    r = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2 and "50,000 grid points" in r.output and "--yes" in r.output
+    assert f"about {50_000 / sweep.POINTS_PER_S['step'] / 60:,.0f} min at" in r.output
+    assert calls["n"] == 0 and not (tmp_path / "out").exists()
+    monkeypatch.setattr(sweep, "LIMIT", 3)
+    r = runner.invoke(app, ["run", "batch-sweep", "--quick", "--yes"])
+    assert r.exit_code == 0, r.output
+
+
+def test_rerun_resumes_and_never_shrinks_the_csv(tmp_path, monkeypatch):
+    calls = _counting(monkeypatch, stop_at=4)
+    r = runner.invoke(app, ["run", "batch-sweep", "--out", str(tmp_path)])
+    assert r.exit_code == 130 and _csv_rows(tmp_path) == 6
+    assert r.output.strip().splitlines()[-1].startswith("interrupted after 3 of 14 points; 6 rows in")
+    calls = _counting(monkeypatch, stop_at=2)  # interrupted again one point later: the CSV still grows
+    r = runner.invoke(app, ["run", "batch-sweep", "--out", str(tmp_path)])
+    assert r.exit_code == 130 and "resuming: 3 of 14 points" in r.output and _csv_rows(tmp_path) == 8
+    calls = _counting(monkeypatch)
+    r = runner.invoke(app, ["run", "batch-sweep", "--out", str(tmp_path)])
+    assert r.exit_code == 0 and calls["n"] == 14 - 4 and _csv_rows(tmp_path) == 28
+    full = runner.invoke(app, ["run", "batch-sweep", "--json"])
+    resumed = json.loads(runner.invoke(app, ["run", "batch-sweep", "--out", str(tmp_path), "--json"]).stdout)
+    assert resumed["rows"] == json.loads(full.stdout)["rows"], "rows read back from points.csv are the same rows"
+
+
+def test_resume_refuses_a_csv_that_disagrees_with_its_summary(tmp_path):
+    runner.invoke(app, ["run", "batch-sweep", "--quick", "--out", str(tmp_path)])
+    lines = (tmp_path / "points.csv").read_text().splitlines()
+    (tmp_path / "points.csv").write_text("\n".join(lines[:-1]) + "\n")
+    r = runner.invoke(app, ["run", "batch-sweep", "--quick", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "summary.json says 8" in r.output and _csv_rows(tmp_path) == 7
+
+
+@pytest.mark.parametrize("summary", ["not json", "[1, 2]", '{"files": 3, "scenario_hash": 7}'])
+def test_a_foreign_or_broken_summary_is_named_not_a_traceback(tmp_path, summary):
+    (tmp_path / "summary.json").write_text(summary)
+    (tmp_path / "points.csv").write_text("a,b\n1,2\n")
+    r = runner.invoke(app, ["run", "batch-sweep", "--quick", "--out", str(tmp_path)])
+    assert r.exit_code == 0 and "earlier, different scenario (unknown): points.csv, summary.json" in r.output
+    assert _csv_rows(tmp_path) == 8
+
+
+def test_ctrl_c_while_plotting_is_one_line_and_130(tmp_path, monkeypatch):
+    import simulator.report.scenario_plots as sp
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sp, "scenario_plots", interrupted)
+    r = runner.invoke(app, ["run", "batch-sweep", "--quick", "--out", str(tmp_path)])
+    assert r.exit_code == 130 and r.output.strip().startswith("interrupted while drawing the plots")
+    assert len(r.output.strip().splitlines()) == 1
+    assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is True
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_ctrl_c_in_any_command_is_one_line_and_130(tmp_path, monkeypatch):
+    import simulator.report.summary as summary
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(summary, "layer_report", interrupted)
+    r = runner.invoke(app, ["layer", "--plot", str(tmp_path)])
+    assert r.exit_code == 130 and r.output.strip() == "interrupted"
+
+
+def test_files_of_another_scenario_are_named(tmp_path):
+    assert runner.invoke(app, ["run", "batch-sweep", "--quick", "--out", str(tmp_path)]).exit_code == 0
+    r = runner.invoke(app, ["run", "speculative", "--quick", "--out", str(tmp_path)])
+    assert r.exit_code == 0 and "earlier, different scenario (batch-sweep)" in r.output
+    assert "batch-sweep-step.png" in r.output and "resuming" not in r.output
+
+
+def test_skip_reasons_printed_when_no_csv_is_written():
+    r = runner.invoke(app, ["run", "speculative", "--quick"])
+    assert r.exit_code == 0 and "points.csv" not in r.output
+    assert "skipped: --acceptance-length = 6.0 must lie in" in r.output
+
+
+@pytest.mark.parametrize("kind, name", [("step", "batch-sweep"), ("layer", "context-length"),
+                                        ("ablation", "fusion-ablation")])
+def test_y_columns_are_real_columns(kind, name):
+    from simulator.scenario import Y_COLUMNS
+    sc = load_scenario(ROOT / "scenarios" / f"{name}.toml")
+    rows = sweep.evaluate(next(sc.points()), kind)
+    assert rows[0]["status"] == "ok" and set(Y_COLUMNS[kind]) <= set(rows[0])

@@ -112,7 +112,7 @@ def test_unknown_or_forward_dependency_is_rejected() -> None:
 
 
 def test_floor_of_a_serial_plan_is_the_textbook_bound() -> None:
-    """B / BW + n alpha_min (hardware.md §7.5) when nothing overlaps."""
+    """B / BW + n alpha_min (sources.md §7.5) when nothing overlaps."""
     hw = load_hardware("gb300")
     kernels = (stream_kernel("a", 30), all_reduce("ar", ranks=16), stream_kernel("c", 50, kind="moe"))
     weights = sum(k.weight_bytes for k in kernels)

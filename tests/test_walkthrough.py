@@ -9,7 +9,8 @@ Conventions the walkthrough follows (so this test can check it):
   (a reader sees the number, and its source on hover). ARGS are `moe-sim` arguments that print JSON
   (they include --json), PATH walks the JSON (dot-separated keys, integers index lists) and FORMAT
   is a Python format spec; NUMBER must equal the formatted value. `py: EXPR | FORMAT` evaluates EXPR
-  in the python blocks' namespace instead.
+  in the python blocks' namespace instead. A FORMAT of `< BOUND` quotes a bound, for rounding noise
+  whose digits depend on the CPU: NUMBER reads `&lt; BOUND` and the value must lie below BOUND.
 """
 
 import html
@@ -96,5 +97,10 @@ def test_quoted_numbers_match_the_tool(namespace):
         else:
             args, path, fmt = spec
             value = _walk(_json(args), path)
+        if fmt.startswith("<"):
+            bound = float(fmt[1:])
+            assert html.unescape(m.group(2)) == f"< {fmt[1:].strip()}", f"marker '{m.group(1)}' quotes {m.group(2)!r}"
+            assert abs(value) < bound, f"marker '{m.group(1)}': the tool gives {value:.2e}, above the quoted bound"
+            continue
         shown = format(value, fmt)
         assert m.group(2) == shown, f"marker '{m.group(1)}': the tool gives {shown}, the text says {m.group(2)!r}"

@@ -59,7 +59,7 @@ def check_ranks(ranks: int, hw: HardwareProfile) -> None:
     if ranks < 1:
         raise UserError(f"TP {ranks} is not a positive number of GPUs.")
     if ranks > hw.nvlink_domain:
-        raise UserError(f"TP {ranks} exceeds the {hw.nvlink_domain}-GPU NVLink domain of {hw.name}.")
+        raise UserError(f"--tp {ranks} exceeds the {hw.nvlink_domain}-GPU NVLink domain of {hw.name}.")
 
 
 def _us(nbytes: float, bandwidth: float) -> float:

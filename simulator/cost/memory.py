@@ -5,16 +5,16 @@
     kda_state   = B x n_kda x [(Nh/P) H H x 4 B + 3 (Nh/P) H (W-1) x 2 B]   FP32 state + BF16 conv history
     activations = M x [2 B x D x (blocks + 3) + widest per-rank intermediate]
 
-Replicated on every rank in the stock layout (reference/kimi_k3.md 1h): the router, the latent down /
+Replicated on every rank in the stock layout (docs/sources.md §K1h): the router, the latent down /
 up projections and the MLA q_a / kv_a projection. Kimi K3 comes to 1.56 TB in all, 205 GB per GPU at
 TP8 (1.56 TB / 8 plus the replicated weights): more than an H200 (141 GB), B200 (180 GB) or GB200 (186 GB) holds, so TP8 on those needs pipeline
 parallelism; the CLI still prices the TP8 layer (with a warning), a sweep skips the point.
 
 The cache and the state grow with the batch and the context and soon dominate: absorbed MLA keeps one
 576-element latent per token per MLA layer (512 c_kv + 64 k_pe, FP8 in vLLM's `--kv-cache-dtype fp8`,
-reference/kimi_k3.md 1b), and every rank holds all of it because every rank's heads attend to the same
+docs/sources.md §K1b), and every rank holds all of it because every rank's heads attend to the same
 latent. Kimi K3 at TP8, batch 64, context 131,072: 64 x 131,073 x 576 B x 24 layers = 116 GB per GPU.
-KDA's state is fixed-size per sequence: 96/8 heads x 128 x 128 x 4 B = 0.75 MiB per layer (ref 1c).
+KDA's state is fixed-size per sequence: 96/8 heads x 128 x 128 x 4 B = 0.75 MiB per layer (docs/sources.md §K1c).
 
 Activations are modest: per token the residual stream and its AttnRes block snapshots in BF16, plus the
 widest intermediate one rank holds at once (the gathered expert rows and their gate/up output, the dense
@@ -33,8 +33,8 @@ from simulator.config import ModelConfig
 from simulator.cost.step import build_plan
 from simulator.plans.kernel import DTYPE_BYTES, DecodeShape, Tensor
 
-MLA_CACHE_DTYPE = "fp8"  # vLLM --kv-cache-dtype fp8, as in the Kimi K3 serving recipes (reference/kimi_k3.md 2)
-KDA_STATE_DTYPE, KDA_CONV_DTYPE = "fp32", "bf16"  # vLLM defaults (reference/kimi_k3.md 2, V-KDA)
+MLA_CACHE_DTYPE = "fp8"  # vLLM --kv-cache-dtype fp8, as in the Kimi K3 serving recipes (docs/sources.md §K2)
+KDA_STATE_DTYPE, KDA_CONV_DTYPE = "fp32", "bf16"  # vLLM defaults (docs/sources.md §K2)
 
 
 @lru_cache(maxsize=256)

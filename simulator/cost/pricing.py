@@ -18,7 +18,7 @@ So the bandwidth a kernel achieves depends on its size,
 ~0 for tiny kernels, half of eta BW at S = t_fixed eta BW, and eta BW for large S. Napkin (H200): a
 streaming kernel reaches half speed at 0.44 us x 4.56 TB/s = 2 MB; a cuBLAS-like GEMM (2.44 us fixed) only
 at 11 MB. A 30 MB bf16 GEMM at M = 1 takes 2.44 + 30e6 / 4.56e12 = 9.0 us (+1.6 us gap), measured 10-13 us
-(hardware.md §3.2). Its intensity is ~M FLOP/B (2 M K N flops over 2 K N bytes), far below H200's 206
+(sources.md §3.2). Its intensity is ~M FLOP/B (2 M K N flops over 2 K N bytes), far below H200's 206
 FLOP/B critical intensity, so the time stays flat from M = 1 to M = 64.
 
 `bound` names the largest term: latency (t_fixed + alpha), memory, compute or communication (transfer).

@@ -18,7 +18,7 @@ Speed-of-light floor (never above the estimate; tests check it on random plans):
     floor = max( B / BW,  max over streams s of [ sum_{collectives on s} alpha_min + (B_s - PF_s) / BW ] )
 B: weight bytes + attention (KV cache / recurrent state) traffic of the plan at peak BW; B_s, PF_s: the
 same and the declared prefetch bytes of stream s. A single-stream plan without prefetch gets the textbook
-B / BW + n alpha_min (hardware.md §7.5); overlap the plan declares lowers it by what it can hide.
+B / BW + n alpha_min (sources.md §7.5); overlap the plan declares lowers it by what it can hide.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ written as a table of its own after the plain constants:
     [launch_gap_us]
     value = 1.62
     unit = "us"
-    source = "H200 read chain, hardware.md 3.1"
+    source = "H200 read chain, sources.md §3.1"
     fitted_to = "t0(no PDL) - t0(PDL) = 2.06 - 0.44 us"
     range = [1.3, 2.1]
     range_source = "Hazy Research 1.3 us bubble per boundary (H100); H200 run t0 = 2.06 us"

@@ -28,7 +28,7 @@ What differs from the textbook (Gated DeltaNet / FLA `fused_recurrent_kda`):
 Three forms with one signature: `kda_decode_reference` (plain per-token loops), `kda_decode_fused`
 (one numba program per (sequence, head), as the GPU kernel) and `kda_chain` (the four-kernel fallback).
 All are pure and compute in the inputs' dtype; pass all inputs in one dtype (float64 or float32).
-Sources: reference/kimi_k3.md sections 1c and 4 (R-ARCH section 4, V-KDA, COL).
+Sources: docs/sources.md §K1c and §K4 (R-ARCH §4, V-KDA, COL).
 """
 
 from __future__ import annotations

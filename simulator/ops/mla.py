@@ -19,7 +19,7 @@ Dimension legend: B sequences, T new tokens per sequence (1, or 1 + draft tokens
 N heads on this rank (N/P; 12 for K3 at TP8), Dn nope head dim (128), R rope/pe dim (64),
 Dv value head dim (128), L latent (kv_lora_rank, 512), Rq q latent (q_lora_rank, 1536).
 
-What differs from DeepSeek's MLA (reference/kimi_k3.md section 1b):
+What differs from DeepSeek's MLA (docs/sources.md §K1b):
 - Kimi K3 is NoPE: the R "rope" dims are projected, cached and scored but never rotated, so
   `rope` is only called for DeepSeek-style models; the scale stays (Dn + R)^-1/2 = 192^-1/2
   (DeepSeek-V3's YaRN multiplies it by mscale^2 = 1.87 and corrects the frequencies: `rope_inv_freq`);

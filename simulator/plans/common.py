@@ -276,5 +276,5 @@ def expected_experts(d: Dims) -> int:
 
 def expert_math(cfg: ModelConfig) -> str:
     """Tensor-core format of routed-expert GEMMs: MXFP4 weights run as W4A16 (bf16 activations) on
-    the path the published change describes (reference/kimi_k3.md section 5, item 7)."""
+    the path the published change describes (docs/sources.md §K5, item 7)."""
     return "bf16" if cfg.expert_dtype == "mxfp4" else ("fp8" if cfg.expert_dtype == "fp8" else "bf16")

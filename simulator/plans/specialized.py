@@ -1,7 +1,7 @@
 """The specialized plan: the fused decode path of vLLM PR #61867 ("latency_specialized"), one rank.
 
-Reconstructed from the published description (published.md) and the public precursors of each
-fusion (reference/kimi_k3.md section 3). Each fusion is a named switch; turning one off puts back
+Reconstructed from the published description (docs/published.md) and the public precursors of each
+fusion (docs/sources.md §K3). Each fusion is a named switch; turning one off puts back
 the standard kernels it replaced, so a user can ablate one at a time.
 
     fused_kda             conv + gate + delta rule + norm + output gate in one kernel, also for
@@ -180,7 +180,7 @@ def split_router(d: Dims) -> list[Kernel]:
     (E + L) D 2 to (E + L) D 2 / P: 64 MB -> 4 MB for Kimi K3 at TP16."""
     cfg, M, D, E, L, P, k = d.cfg, d.M, d.D, d.cfg.num_experts, d.L, d.P, d.cfg.top_k
     if E % P or L % P:
-        raise UserError(f"split_router needs TP = {P} to divide the {E} experts and the latent {L}.")
+        raise UserError(f"split_router needs --tp {P} to divide the {E} experts and the latent {L}.")
 
     def gemm(rank: Any) -> None:
         x = rank.buf["x2"]

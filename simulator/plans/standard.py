@@ -1,6 +1,6 @@
 """The standard plan: stock vLLM's decode kernel sequence for one Kimi K3 layer on one TP rank.
 
-A reconstruction from the vLLM source (reference/kimi_k3.md section 2), read top to bottom as the
+A reconstruction from the vLLM source (docs/sources.md §K2), read top to bottom as the
 launches one rank makes. Each kernel's `note` gives its source or the reasoning; docs/kernels.md
 lists them. All kernels run on the main stream except the MLA `g_proj` and the latent
 down-projection, which stock vLLM already puts on an aux stream at decode sizes.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -132,20 +131,15 @@ def _render(draw: Callable[[], Figure], out_dir: Path, stem: str) -> list[Path]:
 
 
 def _save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
-    """Write every format to a temporary file beside its target, then rename them all; on failure remove them."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for fmt in FORMATS:
-            staged.append((out_dir / f".{stem}.{fmt}.{uuid.uuid4().hex[:12]}.tmp", out_dir / f"{stem}.{fmt}"))
-            fig.savefig(staged[-1][0], format=fmt, metadata=dict(METADATA[fmt]))
-        for tmp, target in staged:
-            os.replace(tmp, target)
-    except BaseException:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
-        raise
-    return [target for _, target in staged]
+    """Write every format beside its target, then put them all in place; on failure or Ctrl-C remove them."""
+    from contextlib import ExitStack
+
+    from simulator.report.files import replacing
+    targets = [out_dir / f"{stem}.{fmt}" for fmt in FORMATS]
+    with ExitStack() as stack:
+        for fmt, target in zip(FORMATS, targets):
+            fig.savefig(stack.enter_context(replacing(target)), format=fmt, metadata=dict(METADATA[fmt]))
+    return targets
 
 
 def _figure(width: float, height: float) -> Figure:

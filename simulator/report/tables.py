@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from simulator.cost.memory import shortfall
 
 
 def _console() -> Console:
     console = Console(highlight=False)
-    if not console.is_terminal:  # pipes and CI logs: wide enough that numbers are never elided
+    if not console.is_terminal and "COLUMNS" not in os.environ:  # pipes and CI logs: wide enough for every table
         console = Console(highlight=False, width=140)
     return console
+
+
+def _name_column(header: str, names: list[str]) -> Column:
+    """A column of names a user types (fusions): always whole, on one line, whatever the width."""
+    return Column(header, no_wrap=True, min_width=max(map(len, names), default=len(header)))
+
+
+def _wrapped(header: str) -> Column:
+    """A column of long names (kernels): wrapped onto more lines at narrow widths, never cut."""
+    return Column(header, overflow="fold", min_width=12)
 
 
 def print_check(doc: dict[str, Any]) -> None:
@@ -67,8 +78,9 @@ def print_layer(doc: dict[str, Any]) -> None:
     con.print(f"{doc['layer'].upper()} layer (#{doc['layer_index']})  " + _conditions(doc))
     con.print(f"metric: {doc['metric']}")
     for name, v in doc["variants"].items():
-        table = Table("#", "kernel", "stream", "start us", "dur us", "MB", "bound", "GB/s", "% peak", title=
-                      f"{name}: {v['kernel_count']} kernels, {v['layer_us']:.1f} us (speed-of-light floor {v['floor_us']:.1f} us)")
+        table = Table("#", _wrapped("kernel"), "stream", "start", "dur", "MB", "bound", "GB/s", "%pk", title=
+                      f"{name}: {v['kernel_count']} kernels, {v['layer_us']:.1f} us (speed-of-light floor {v['floor_us']:.1f} us); "
+                      "start, dur in us, %pk = % of peak")
         for i, k in enumerate(v["kernels"], 1):
             table.add_row(str(i), k["name"], k["stream"], f"{k['start_us']:.2f}", f"{k['duration_us']:.2f}",
                           f"{k['bytes'] / 1e6:.2f}", k["bound"], f"{k['achieved_gbps']:.0f}", f"{100 * k['fraction_of_peak']:.0f}")
@@ -116,16 +128,18 @@ def print_ablation(doc: dict[str, Any]) -> None:
               f"{doc['tokens_per_seq']} token(s)/seq  context {doc['context']}  layer {doc['layer']}")
     con.print(f"metric: {doc['metric']}")
     std, spec = doc["standard"], doc["specialized"]
-    table = Table("fusion", "kernels saved", "add to standard: layer us", "remove from specialized: layer us",
-                  "waterfall: layer us", "add: step ms", "remove: step ms", "waterfall: step ms",
-                  title=f"standard {std['kernel_count']} kernels {std['layer_us']:.1f} us / step {std['step_ms']:.3f} ms"
-                        f"  ->  specialized {spec['kernel_count']} kernels {spec['layer_us']:.1f} us / step {spec['step_ms']:.3f} ms")
-    for r in doc["fusions"]:
-        table.add_row(r["fusion"], str(r["kernels_saved"]), f"{r['add_one_layer_us']:.2f}", f"{r['remove_one_layer_us']:.2f}",
-                      f"{r['waterfall_layer_us']:.2f}", f"{r['add_one_step_ms']:.3f}", f"{r['remove_one_step_ms']:.3f}",
-                      f"{r['waterfall_step_ms']:.3f}")
-    con.print(table)
-    con.print("positive = time saved; the waterfall column adds up to standard - specialized")
+    con.print(f"standard {std['kernel_count']} kernels {std['layer_us']:.1f} us / step {std['step_ms']:.3f} ms  ->  "
+              f"specialized {spec['kernel_count']} kernels {spec['layer_us']:.1f} us / step {spec['step_ms']:.3f} ms")
+    names = [r["fusion"] for r in doc["fusions"]]
+    for level, unit, digits in (("layer", "us", 2), ("step", "ms", 3)):  # two tables: each fits 80 columns
+        table = Table(_name_column("fusion (--disable-fusion)", names), "kernels saved", "add one", "remove one",
+                      "waterfall", title=f"{level} time saved ({unit})")
+        for r in doc["fusions"]:
+            table.add_row(r["fusion"], str(r["kernels_saved"]), *[f"{r[f'{view}_{level}_{unit}']:.{digits}f}"
+                                                                  for view in ("add_one", "remove_one", "waterfall")])
+        con.print(table)
+    con.print("add one: the fusion alone added to standard; remove one: it alone removed from specialized; "
+              "waterfall: added in turn, adding up to standard - specialized. Positive = time saved.")
 
 
 RUN_METRICS = {
@@ -146,8 +160,10 @@ def print_run(result: dict[str, Any], max_rows: int = 60) -> None:
     table = Table(*axes, *RUN_METRICS[s["kind"]], "status")
     for row in result["rows"][:max_rows]:
         cells = [row.get(a) for a in axes] + [row.get(m) for m in RUN_METRICS[s["kind"]]]
-        table.add_row(*[_fmt(c) for c in cells], "ok" if row["status"] == "ok" else "skipped (reason in points.csv)")
+        table.add_row(*[_fmt(c) for c in cells], "ok" if row["status"] == "ok" else "skipped (reason below)")
     con.print(table)
+    for reason in s["skipped"]:
+        con.print(f"skipped: {reason}")
     if len(result["rows"]) > max_rows:
         con.print(f"... {len(result['rows']) - max_rows} more rows in points.csv")
     con.print(f"{s['rows_ok']} of {s['rows']} rows ok over {s['points']} grid points"
