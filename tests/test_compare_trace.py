@@ -178,7 +178,7 @@ def _refused(path: Path, *args: str) -> str:
 def _overlapping() -> dict:
     trace = torch_trace()
     kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
-    kernels[3]["ts"] = kernels[2]["ts"] + 0.5 * kernels[2]["dur"]
+    kernels[3]["ts"], kernels[3]["dur"] = kernels[2]["ts"] + 0.1, 0.5 * kernels[2]["dur"]  # [3] inside [2]
     return trace
 
 
@@ -189,7 +189,7 @@ MALFORMED = {
     "no-kernels": ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1}]}, "no GPU kernel"),
     "unknown-names": ({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "mystery", "pid": 0, "tid": 7, "ts": 0, "dur": 1}]},
                       "matches the"),
-    "overlap": (_overlapping(), "overlap on stream"),
+    "overlap": (_overlapping(), "lies inside"),
     "ns-declared": (torch_trace(otherData={"timeUnit": "ns"}), "declares its clock in ns"),
     "ns-magnitudes": ({"traceEvents": [{**e, "ts": e["ts"] * 1000, "dur": e["dur"] * 1000} if e.get("cat") == "kernel"
                                        else e for e in torch_trace()["traceEvents"]]}, "look like ns"),
@@ -251,3 +251,32 @@ def test_reader_takes_a_bare_event_array_and_skips_prefetch_slices(tmp_path: Pat
 def test_reader_raises_user_errors_only(tmp_path: Path) -> None:
     with pytest.raises(UserError):
         read_kernels(_write(tmp_path / "list.json", [1, 2, 3]))
+
+
+# ============================================================================ real H200 traces
+
+# benchmarks/gpu/capture_traces.py on an H200 (torch 2.11, CUDA 13.0): 4 mini layers, eager and graph replay
+REAL = sorted((Path(__file__).parent / "data" / "traces").glob("mini-*.json.gz"))
+TORCH_EXTRAS = {"splitKreduce_kernel": 2, "direct_copy_kernel_cuda": 1, "MulFunctor": 1, "sigmoid_kernel_cuda": 1,
+                "CUDAFunctor_add": 1, "bitonicSortKVInPlace": 1}  # launches the plan does not count
+
+
+@pytest.mark.parametrize("path", REAL, ids=[p.name for p in REAL])
+def test_real_h200_trace_matches_every_mini_plan_kernel(path: Path) -> None:
+    batch = path.name.split("-b")[1].split(".")[0]
+    doc = _compare(path, *MINI[:5], batch, *MINI[6:])
+    assert doc["layers_found"] == 4 and doc["matched"] == 8 and doc["unmatched_plan"] == []
+    extras = {word: sum(word in name for name in doc["unmatched_measured"]) for word in TORCH_EXTRAS}
+    assert extras == TORCH_EXTRAS and len(doc["unmatched_measured"]) == sum(TORCH_EXTRAS.values())
+    gemms = [k for k in doc["kernels"] if k["plan"] in ("o_proj", "router", "shared_gate_up", "shared_down")]
+    assert all(k["measured"].startswith("nvjet") for k in gemms)
+    # a graph replay launches back to back (sub-µs gaps); eager launches wait for the CPU (tens of µs)
+    gap = doc["launch_gap_median_us"]["measured"]
+    assert gap < 1.0 if "graph" in path.name else gap > 5.0
+
+
+def test_real_eager_trace_keeps_its_pdl_overlap() -> None:
+    """cuBLASLt's split-K reduce starts 64 ns before its GEMM ends (PDL): not an error."""
+    eager = read_kernels(REAL[0])
+    gemm_then_reduce = [(a, b) for a, b in zip(eager.kernels, eager.kernels[1:]) if b.ts < a.end]
+    assert gemm_then_reduce and all("splitKreduce" in b.name for _, b in gemm_then_reduce)

@@ -3,6 +3,8 @@ the model's with the layer-timeline picture of `plots.py` (a "measured" panel be
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ def print_compare(doc: dict[str, Any]) -> None:
     table = Table("plan kernel", "measured kernel", "model us", "measured us", "error %", "model gap us",
                   "measured gap us", title=f"{doc['layers_found']} layer(s) found; medians over layers")
     for k in doc["kernels"]:
-        table.add_row(k["plan"], k["measured"], f"{k['model_us']:.2f}", f"{k['measured_us']:.2f}", _num(k["error_pct"], "+.1f"),
+        table.add_row(k["plan"], short_name(k["measured"]), f"{k['model_us']:.2f}", f"{k['measured_us']:.2f}", _num(k["error_pct"], "+.1f"),
                       _num(k["model_gap_us"], ".2f"), _num(k["measured_gap_us"], ".2f"))
     con.print(table)
     span = doc["makespan_us"]
@@ -28,9 +30,25 @@ def print_compare(doc: dict[str, Any]) -> None:
               f"layer makespan measured {span['measured']:.1f} us vs model {span['model']:.1f} us "
               f"({_num(doc['makespan_error_pct'], '+.1f')} %)")
     con.print(f"unmatched plan kernels (the engine did not launch them): {', '.join(doc['unmatched_plan']) or 'none'}")
-    con.print(f"unmatched measured kernels (the plan lacks them): {', '.join(doc['unmatched_measured']) or 'none'}")
+    extra = Counter(short_name(n) for n in doc["unmatched_measured"])
+    con.print("unmatched measured kernels (the plan lacks them; full names with --json): "
+              + (", ".join(f"{n}" + (f" x{c}" if c > 1 else "") for n, c in extra.items()) or "none"))
     for path in doc.get("plots", []):
         con.print(f"wrote {path}")
+
+
+_DETAIL = re.compile(r"\b(\w+(?:_kernel(?:_cuda)?|Functor(?:_\w+)?))\b")
+_GENERIC = ("gpu_kernel_impl", "BinaryFunctor")
+
+
+def short_name(name: str, width: int = 60) -> str:
+    """A C++ kernel signature cut to its kernel and the op it instantiates:
+    'void at::native::elementwise_kernel<128, 4, ...silu_kernel...>(...)' -> 'elementwise_kernel<silu_kernel>'."""
+    core = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    base = re.split(r"[<(]", core, maxsplit=1)[0].split("::")[-1]
+    detail = [w for w in _DETAIL.findall(core) if w != base and not w.startswith(_GENERIC)]
+    text = f"{base}<{detail[0]}>" if detail and base != core else base
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _num(x: float | None, spec: str) -> str:
@@ -44,7 +62,7 @@ def plot_compare(doc: dict[str, Any], timeline: Timeline, out: str | Path) -> li
     model = [{"key": s.key, "stream": s.stream, "kind": s.kind, "bound": s.bound, "start_us": s.start_us,
               "duration_us": s.duration_us} for s in timeline.spans]
     by_key = {s.key: s for s in timeline.spans}
-    measured = [{"key": k["plan"] or k["name"], "stream": k["stream"], "start_us": k["start_us"] + shift,
+    measured = [{"key": k["plan"] or short_name(k["name"], 24), "stream": k["stream"], "start_us": k["start_us"] + shift,
                  "duration_us": k["duration_us"], "kind": by_key[k["plan"]].kind if k["plan"] else "unmatched",
                  "bound": by_key[k["plan"]].bound if k["plan"] else "unmatched"} for k in doc["measured_layer"]]
     end = shift + doc["makespan_us"]["measured"]
