@@ -239,6 +239,19 @@ def test_reader_streams_across_chunk_boundaries(tmp_path: Path, monkeypatch: pyt
     assert small.metadata["traceName"] == "mini.json" and small.metadata["schemaVersion"] == 1
 
 
+def test_reader_gives_up_on_a_broken_event_without_reading_the_rest(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from simulator.report import trace_reader
+    good = json.dumps(torch_trace(layers=50))
+    cut = good.index('{"ph": "X", "cat": "kernel"', len(good) // 2)
+    path = tmp_path / "broken.json"
+    path.write_text(good[:cut] + '{"ph": "X", "cat": kernel}, ' + good[cut:])
+    monkeypatch.setattr(trace_reader, "CHUNK_CHARS", 256)
+    monkeypatch.setattr(trace_reader, "MAX_VALUE_CHARS", 1024)
+    with pytest.raises(UserError, match="not valid JSON"):
+        read_kernels(path)
+
+
 def test_reader_takes_a_bare_event_array_and_skips_prefetch_slices(tmp_path: Path) -> None:
     events = [{"ph": "X", "cat": "gemm", "name": "g", "ts": 0, "dur": 2, "pid": 1, "tid": 1, "args": {"key": "o_proj"}},
               {"ph": "X", "cat": "prefetch", "name": "prefetch g", "ts": 0, "dur": 1, "pid": 1, "tid": 1,

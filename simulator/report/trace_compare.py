@@ -39,7 +39,6 @@ from simulator.plans.kernel import DecodeShape, Plan
 from simulator.report.trace_reader import KernelEvent, KernelTrace, by_stream
 
 PATTERNS_FILE = Path(__file__).with_name("kernel_patterns.toml")
-ENGINES = ("moe-sim", "vllm-stock", "vllm-specialized", "sglang", "torch-mini")
 LAYER_PREFIX = re.compile(r"^(?:L\d+|head)\.")  # moe-sim step traces key kernels "L5.o_proj"
 MAX_SIGNATURES = 20  # distinct layer shapes aligned against the plan (the most frequent ones)
 
@@ -290,7 +289,8 @@ def compare(trace: KernelTrace, plan: Plan, timeline: Timeline, classify: Classi
         "matched": len(rows), "unmatched_measured": unmatched_measured,
         "unmatched_plan": [s.key for s in timeline.spans if s.key not in matched],
         "median_abs_pct_error": round(statistics.median(errors), 3) if errors else None,
-        "layers_found": len(shape.layers), "kernels": rows,
+        "layers_found": len(shape.layers), "measured_streams": [str(stream) for stream, _ in shape.signature],
+        "kernels": rows,
         "makespan_us": {"measured": round(shape.makespan(), 3), "model": round(model_span, 3)},
         "makespan_error_pct": _pct(shape.makespan(), model_span),
         "launch_gap_median_us": {"measured": _median_of(r["measured_gap_us"] for r in rows),

@@ -34,6 +34,7 @@ from simulator.errors import UserError
 from simulator.plans.kernel import KernelKind
 
 CHUNK_CHARS = 1 << 20
+MAX_VALUE_CHARS = 64 << 20  # a value still unparsed after this much text is malformed, not unfinished
 KERNEL_CATS = frozenset({"kernel", "cuda_kernel", "gpu_kernel"})  # lower-cased `cat` of real GPU kernels
 MOE_SIM_KINDS = frozenset(KernelKind.__args__)  # type: ignore[attr-defined]
 MAX_MEDIAN_KERNEL_US = 1000.0
@@ -133,8 +134,9 @@ class _Stream:
                     self.pos = end
                     return obj
             except json.JSONDecodeError:
-                if self.eof:
-                    raise UserError(f"{self.path} is not valid JSON (near character {self.pos} of a chunk).") from None
+                if self.eof or len(self.buf) - self.pos > MAX_VALUE_CHARS:
+                    raise UserError(f"{self.path} is not valid JSON (a value that does not parse, "
+                                    f"{len(self.buf) - self.pos} characters from where it starts).") from None
             self._more()
 
 
