@@ -265,6 +265,45 @@ def trace(
     typer.echo(_guard(body))
 
 
+@app.command("compare-trace")
+def compare_trace(
+    profile: Annotated[str, typer.Argument(help="Chrome-trace / Perfetto JSON (or .json.gz): torch profiler, Nsight export or moe-sim trace.")],
+    model: ModelOpt = "kimi-k3",
+    hardware: HardwareOpt = "gb300",
+    tp: TpOpt = 16,
+    batch: BatchOpt = 1,
+    tokens_per_seq: TokensOpt = 8,
+    context: ContextOpt = 512,
+    layer_type: Annotated[LayerType, typer.Option("--layer", help="Layer type the trace's layers are compared with.")] = LayerType.kda,
+    variant: Annotated[Optional[str], typer.Option("--variant", help="standard or specialized (default: the engine's, else standard).")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="Kernel-name table: moe-sim, vllm-stock, vllm-specialized, sglang, torch-mini.")] = "moe-sim",
+    patterns: Annotated[Optional[str], typer.Option("--patterns", help="A pattern table of your own (TOML, shaped like simulator/report/kernel_patterns.toml).")] = None,
+    plan_keys: Annotated[Optional[str], typer.Option("--plan-keys", help="Compare a partial layer: comma-separated plan keys (default: the engine's, else all).")] = None,
+    plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also draw the measured layer under the model's (PNG + SVG) in this folder.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare a measured GPU profile of decode layers with the plan, kernel by kernel.
+
+    Example: moe-sim trace --out layer.json --variant standard && moe-sim compare-trace layer.json
+    """
+    from simulator.config import load_model
+    from simulator.hardware import load_hardware
+    from simulator.plans.kernel import DecodeShape
+    from simulator.report.trace_compare import compare_trace as run_compare
+    from simulator.report.trace_compare_view import plot_compare, print_compare
+
+    def body() -> dict:
+        cfg, hw = load_model(model), load_hardware(hardware)
+        keys = tuple(k.strip() for k in plan_keys.split(",") if k.strip()) if plan_keys else None
+        doc, timeline = run_compare(profile, cfg, hw, tp, DecodeShape(batch, tokens_per_seq, context),
+                                    layer_type.value, variant, engine, patterns, keys)
+        if plot_dir:
+            doc["plots"] = [str(p) for p in plot_compare(doc, timeline, plot_dir)]
+        return doc
+
+    _emit(_guard(body), as_json, print_compare)
+
+
 @app.command()
 def ablation(
     model: ModelOpt = "kimi-k3",

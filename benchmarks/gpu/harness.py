@@ -23,6 +23,17 @@ L2_BYTES_H200 = 60 * 2 ** 20
 COLD_FACTOR = 4  # rotate over >= 4 x L2
 
 
+def no_gpu_reason() -> str | None:
+    """Why no GPU measurement can run here (None when one can)."""
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return "PyTorch sees no CUDA GPU"
+    return None
+
+
 def slots_for(bytes_per_call: int, l2_bytes: int = L2_BYTES_H200, max_slots: int = 64) -> int:
     """Rotation slots so that the slots together hold >= COLD_FACTOR x L2 (at least 2)."""
     if bytes_per_call <= 0:

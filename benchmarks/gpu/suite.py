@@ -28,21 +28,12 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent.parent)]  # points/harness/fam_* and the simulator package
 
 import points as pts  # noqa: E402
+from harness import no_gpu_reason  # noqa: E402
 
 FAMILY_MODULE = {"ceiling": "fam_dense", "gemm": "fam_dense", "moe": "fam_moe", "small": "fam_small",
                  "kda": "fam_attention", "mla": "fam_attention", "collective": "fam_collective"}
 RESULT_FIELDS = ["median_us", "p10_us", "p90_us", "reps", "replays", "launches", "max_err", "skew_us", "status"]
 ENV_FIELDS = ["gpu", "driver", "torch", "triton"]
-
-
-def no_gpu_reason() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return "PyTorch sees no CUDA GPU"
-    return None
 
 
 def write_row(path: Path, row: dict) -> None:

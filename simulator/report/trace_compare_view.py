@@ -1,0 +1,76 @@
+"""How `moe-sim compare-trace` shows its comparison: a table per kernel, and the measured layer drawn under
+the model's with the layer-timeline picture of `plots.py` (a "measured" panel beneath the plan's)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from simulator.cost.timeline import Timeline
+from simulator.report.tables import _console
+
+
+def print_compare(doc: dict[str, Any]) -> None:
+    con = _console()
+    con.print(f"{doc['trace']} (engine {doc['engine']}) against the {doc['variant']} {doc['layer']} plan: "
+              f"{doc['model']} {doc['hardware']} TP{doc['tp']} batch {doc['batch']} x {doc['tokens_per_seq']} "
+              f"token(s)/seq, context {doc['context']}")
+    table = Table("plan kernel", "measured kernel", "model us", "measured us", "error %", "model gap us",
+                  "measured gap us", title=f"{doc['layers_found']} layer(s) found; medians over layers")
+    for k in doc["kernels"]:
+        table.add_row(k["plan"], short_name(k["measured"]), f"{k['model_us']:.2f}", f"{k['measured_us']:.2f}", _num(k["error_pct"], "+.1f"),
+                      _num(k["model_gap_us"], ".2f"), _num(k["measured_gap_us"], ".2f"))
+    con.print(table)
+    span = doc["makespan_us"]
+    con.print(f"matched {doc['matched']} kernels; median |error| {_num(doc['median_abs_pct_error'], '.1f')} %; "
+              f"layer makespan measured {span['measured']:.1f} us vs model {span['model']:.1f} us "
+              f"({_num(doc['makespan_error_pct'], '+.1f')} %)")
+    con.print(f"unmatched plan kernels (the engine did not launch them): {', '.join(doc['unmatched_plan']) or 'none'}")
+    extra = Counter(short_name(n) for n in doc["unmatched_measured"])
+    con.print("unmatched measured kernels (the plan lacks them; full names with --json): "
+              + (", ".join(f"{n}" + (f" x{c}" if c > 1 else "") for n, c in extra.items()) or "none"))
+    for path in doc.get("plots", []):
+        con.print(f"wrote {path}")
+
+
+_DETAIL = re.compile(r"\b(\w+(?:_kernel(?:_cuda)?|Functor(?:_\w+)?))\b")
+_GENERIC = ("gpu_kernel_impl", "BinaryFunctor")
+
+
+def short_name(name: str, width: int = 60) -> str:
+    """A C++ kernel signature cut to its kernel and the op it instantiates:
+    'void at::native::elementwise_kernel<128, 4, ...silu_kernel...>(...)' -> 'elementwise_kernel<silu_kernel>'."""
+    core = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    base = re.split(r"[<(]", core, maxsplit=1)[0].split("::")[-1]
+    detail = [w for w in _DETAIL.findall(core) if w != base and not w.startswith(_GENERIC)]
+    text = f"{base}<{detail[0]}>" if detail and base != core else base
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _num(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def plot_compare(doc: dict[str, Any], timeline: Timeline, out: str | Path) -> list[Path]:
+    """The model's layer timeline above the measured one, on one µs axis (PNG + SVG, atomic)."""
+    from simulator.report.plots import plot_timeline
+    shift = min(s.start_us for s in timeline.spans)  # the model's first launch gap: put both on one axis
+    model = [{"key": s.key, "stream": s.stream, "kind": s.kind, "bound": s.bound, "start_us": s.start_us,
+              "duration_us": s.duration_us} for s in timeline.spans]
+    by_key = {s.key: s for s in timeline.spans}
+    measured = [{"key": k["plan"] or short_name(k["name"], 24), "stream": k["stream"], "start_us": k["start_us"] + shift,
+                 "duration_us": k["duration_us"], "kind": by_key[k["plan"]].kind if k["plan"] else "unmatched",
+                 "bound": by_key[k["plan"]].bound if k["plan"] else "unmatched"} for k in doc["measured_layer"]]
+    end = shift + doc["makespan_us"]["measured"]
+    layer_doc = {key: doc[key] for key in ("model", "layer", "hardware", "tp", "batch", "tokens_per_seq", "context")}
+    layer_doc["tokens"] = doc["batch"] * doc["tokens_per_seq"]
+    layer_doc["variants"] = {
+        f"model ({doc['variant']})": {"kernels": model, "kernel_count": len(model), "layer_us": timeline.layer_us,
+                                      "floor_us": timeline.floor_us},
+        f"measured ({doc['engine']})": {"kernels": measured, "kernel_count": len(measured), "layer_us": end,
+                                        "floor_us": timeline.floor_us}}
+    return plot_timeline(layer_doc, Path(out), "compare-trace-timeline")
