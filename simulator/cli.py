@@ -293,6 +293,9 @@ def compare_trace(
     from simulator.report.trace_compare_view import plot_compare, print_compare
 
     def body() -> dict:
+        check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context)
+        if plot_dir is not None:
+            output_dir(plot_dir, "--plot")
         cfg, hw = load_model(model), load_hardware(hardware)
         keys = tuple(k.strip() for k in plan_keys.split(",") if k.strip()) if plan_keys else None
         doc, timeline = run_compare(profile, cfg, hw, tp, DecodeShape(batch, tokens_per_seq, context),

@@ -293,3 +293,16 @@ def test_real_eager_trace_keeps_its_pdl_overlap() -> None:
     eager = read_kernels(REAL[0])
     gemm_then_reduce = [(a, b) for a, b in zip(eager.kernels, eager.kernels[1:]) if b.ts < a.end]
     assert gemm_then_reduce and all("splitKreduce" in b.name for _, b in gemm_then_reduce)
+
+
+def test_compare_trace_checks_flags_and_plot_folder_before_reading(tmp_path):
+    """Issue 7's conventions reach the new command: a bad flag or an unusable --plot is one sentence, exit 2."""
+    from typer.testing import CliRunner as _Runner
+
+    from simulator.cli import app as _app
+    trace = Path(__file__).resolve().parent / "data" / "traces" / "mini-graph-b8.json.gz"
+    not_a_folder = tmp_path / "afile"
+    not_a_folder.write_text("x")
+    for args in (["--batch", "0"], ["--plot", str(not_a_folder)]):
+        r = _Runner().invoke(_app, ["compare-trace", str(trace), *args])
+        assert r.exit_code == 2 and r.output.startswith("error: ") and "Traceback" not in r.output
