@@ -7,7 +7,7 @@ written, `Kernel.hbm_bytes`), F its FLOPs, BW peak HBM bandwidth, eta the achiev
     t_launch = gap | gap_pdl                       idle time at the kernel boundary (the timeline adds it)
     t_fixed  = kernel_fixed (+ gemm_fixed for gemm, moe, gemm_collective kernels)
     t_mem    = S / (eta BW)
-    t_math   = F / R
+    t_math   = F / (eta_c R)                        eta_c: no GEMM runs at the datasheet peak (H200: 0.73)
     t_comm   = alpha + transfer                    collective and gemm_collective only (collectives.py)
     duration = t_fixed + max(t_mem, t_math) + t_comm
 
@@ -130,7 +130,7 @@ def kernel_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float, flo
     _check_collective(kernel)
     comm = collective_cost(kernel.collective, hw).time_us if kernel.collective else 0.0
     return (launch_gap_us(kernel.pdl, hw), fixed_us(kernel.kind, hw),
-            kernel.flops / hw.peak_flops(kernel.math) * 1e6, comm, stream_bandwidth(kernel, hw))
+            kernel.flops / (hw.peak_flops(kernel.math) * hw.compute_efficiency) * 1e6, comm, stream_bandwidth(kernel, hw))
 
 
 def price_kernel(kernel: Kernel, hw: HardwareProfile) -> KernelCost:

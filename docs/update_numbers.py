@@ -1,0 +1,66 @@
+"""Re-quote the walkthrough's numbers after a cost-model change: every `<span title="ARGS | PATH | FORMAT">`
+marker gets the value the tool prints now (the convention tests/test_walkthrough.py checks).
+
+    python docs/update_numbers.py            # rewrite docs/walkthrough.md in place, list what changed
+    python docs/update_numbers.py --check    # list what would change, exit 1 if anything would
+
+Only the numbers inside markers change: read the listed lines afterwards, since the prose around a number
+(a ranking, "about twice", a crossover) may no longer hold. `py:` markers and bounds are left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from simulator.cli import app
+
+DOC = Path(__file__).resolve().parent / "walkthrough.md"
+sys.path.insert(0, str(DOC.parent.parent / "tests"))
+from test_walkthrough import MARKER, _walk  # noqa: E402  (one definition of the marker convention)
+
+
+def requote(text: str) -> tuple[str, list[str]]:
+    cache: dict[str, dict] = {}
+    changes: list[str] = []
+
+    def value_of(args: str):
+        if args not in cache:
+            r = CliRunner().invoke(app, shlex.split(args))
+            if r.exit_code != 0:
+                raise SystemExit(f"moe-sim {args} failed: {r.output[-300:]}")
+            cache[args] = json.loads(r.output)
+        return cache[args]
+
+    def replace(m):
+        spec = [part.strip() for part in html.unescape(m.group(1)).split("|")]
+        if spec[0].startswith("py:") or spec[2].startswith("<"):
+            return m.group(0)
+        shown = format(_walk(value_of(spec[0]), spec[1]), spec[2])
+        if shown != m.group(2):
+            line = text.count("\n", 0, m.start()) + 1
+            changes.append(f"line {line}: {m.group(2)} -> {shown}   ({spec[0]} | {spec[1]})")
+        return f'<span title="{m.group(1)}">{shown}</span>'
+
+    return MARKER.sub(replace, text), changes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    new, changes = requote(DOC.read_text(encoding="utf-8"))
+    print("\n".join(changes) or "every quoted number is current")
+    if not args.check and changes:
+        DOC.write_text(new, encoding="utf-8")
+    return 1 if args.check and changes else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
