@@ -40,12 +40,13 @@ from simulator.paths import data_dir
 DEFAULTS: dict[str, Any] = {
     "model": "kimi-k3", "hardware": "gb300", "tp": 16, "batch": 1, "tokens_per_seq": 1, "draft_tokens": 0,
     "acceptance_length": None, "context": 512, "layer": "kda", "variant": "both", "precision": None,
-    "fusion_off": "none", "fusion_on": "none", "drafter": "dspark-k3",
+    "fusion_off": "none", "fusion_on": "none", "drafter": "dspark-k3", "expert_skew": 0.0, "draft_correlation": 0.0,
 }
 TYPES: dict[str, tuple[type, ...]] = {
     "model": (str,), "hardware": (str,), "tp": (int,), "batch": (int,), "tokens_per_seq": (int,),
     "draft_tokens": (int,), "acceptance_length": (int, float), "context": (int,), "layer": (str,),
     "variant": (str,), "precision": (str,), "fusion_off": (str,), "fusion_on": (str,), "drafter": (str,),
+    "expert_skew": (int, float), "draft_correlation": (int, float),
 }
 CHOICES: dict[str, tuple[str, ...]] = {"layer": ("kda", "mla", "dense"), "variant": ("standard", "specialized", "both"),
                                        "precision": ("mxfp4", "fp8", "bf16")}

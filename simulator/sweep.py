@@ -24,6 +24,7 @@ from simulator.config import ModelConfig, load_model
 from simulator.cost.memory import memory_per_gpu, shortfall
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile, load_hardware
+from simulator.ops.experts import RoutingStats
 from simulator.plans.kernel import DecodeShape
 from simulator.report.files import atomic_write, output_dir, output_file
 from simulator.scenario import DEFAULTS, Scenario
@@ -54,7 +55,7 @@ def _step_rows(point: dict[str, Any]) -> list[dict[str, Any]]:
     from simulator.report.summary import step_report
     doc = step_report(_model(point["model"], point["precision"]), _hardware(point["hardware"]), point["tp"],
                       point["batch"], point["context"], point["draft_tokens"], point["acceptance_length"],
-                      point["variant"], point["drafter"], _fusions(point))
+                      point["variant"], point["drafter"], _fusions(point), _routing(point))
     rows = []
     for variant, v in doc["variants"].items():
         row = {"variant": variant, "step_ms": v["step_ms"], "tokens_per_s": v["tokens_per_s"],
@@ -85,15 +86,20 @@ def _ablation_rows(point: dict[str, Any]) -> list[dict[str, Any]]:
     from simulator.cost.ablation import ablate
     cfg, hw = _model(point["model"], point["precision"]), _hardware(point["hardware"])
     doc = ablate(cfg, hw, point["tp"],
-                 point["batch"], point["tokens_per_seq"], point["context"], point["layer"], point["acceptance_length"])
+                 point["batch"], point["tokens_per_seq"], point["context"], point["layer"], point["acceptance_length"],
+                 _routing(point))
     memory = _memory_columns(memory_per_gpu(cfg, hw.hbm_capacity, point["tp"], _shape(point)).as_gb())
     base = {"standard_layer_us": doc["standard"]["layer_us"], "specialized_layer_us": doc["specialized"]["layer_us"],
             "standard_step_ms": doc["standard"]["step_ms"], "specialized_step_ms": doc["specialized"]["step_ms"]}
     return [{"variant": "specialized"} | r | base | memory for r in doc["fusions"]]
 
 
+def _routing(point: dict[str, Any]) -> RoutingStats:
+    return RoutingStats(float(point["expert_skew"]), float(point["draft_correlation"]))
+
+
 def _shape(point: dict[str, Any]) -> DecodeShape:
-    return DecodeShape(point["batch"], point["tokens_per_seq"], point["context"])
+    return DecodeShape(point["batch"], point["tokens_per_seq"], point["context"], _routing(point))
 
 
 EVALUATORS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {

@@ -1,6 +1,7 @@
 """Routing statistics: unique experts touched under uniform, skewed and draft-correlated routing."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,3 +70,32 @@ def test_step_routing_bracket_spans_concentrated_to_uniform():
 def test_bad_routing_statistics_are_one_sentence(args):
     r = runner.invoke(app, ["step", *args])
     assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+def _scenario(tmp_path, kind: str, sweep: str) -> Path:
+    path = tmp_path / f"{kind}.toml"
+    path.write_text(f'question = "routing in a {kind} sweep"\nkind = "{kind}"\n[base]\nbatch = 4\ntokens_per_seq = 2\n'
+                    f'context = 64\ntp = 16\n[sweep]\n{sweep}\n')
+    return path
+
+
+@pytest.mark.parametrize("kind", ["step", "layer", "ablation"])
+def test_scenarios_honour_routing_statistics(tmp_path, kind):
+    """expert_skew is a scenario key every kind prices (never silently ignored): skew lowers the cost."""
+    from simulator.scenario import load_scenario
+    from simulator.sweep import run
+    rows = run(load_scenario(str(_scenario(tmp_path, kind, "expert_skew = [0.0, 1.2]"))), None)["rows"]
+    key = {"step": "step_ms", "layer": "layer_us", "ablation": "specialized_step_ms"}[kind]
+    cost = {}
+    for r in rows:
+        assert r["status"] == "ok", r
+        cost[(r["variant"], r.get("fusion"), r["expert_skew"])] = r[key]
+    assert len(cost) >= 2 and all(cost[(v, f, 1.2)] < cost[(v, f, 0.0)] for v, f, s in cost if s == 0.0)
+
+
+@pytest.mark.parametrize("line", ["expert_skew = [5.0]", "draft_correlation = [-0.1]", "expert_skew = [nan]"])
+def test_bad_routing_in_a_scenario_is_one_sentence(tmp_path, line):
+    from simulator.scenario import load_scenario
+    with pytest.raises(Exception) as err:
+        load_scenario(str(_scenario(tmp_path, "step", line)))
+    assert type(err.value).__name__ == "UserError" and "sweep" in str(err.value)

@@ -21,6 +21,7 @@ from simulator.config import ModelConfig
 from simulator.cost.step import build_plan, estimate_step
 from simulator.cost.timeline import makespan_us
 from simulator.hardware import HardwareProfile
+from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans.kernel import DecodeShape
 from simulator.plans.specialized import FUSIONS
 
@@ -51,13 +52,14 @@ def _layer_us(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape
 def _step_ms(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, draft_tokens: int,
              acceptance: float | None, fusions: frozenset[str]) -> float:
     return estimate_step(cfg, hw, "specialized", tp, shape.batch, shape.context, draft_tokens, acceptance,
-                         fusions=fusions).step_us / 1000
+                         fusions=fusions, routing=shape.routing).step_us / 1000
 
 
 def ablate(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, tokens_per_seq: int, context: int,
-           layer: str = "kda", acceptance_length: float | None = None) -> dict[str, Any]:
+           layer: str = "kda", acceptance_length: float | None = None,
+           routing: RoutingStats = UNIFORM) -> dict[str, Any]:
     """Every view for every fusion; the step uses `tokens_per_seq - 1` draft tokens."""
-    shape = DecodeShape(batch, tokens_per_seq, context)
+    shape = DecodeShape(batch, tokens_per_seq, context, routing)
     draft = tokens_per_seq - 1
     acceptance_length = acceptance_length if draft else None  # no drafts: one token per step
     none, every = frozenset(), frozenset(FUSIONS)
