@@ -39,12 +39,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hardware", default="h200")
     ap.add_argument("--out", type=Path, default=ROOT / "calibration" / "h200" / "predictions.csv")
+    ap.add_argument("--add-new", action="store_true",
+                    help="keep every row already in --out (its predictions were registered before their run) "
+                         "and price only the points it lacks")
     args = ap.parse_args()
     hw = load_hardware(args.hardware)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
+    kept: dict[str, dict] = {}
+    if args.add_new and args.out.exists():
+        with args.out.open(newline="") as f:
+            kept = {r["id"]: r for r in csv.DictReader(f)}
     rows = []
     for p in pts.all_points():
+        if p.id in kept:
+            rows.append(kept[p.id])
+            continue
         rows.append({**p.row(), **{k: (round(v, 4) if isinstance(v, float) else v)
                                    for k, v in price_row(p.row(), hw).items()},
                      "hardware": hw.name, "profile_sha256": profile_digest(args.hardware), "model_commit": commit})
@@ -53,7 +63,8 @@ def main() -> int:
         w = csv.DictWriter(f, fieldnames=pts.FIELDS + TERMS + ["hardware", "profile_sha256", "model_commit"])
         w.writeheader()
         w.writerows(rows)
-    print(f"wrote {args.out}: {len(rows)} predictions with the {hw.name} profile as it stands (commit {commit})")
+    print(f"wrote {args.out}: {len(rows)} predictions, {len(rows) - len(kept)} new, with the {hw.name} profile "
+          f"as it stands (commit {commit}); {len(kept)} kept as registered")
     return 0
 
 
