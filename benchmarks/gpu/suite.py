@@ -18,7 +18,6 @@ import argparse
 import csv
 import importlib
 import json
-import os
 import sys
 import time
 import traceback

@@ -8,14 +8,12 @@ Three figures per family, each |predicted / measured - 1| in percent:
 - **model**: the cost model as it stands now (simulator.cost.measured.price_row), all points;
 - **refit (held back)**: a family law fitted on one half of each grid and tested on the other half.
 
-The refit law is linear in a few physical constants and fitted per group (family x implementation,
-and fc1 / fc2 apart for the MoE GEMMs, since fc2's short K is not fc1):
-
-    t = t0 + max(bytes / bw, flops / R) [+ U c_U]        t = t0 + wire bytes / beta  (collectives)
-
-t0 the per-launch latency (launch gap + fixed cost), bw the achieved HBM bandwidth, R the achieved
-FLOP rate, c_U a per-touched-expert cost; every constant >= 0, chosen to minimise the relative
-squared error. Points of a group alternate between the fit and the held-back half in grid order, so
+The refit law of each family (`features` lists them) is linear in a few physical constants apart from
+one max(bytes / bw, flops / R) roof, and is fitted per group: one implementation of one family, short- and
+long-K GEMMs apart, fc1 and fc2 apart (fc2's short K is not fc1), one floor per small kernel. t0 is the
+per-launch latency (launch gap + fixed cost), bw an achieved HBM bandwidth, R an achieved FLOP rate;
+every constant is >= 0 and no rate beats the GPU's peak; the fit minimises the relative squared error.
+Points alternate between the fit and the held-back half in grid order within each group and kernel, so
 the held-back points interleave the fitted ones (an interpolation test, not an extrapolation test).
 
 Dimension legend: bytes through HBM as the plan declares them, flops, U unique experts, n payload.
@@ -29,7 +27,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
