@@ -31,10 +31,13 @@ import points  # noqa: E402
 
 
 KDA_CASES = [(2, 1, 2, False), (1, 3, 1, False), (1, 3, 2, True)]  # B, T, N, per_token
+KDA_SPLIT_CASES = [(2, 1, 2, False, 8), (1, 2, 1, False, 16), (1, 3, 2, True, 8), (2, 3, 1, True, 32)]  # + BV
 MLA_CASES = [(2, 1, 3, 200, 2), (1, 2, 12, 150, 4)]  # B, T, heads, S, SMs (so that there are several splits)
 def _compare_all(kda_cases: list, mla_cases: list) -> dict:
     """Every kernel comparison; runs in a process where TRITON_INTERPRET=1 was set before triton's import."""
     out = {"kda": [fa.kda_compare(torch, "cpu", B, T, N, pt, seed=B + T) for B, T, N, pt in kda_cases],
+           "kda_split": [fa.kda_compare(torch, "cpu", B, T, N, pt, seed=B + T, impl="triton_split_v", bv=bv)
+                         for B, T, N, pt, bv in KDA_SPLIT_CASES],
            "mla": [[fa.mla_compare(torch, "cpu", B, T, h, S, fmt, sms=sms) for fmt in ("bf16", "fp8")]
                    for B, T, h, S, sms in mla_cases]}
     real = fa.MlaWork.__call__
@@ -88,6 +91,22 @@ def interpreted():
 def test_kda_kernel_matches_simulator(interpreted, case):
     """Conv + SiLU, L2 norm, decay, delta rule, gated RMSNorm, state and history: fp32 vs float64 simulator."""
     assert interpreted["kda"][case] < 2e-4, (KDA_CASES[case], interpreted["kda"][case])
+
+
+@pytest.mark.parametrize("case", range(len(KDA_SPLIT_CASES)))
+def test_kda_split_v_kernels_match_simulator(interpreted, case):
+    """The split-V kernel + gated-norm kernel pair (T = 2 exercises the history shift that mixes old history
+    and new inputs) against the same float64 simulator, per_token and final, BV 8 / 16 / 32."""
+    assert interpreted["kda_split"][case] < 2e-4, (KDA_SPLIT_CASES[case], interpreted["kda_split"][case])
+
+
+def test_kda_split_v_points_mirror_the_one_program_points():
+    kda = points.kda_points()
+    one = [p for p in kda if p.impl == "triton"]
+    split = [p for p in kda if p.impl == "triton_split_v"]
+    assert kda == one + split and len(split) == len(one) > 0
+    assert [p.id.replace("/triton_split_v/", "/triton/") for p in split] == [p.id for p in one]
+    assert len({p.id for p in kda}) == len(kda)
 
 
 @pytest.mark.parametrize("fmt", [0, 1])

@@ -11,6 +11,14 @@ kda (family "kda", one launch)
     vLLM's fused recurrent kernels. variant "final": the state is updated in place once after the T
     tokens; "per_token": the state after every token goes to a [B, T, heads, 128, 128] buffer (vLLM's
     speculative-decode recurrent kernel) and the input state is only read.
+kda, impl "triton_split_v" (two launches; vLLM's fused_recurrent grid)
+    kda_split_v_kernel, grid (B * heads, 128 // BV), num_warps 1, BV = 8 (16 / 32 allowed): each program
+    owns state columns [j * BV, (j + 1) * BV) x all 128 key rows, so S^T k and S^T q need no other
+    program; it recomputes the q / k conv + SiLU + L2 norm over all 128 channels (128 // BV times per
+    head, nothing shared) and writes the UN-normalised o [B, T, heads, 128] FP32 (per_token / final state
+    writes as above, on its columns). kda_gated_norm_kernel, grid (B * T * heads,): the gated RMSNorm of
+    each 128-wide o row (not column-separable); its last-token programs also shift the conv history,
+    which the split kernel only reads (its 128 // BV programs per head share the q / k channels).
 mla (family "mla", two launches)
     mla_split_kernel, grid (B, splits, cdiv(T * heads, 16)): flash-decoding over the latent cache
     [B, S, 576] (512 latent | 64 rope); one program takes 16 query rows (row = t * heads + h) of one
@@ -135,6 +143,108 @@ def _kernels() -> dict:
         tl.store(hb + cv * 3 + 2, hv2.to(ht))
 
     @triton.jit
+    def kda_split_v_kernel(x_ptr, conv_w_ptr, hist_ptr, g_ptr, beta_ptr, state_ptr, state_out_ptr, o_ptr,
+                           T, N, q_scale, H: tl.constexpr, BV: tl.constexpr, PER_TOKEN: tl.constexpr):
+        pid = tl.program_id(0)
+        vb = tl.program_id(1)
+        b = (pid // N).to(tl.int64)
+        n = pid % N
+        C = 3 * N * H
+        i = tl.arange(0, H)  # key index: all 128 rows of S
+        j = vb * BV + tl.arange(0, BV)  # this program's value columns
+        cq = n * H + i
+        ck = N * H + n * H + i
+        cv = 2 * N * H + n * H + j
+        # the q / k conv over all 128 channels is recomputed by every program of the head (128 // BV times);
+        # the history is only read here: kda_gated_norm_kernel shifts it after this launch (no race)
+        wq0 = tl.load(conv_w_ptr + cq * 4 + 0).to(tl.float32)
+        wq1 = tl.load(conv_w_ptr + cq * 4 + 1).to(tl.float32)
+        wq2 = tl.load(conv_w_ptr + cq * 4 + 2).to(tl.float32)
+        wq3 = tl.load(conv_w_ptr + cq * 4 + 3).to(tl.float32)
+        wk0 = tl.load(conv_w_ptr + ck * 4 + 0).to(tl.float32)
+        wk1 = tl.load(conv_w_ptr + ck * 4 + 1).to(tl.float32)
+        wk2 = tl.load(conv_w_ptr + ck * 4 + 2).to(tl.float32)
+        wk3 = tl.load(conv_w_ptr + ck * 4 + 3).to(tl.float32)
+        wv0 = tl.load(conv_w_ptr + cv * 4 + 0).to(tl.float32)
+        wv1 = tl.load(conv_w_ptr + cv * 4 + 1).to(tl.float32)
+        wv2 = tl.load(conv_w_ptr + cv * 4 + 2).to(tl.float32)
+        wv3 = tl.load(conv_w_ptr + cv * 4 + 3).to(tl.float32)
+        hb = hist_ptr + b * C * 3
+        hq0 = tl.load(hb + cq * 3 + 0).to(tl.float32)
+        hq1 = tl.load(hb + cq * 3 + 1).to(tl.float32)
+        hq2 = tl.load(hb + cq * 3 + 2).to(tl.float32)
+        hk0 = tl.load(hb + ck * 3 + 0).to(tl.float32)
+        hk1 = tl.load(hb + ck * 3 + 1).to(tl.float32)
+        hk2 = tl.load(hb + ck * 3 + 2).to(tl.float32)
+        hv0 = tl.load(hb + cv * 3 + 0).to(tl.float32)
+        hv1 = tl.load(hb + cv * 3 + 1).to(tl.float32)
+        hv2 = tl.load(hb + cv * 3 + 2).to(tl.float32)
+        head = (b * N + n) * H * H
+        S = tl.load(state_ptr + head + i[:, None] * H + j[None, :])  # [H, BV] fp32
+        for t in range(T):
+            bt = b * T + t
+            xq = tl.load(x_ptr + bt * C + cq).to(tl.float32)
+            xk = tl.load(x_ptr + bt * C + ck).to(tl.float32)
+            xv = tl.load(x_ptr + bt * C + cv).to(tl.float32)
+            yq = wq0 * hq0 + wq1 * hq1 + wq2 * hq2 + wq3 * xq
+            yk = wk0 * hk0 + wk1 * hk1 + wk2 * hk2 + wk3 * xk
+            yv = wv0 * hv0 + wv1 * hv1 + wv2 * hv2 + wv3 * xv
+            hq0, hq1, hq2 = hq1, hq2, xq
+            hk0, hk1, hk2 = hk1, hk2, xk
+            hv0, hv1, hv2 = hv1, hv2, xv
+            q = yq * tl.sigmoid(yq)
+            k = yk * tl.sigmoid(yk)
+            v = yv * tl.sigmoid(yv)
+            q = q * (q_scale / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6))
+            k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+            tok = (bt * N + n) * H
+            alpha = tl.exp(tl.load(g_ptr + tok + i).to(tl.float32))
+            beta = tl.load(beta_ptr + bt * N + n).to(tl.float32)
+            S = S * alpha[:, None]
+            u = tl.sum(S * k[:, None], axis=0)  # (S^T k) for this program's columns, [BV]
+            S = S + (beta * k)[:, None] * (v - u)[None, :]
+            o = tl.sum(S * q[:, None], axis=0)  # (S^T q) for these columns, un-normalised
+            tl.store(o_ptr + tok + j, o)
+            if PER_TOKEN:
+                tl.store(state_out_ptr + tok * H + i[:, None] * H + j[None, :], S)
+        if not PER_TOKEN:
+            tl.store(state_ptr + head + i[:, None] * H + j[None, :], S)
+
+    @triton.jit
+    def kda_gated_norm_kernel(o_ptr, gate_ptr, onw_ptr, out_ptr, x_ptr, hist_ptr, T, N, eps,
+                              H: tl.constexpr):
+        pid = tl.program_id(0)  # = (b * T + t) * N + n, the row of o [B, T, N, H]
+        bt = (pid // N).to(tl.int64)
+        n = pid % N
+        tok = (bt * N + n) * H
+        j = tl.arange(0, H)
+        o = tl.load(o_ptr + tok + j)
+        inv = 1.0 / tl.sqrt(tl.sum(o * o, axis=0) / H + eps)
+        onw = tl.load(onw_ptr + j).to(tl.float32)
+        gate = tl.load(gate_ptr + tok + j).to(tl.float32)
+        y = o * inv * onw * tl.sigmoid(gate)
+        tl.store(out_ptr + tok + j, y.to(out_ptr.dtype.element_ty))
+        t = bt % T
+        if t == T - 1:  # the sequence's last token shifts this head's conv history (q, k, v channels)
+            b = bt // T
+            C = 3 * N * H
+            hb = hist_ptr + b * C * 3
+            ht = hist_ptr.dtype.element_ty
+            for part in range(3):
+                c = part * N * H + n * H + j
+                # new history slot s = element T + s of (h0, h1, h2, x_0 .. x_{T-1}); masks as [H] tensors
+                e0 = j * 0 + T
+                e1 = e0 + 1
+                n0 = tl.load(hb + c * 3 + tl.minimum(e0, 2), mask=e0 < 3, other=0.0).to(tl.float32) + \
+                    tl.load(x_ptr + (b * T + e0 - 3) * C + c, mask=e0 >= 3, other=0.0).to(tl.float32)
+                n1 = tl.load(hb + c * 3 + tl.minimum(e1, 2), mask=e1 < 3, other=0.0).to(tl.float32) + \
+                    tl.load(x_ptr + (b * T + e1 - 3) * C + c, mask=e1 >= 3, other=0.0).to(tl.float32)
+                n2 = tl.load(x_ptr + (b * T + T - 1) * C + c).to(tl.float32)
+                tl.store(hb + c * 3 + 0, n0.to(ht))
+                tl.store(hb + c * 3 + 1, n1.to(ht))
+                tl.store(hb + c * 3 + 2, n2.to(ht))
+
+    @triton.jit
     def mla_split_kernel(q_lat_ptr, q_pe_ptr, cache_ptr, m_ptr, l_ptr, acc_ptr,
                          S_max, length, T, NH, splits, chunk, qk_scale,
                          L: tl.constexpr, R: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -207,7 +317,8 @@ def _kernels() -> dict:
         o = num * (out_scale / tl.sum(den, axis=0))
         tl.store(out_ptr + (b * rows + r) * L + dl, o.to(out_ptr.dtype.element_ty))
 
-    return {"kda": kda_decode_kernel, "mla_split": mla_split_kernel, "mla_combine": mla_combine_kernel}
+    return {"kda": kda_decode_kernel, "kda_split_v": kda_split_v_kernel, "kda_norm": kda_gated_norm_kernel,
+            "mla_split": mla_split_kernel, "mla_combine": mla_combine_kernel}
 
 
 # ============================================================================ launchers
@@ -224,6 +335,31 @@ def kda_launch(x, conv_w, hist, g, beta, gate, o_norm_w, state, state_out, out, 
     _kernels()["kda"][(B * N,)](x, conv_w, hist, g, beta, gate, o_norm_w, state,
                                 state_out if per_token else state, out, T, N, float(eps), H_KDA ** -0.5,
                                 H=H_KDA, PER_TOKEN=per_token, num_warps=8)
+
+
+KDA_BV = (8, 16, 32)  # value columns per program of the split-V kernel (vLLM's fused_recurrent uses 8)
+
+
+def kda_split_launch(x, conv_w, hist, g, beta, gate, o_norm_w, state, state_out, out, *, per_token: bool,
+                     o_tmp=None, bv: int = 8, eps: float = NORM_EPS) -> None:
+    """Same arguments and results as kda_launch, in two launches: kda_split_v_kernel, grid (B * N, 128 // bv),
+    one warp per program, each owning state columns [j * bv, (j + 1) * bv) for the T tokens and writing the
+    un-normalised o to o_tmp [B, T, N, 128] FP32; then kda_gated_norm_kernel, grid (B * T * N,), the gated
+    RMSNorm of each 128-wide o row, whose last-token programs also shift the conv history (the split kernel
+    only reads it: its programs would race on the q / k channels they all share)."""
+    B, T, _ = x.shape
+    N = state.shape[1]
+    assert bv in KDA_BV
+    assert state.shape[2:] == (H_KDA, H_KDA) and conv_w.shape[1] == CONV_W and hist.shape[2] == CONV_W - 1
+    for a in (x, conv_w, hist, g, beta, gate, o_norm_w, state, out) + ((state_out,) if per_token else ()):
+        assert a.is_contiguous()
+    if o_tmp is None:
+        o_tmp = x.new_empty((B, T, N, H_KDA), dtype=state.dtype)
+    assert o_tmp.is_contiguous() and o_tmp.numel() == B * T * N * H_KDA
+    k = _kernels()
+    k["kda_split_v"][(B * N, H_KDA // bv)](x, conv_w, hist, g, beta, state, state_out if per_token else state, o_tmp,
+                                            T, N, H_KDA ** -0.5, H=H_KDA, BV=bv, PER_TOKEN=per_token, num_warps=1)
+    k["kda_norm"][(B * T * N,)](o_tmp, gate, o_norm_w, out, x, hist, T, N, float(eps), H=H_KDA, num_warps=1)
 
 
 def mla_splits(B: int, S: int, sms: int = 132, block_n: int = MLA_BLOCK_N) -> tuple[int, int]:
@@ -273,8 +409,9 @@ def _sigmoid(x):
 
 
 def kda_compare(torch: Any, device: str, B: int, T: int, N: int, per_token: bool, seed: int = 0,
-                dtype: str = "fp32") -> float:
-    """Run the KDA kernel and simulator.ops.kda (float64) on the same inputs; max |err| over out, state, hist."""
+                dtype: str = "fp32", impl: str = "triton", bv: int = 8) -> float:
+    """Run the KDA kernel(s) (impl "triton": kda_launch, "triton_split_v": kda_split_launch with bv) and
+    simulator.ops.kda (float64) on the same inputs; max |err| over out, state, hist."""
     from simulator.ops import kda as ref
     rng = np.random.default_rng(seed)
     H, C = H_KDA, 3 * N * H_KDA
@@ -308,7 +445,12 @@ def kda_compare(torch: Any, device: str, B: int, T: int, N: int, per_token: bool
     out_ref = ref.kda_gated_norm(o, gate, onw, NORM_EPS)
     st_out = torch.empty(B, T, N, H, H, device=device, dtype=f32) if per_token else None
     out = torch.empty(B, T, N * H, device=device, dtype=f32)
-    kda_launch(xs, ws, hs, gs, bs, gts, os_, st, st_out, out, per_token=per_token)
+    if impl == "triton":
+        kda_launch(xs, ws, hs, gs, bs, gts, os_, st, st_out, out, per_token=per_token)
+    elif impl == "triton_split_v":
+        kda_split_launch(xs, ws, hs, gs, bs, gts, os_, st, st_out, out, per_token=per_token, bv=bv)
+    else:
+        raise ValueError(f"kda impl {impl!r}")
     if device != "cpu":
         torch.cuda.synchronize()
     errs = [np.abs(out.float().cpu().numpy() - out_ref).max(), np.abs(hs.cpu().numpy() - new_hist).max()]
@@ -368,7 +510,10 @@ def _measure_kda(p: Any, torch: Any) -> dict:
     per_token = p.variant == "per_token"
     if p.variant not in ("final", "per_token"):
         raise ValueError(f"kda variant {p.variant!r}")
-    err = kda_compare(torch, "cuda", min(B, 2), T, N, per_token, dtype="bf16")
+    if p.impl not in ("triton", "triton_split_v"):
+        raise ValueError(f"kda impl {p.impl!r}")
+    split = p.impl == "triton_split_v"
+    err = kda_compare(torch, "cuda", min(B, 2), T, N, per_token, dtype="bf16", impl=p.impl)
     C = 3 * N * H
     bf = torch.bfloat16
     slots = slots_for(B * N * H * H * 4, max_slots=MAX_SLOTS)  # state bytes per launch
@@ -382,13 +527,17 @@ def _measure_kda(p: Any, torch: Any) -> dict:
     onw = torch.ones(H, device=dev, dtype=torch.float32)
     out = torch.empty(B, T, N * H, device=dev, dtype=bf)
     st_outs = [torch.empty(B, T, N, H, H, device=dev, dtype=torch.float32) for _ in range(2)] if per_token else [None]
+    o_tmp = torch.empty(B, T, N, H, device=dev, dtype=torch.float32) if split else None
 
     def call(s: int):
+        if split:
+            return lambda: kda_split_launch(x, conv_w, hists[s], g, beta, gate, onw, states[s],
+                                            st_outs[s % len(st_outs)], out, per_token=per_token, o_tmp=o_tmp)
         return lambda: kda_launch(x, conv_w, hists[s], g, beta, gate, onw, states[s], st_outs[s % len(st_outs)],
                                   out, per_token=per_token)
 
     res = time_graph(torch, [call(s) for s in range(slots)], reps=max(32, slots))
-    res.update(launches=1, max_err=err)
+    res.update(launches=2 if split else 1, max_err=err)
     return res
 
 
@@ -451,6 +600,10 @@ def check(device: str) -> list[tuple[str, bool, str]]:
     cases = [("kda_final_T1", lambda: kda_compare(torch, device, 2, 1, 2, False), kda_tol),
              ("kda_final_T3", lambda: kda_compare(torch, device, 2, 3, 2, False), kda_tol),
              ("kda_per_token_T3", lambda: kda_compare(torch, device, 1, 3, 2, True), kda_tol)]
+    for T, pt, bv in ((1, False, 8), (3, False, 8), (1, True, 8), (3, True, 8), (3, True, 32)):
+        label = f"kda_split_v_{'per_token' if pt else 'final'}_T{T}" + ("" if bv == 8 else f"_bv{bv}")
+        cases.append((label, lambda T=T, pt=pt, bv=bv: kda_compare(torch, device, 2, T, 2, pt, seed=T,
+                                                                    impl="triton_split_v", bv=bv), kda_tol))
     for fmt, tol in (("bf16", mla_tol), ("fp8", mla_tol)):
         cases += [(f"mla_{fmt}_T1_split", lambda fmt=fmt: mla_compare(torch, device, 2, 1, 3, 200, fmt, sms=2), tol),
                   (f"mla_{fmt}_T2_split", lambda fmt=fmt: mla_compare(torch, device, 2, 2, 3, 150, fmt, sms=4), tol),

@@ -22,7 +22,7 @@ S cached tokens (MLA) , P ranks, n_bytes a collective's per-rank input payload.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 
 # ---------------------------------------------------------------------------------------------------
@@ -199,6 +199,8 @@ def kda_points() -> list[Point]:
             for write in ("final", "per_token"):
                 pts.append(Point("kda", "triton", "kda_decode", "kimi-k3", "kda", tp, M=8 * b, B=b, heads=heads, T=8,
                                  fmt="fp32", variant=write))
+    # the same points on vLLM's split-V grid (16 one-warp programs per head, gated RMSNorm in a second launch)
+    pts += [replace(p, impl="triton_split_v") for p in pts]
     return pts
 
 
