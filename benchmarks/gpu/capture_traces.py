@@ -78,13 +78,14 @@ def profile(torch: Any, fn: Any, path: Path) -> None:
     prof.export_chrome_trace(str(path))
 
 
-def trim(raw: Path, out: Path) -> list[str]:
-    """Keep the GPU kernel events and the metadata events; gzip. Returns the kernel names in order."""
+def trim(raw: Path, out: Path, extra: dict[str, Any] | None = None) -> list[str]:
+    """Keep the GPU kernel events and the metadata events (plus `extra` top-level keys); gzip. Returns the
+    kernel names in order."""
     doc = json.loads(raw.read_text())
     kernels = [e for e in doc["traceEvents"] if str(e.get("cat", "")).lower() == "kernel" and e.get("ph") == "X"]
     gpu_pids = {e.get("pid") for e in kernels}
     meta = [e for e in doc["traceEvents"] if e.get("ph") == "M" and e.get("pid") in gpu_pids]
-    small = {k: doc[k] for k in KEEP_TOP if k in doc} | {"traceEvents": meta + kernels}
+    small = {k: doc[k] for k in KEEP_TOP if k in doc} | (extra or {}) | {"traceEvents": meta + kernels}
     out.write_bytes(gzip.compress(json.dumps(small).encode(), mtime=0))
     return [e["name"] for e in kernels]
 
@@ -113,11 +114,108 @@ def capture(torch: Any, batch: int, n_layers: int, out_dir: Path) -> dict[str, l
     return names
 
 
+# ----------------------------------------------------------------------------------------------------
+# The suite layer: the standard Kimi K3 KDA layer at TP8 (one rank), batch 1 verifying 8 tokens, run with
+# the very kernels `suite.py` measures in isolation (cuBLAS GEMMs, our Triton small kernels, W4A16 MoE and
+# KDA), in plan order. Its per-kernel errors can be held against `moe-sim validate` on the same points:
+# a kernel timed inside a layer and timed back to back should tell the same story. The two all-reduces
+# are not run (one GPU): compare-trace lists them as unmatched plan kernels. Batch 1 and 64 (one token
+# per sequence): the shapes the suite measured for every kernel of the layer (the T = 8 verify runs the
+# three-kernel KDA fallback in the standard plan, which the suite measures as one fused kernel).
+
+SUITE_BATCHES = (1, 64)
+
+
+def suite_shape(batch: int) -> dict[str, Any]:
+    return {"model": "kimi-k3", "tp": 8, "batch": batch, "tokens_per_seq": 1, "layer": "kda"}
+
+
+def suite_layer_points(batch: int) -> list[Any]:
+    """The suite's point for each non-collective kernel of the standard KDA layer, in plan order."""
+    from points import all_points
+    from simulator.config import load_model
+    from simulator.cost.step import build_plan
+    from simulator.plans.kernel import DecodeShape
+    sh = suite_shape(batch)
+    m = sh["batch"] * sh["tokens_per_seq"]
+    plan = build_plan(load_model(sh["model"]), "standard", sh["tp"], DecodeShape(sh["batch"], sh["tokens_per_seq"], 512),
+                      sh["layer"])
+    pts = [p for p in all_points() if p.model == sh["model"] and p.tp == sh["tp"]]
+
+    def pick(key: str, kind: str) -> Any:
+        if kind == "attention":
+            want = [p for p in pts if p.family == "kda" and p.impl == "triton" and p.variant == "final"
+                    and p.B == sh["batch"] and p.T == sh["tokens_per_seq"]]
+        elif kind == "moe":
+            want = [p for p in pts if p.family == "moe" and p.plan_key == key and p.impl == "triton_w4a16"
+                    and p.variant == "" and p.M == m]
+        elif kind in ("gemm", "router") and key != "topk":
+            want = [p for p in pts if p.family == "gemm" and p.plan_key == key and p.M == m
+                    and p.layer == sh["layer"]]
+        else:
+            want = [p for p in pts if p.family == "small" and p.plan_key == key and p.M == m]
+        if len(want) != 1:
+            raise ValueError(f"suite layer: {len(want)} points for plan kernel {key!r} ({kind})")
+        return want[0]
+
+    return [pick(k.key, k.kind) for k in plan if k.kind != "collective"]
+
+
+def suite_calls(torch: Any, p: Any) -> list:
+    """The rotation launches `suite.py` times for point p (each family's own builder)."""
+    import fam_attention
+    import fam_dense
+    import fam_moe
+    import fam_small
+    if p.family == "gemm":
+        return fam_dense.gemm_calls(p, torch)
+    if p.family == "small":
+        return fam_small.small_calls(p, torch)
+    if p.family == "moe":
+        return fam_moe.moe_calls(p, torch)[0]
+    if p.family == "kda":
+        return fam_attention.kda_calls(p, torch)[0]
+    raise ValueError(f"suite layer: no launches for family {p.family!r}")
+
+
+def capture_suite(torch: Any, batch: int, n_layers: int, out_dir: Path) -> list[str]:
+    """n_layers suite layers (rotation slot l of every kernel in layer l) as one CUDA graph; trace one replay."""
+    pts = suite_layer_points(batch)
+    calls = [suite_calls(torch, p) for p in pts]
+
+    def run() -> None:
+        for layer in range(n_layers):
+            for c in calls:
+                c[layer % len(c)]()
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    sh = suite_shape(batch)
+    name = f"suite-graph-b{sh['batch']}t{sh['tokens_per_seq']}.json.gz"
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "graph.json"
+        profile(torch, graph.replay, raw)
+        extra = {"moeSimSuite": {**sh, "points": {p.plan_key: p.id for p in pts}}}
+        return trim(raw, out_dir / name, extra)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for mini-{eager,graph}-b<batch>.json.gz")
     ap.add_argument("--batch", type=int, default=8, help="decode tokens M (batch x 1 token per sequence)")
     ap.add_argument("--layers", type=int, default=4, help="mini layers per trace")
+    ap.add_argument("--suite", action="store_true",
+                    help="instead: the suite layer (standard KDA layer, TP8, batch 1 and 64, the suite's own kernels)")
     args = ap.parse_args()
     reason = no_gpu_reason()
     if reason:
@@ -126,6 +224,13 @@ def main() -> int:
     import torch
     args.out.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
+        if args.suite:
+            for batch in SUITE_BATCHES:
+                seen = capture_suite(torch, batch, args.layers, args.out)
+                print(f"suite layer, batch {batch}: {len(seen)} kernels over {args.layers} layers")
+                for name, count in Counter(seen).items():
+                    print(f"  {count:3d} x {name}")
+            return 0
         names = capture(torch, args.batch, args.layers, args.out)
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     for mode, seen in names.items():

@@ -504,7 +504,16 @@ def measure(p: Any, torch: Any) -> dict:
 
 
 def _measure_kda(p: Any, torch: Any) -> dict:
-    from harness import slots_for, time_graph
+    from harness import time_graph
+    calls, err = kda_calls(p, torch)
+    res = time_graph(torch, calls, reps=max(32, len(calls)))
+    res.update(launches=2 if p.impl == "triton_split_v" else 1, max_err=err)
+    return res
+
+
+def kda_calls(p: Any, torch: Any) -> tuple[list, float]:
+    """(one launch per rotation slot of state and conv history, max error against simulator.ops.kda)."""
+    from harness import slots_for
     dev = torch.device("cuda")
     B, T, N, H = p.B, p.T, p.heads, H_KDA
     per_token = p.variant == "per_token"
@@ -536,9 +545,7 @@ def _measure_kda(p: Any, torch: Any) -> dict:
         return lambda: kda_launch(x, conv_w, hists[s], g, beta, gate, onw, states[s], st_outs[s % len(st_outs)],
                                   out, per_token=per_token)
 
-    res = time_graph(torch, [call(s) for s in range(slots)], reps=max(32, slots))
-    res.update(launches=2 if split else 1, max_err=err)
-    return res
+    return [call(s) for s in range(slots)], err
 
 
 MLA_CONFIGS = ((MLA_BLOCK_N, 2), (32, 1))  # (BLOCK_N, num_stages): the second if shared memory runs out

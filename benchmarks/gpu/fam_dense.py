@@ -23,6 +23,14 @@ def measure(p: Any, torch: Any) -> dict:
 
 
 def _gemm(p: Any, torch: Any) -> dict:
+    calls = gemm_calls(p, torch)
+    res = time_graph(torch, calls, reps=8 if p.variant == "large_gemm" else 32)
+    res["launches"] = count_launches(torch, calls[0])
+    return res
+
+
+def gemm_calls(p: Any, torch: Any) -> list:
+    """One zero-argument launch per rotation slot (weights cold in each): what `measure` times."""
     dev = torch.device("cuda")
     wbytes = p.K * p.N * 2
     slots = 1 if p.variant == "large_gemm" else slots_for(wbytes)
@@ -39,10 +47,7 @@ def _gemm(p: Any, torch: Any) -> dict:
             return lambda: torch.mm(x, w, out_dtype=torch.float32)
         return lambda: torch.matmul(x, w, out=y)
 
-    calls = [call(i) for i in range(slots)]
-    res = time_graph(torch, calls, reps=8 if p.variant == "large_gemm" else 32)
-    res["launches"] = count_launches(torch, calls[0])
-    return res
+    return [call(i) for i in range(slots)]
 
 
 def _has_out_dtype(torch: Any) -> bool:

@@ -283,16 +283,20 @@ def _weights(torch: Any, p: Any, e: int) -> dict:
     return _CACHE[key]
 
 
-def measure(p: Any, torch: Any) -> dict:
+def moe_calls(p: Any, torch: Any) -> tuple[list, float]:
+    """(one launch per rotation window, max relative error of the first call against a torch reference)."""
     hp = plan(p)
     if p.impl == "triton_w4a16":
-        calls, ref_err = _triton_calls(p, torch, hp)
-    elif p.impl == "grouped_mm_bf16":
-        calls, ref_err = _grouped_calls(p, torch, hp)
-    elif p.impl == "scaled_grouped_mm_fp8":
-        calls, ref_err = _scaled_calls(p, torch, hp)
-    else:
-        raise ValueError(f"unknown moe impl {p.impl!r}")
+        return _triton_calls(p, torch, hp)
+    if p.impl == "grouped_mm_bf16":
+        return _grouped_calls(p, torch, hp)
+    if p.impl == "scaled_grouped_mm_fp8":
+        return _scaled_calls(p, torch, hp)
+    raise ValueError(f"unknown moe impl {p.impl!r}")
+
+
+def measure(p: Any, torch: Any) -> dict:
+    calls, ref_err = moe_calls(p, torch)
     big = p.U * bytes_per_expert(p.impl, p.K, p.N) > (512 << 20)
     res = time_graph(torch, calls, reps=max(16 if big else 32, len(calls)), replays=10 if big else 20)
     res["launches"] = count_launches(torch, calls[0])

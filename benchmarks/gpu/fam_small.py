@@ -294,6 +294,11 @@ def builders(p: Any, torch: Any, slots: int) -> list:
     raise ValueError(f"no small kernel for plan_key {key!r}")
 
 
+def small_calls(p: Any, torch: Any) -> list:
+    """Every input cold: enough rotation slots for >= 4 x L2 whatever the size."""
+    return builders(p, torch, slots_for(read_bytes(p), max_slots=4096))
+
+
 def measure(p: Any, torch: Any) -> dict:
     if p.impl == "empty_kernel":
         out = torch.zeros(1, device="cuda", dtype=torch.float32)
@@ -303,7 +308,7 @@ def measure(p: Any, torch: Any) -> dict:
         # every input cold, as the cost model assumes and as the other families measure: enough slots for
         # >= 4 x L2 whatever the size (up to 4096 launches in one graph; the first run kept at most 64
         # slots, so kernels below 3.75 MB read L2-resident inputs and the law could not fit them)
-        calls = builders(p, torch, slots_for(read_bytes(p), max_slots=4096))
+        calls = small_calls(p, torch)
         res = time_graph(torch, calls, reps=max(32, len(calls)), replays=10 if len(calls) > 256 else 20)
     res["launches"] = count_launches(torch, calls[0])
     return res
