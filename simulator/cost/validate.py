@@ -97,6 +97,10 @@ def wire_bytes(row: Mapping[str, Any], algorithm: str) -> float:
 SM_COUNT = 132  # H200; the suite's kernels size their grids with it (benchmarks/gpu/fam_attention.py)
 MLA_TILE = 64  # cache slots per tile of the suite's split-KV kernel
 SHORT_K = 1024  # reduction depth at or below which a GEMM tile runs <= 8 K-steps of 128
+# KDA decode grids: (programs per (sequence, head), programs resident per SM). One program per head (four
+# warps, the whole 128 x 128 state) against vLLM's split-V grid (one warp per 8 value columns, 16 programs
+# per head, ~8 resident per SM: the per-token time of the H200 split-V rows scales with B x heads x 16 / 1056)
+KDA_GRID = {"triton": (1, 1), "triton_split_v": (16, 8)}
 NARROW_N = 1024  # output width at or below which cuBLAS splits K (two launches in calibration/h200/gemm.csv)
 
 
@@ -124,8 +128,8 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
                  (a narrow output splits K and reduces the partial sums in a second pass)
       moe        t0 + max(bytes / bw, padded flops / R) + U c_U   (padded: whole BLOCK_M-row tiles)
       small      t0[kernel] + bytes / bw         (a floor per kernel: a top-k is not a copy; one bw)
-      kda        t0 + ceil(B heads / SMs) T c_token + per-token state bytes / bw  (one program per
-                 (sequence, head) runs its T tokens in order; vLLM's verify kernel writes T states)
+      kda        t0 + waves T c_token + state bytes / bw + per-token state bytes / bw_t  (each program
+                 runs its T tokens in order; waves of the grid, KDA_GRID; vLLM's verify writes T states)
       mla        t0 + ceil(B splits row-blocks / SMs) ceil(chunk / 64) c_tile + splits c_combine
                  (split-KV flash decoding: waves of programs, each over its chunk; a combine pass)
       collective t0 + wire bytes / beta                                     (NCCL: two protocols)
@@ -136,7 +140,9 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
     if fam == "kda":
         state = row["B"] * row["heads"] * 128 * 128 * 4
         extra = (row["T"] - 1) * state if row["variant"] == "per_token" else 0
-        return {"t0": 1.0, "serial": float(-(-row["B"] * row["heads"] // SM_COUNT) * row["T"]),
+        split, resident = KDA_GRID.get(row["impl"], (1, 1))
+        waves = -(-row["B"] * row["heads"] * split // (SM_COUNT * resident))
+        return {"t0": 1.0, "serial": float(waves * row["T"]), "state_bytes": 2.0 * state,
                 "token_state_bytes": float(extra)}
     if fam == "mla":
         splits, chunk = mla_splits(row["B"], row["S"])
@@ -176,7 +182,7 @@ class Fit:
         for i, coef in enumerate(self.regimes):
             tag = "" if len(self.regimes) == 1 else f"_regime{i + 1}"
             for name, c in zip(self.names, coef):
-                if name in ("bytes", "wire_bytes", "out_bytes", "token_state_bytes"):
+                if name in ("bytes", "wire_bytes", "out_bytes", "state_bytes", "token_state_bytes"):
                     out[f"{name}_gbps{tag}"] = 1e-3 / c if c > 0 else None
                 elif name == "flops":
                     out[f"tflops{tag}"] = 1e-6 / c if c > 0 else None
@@ -217,6 +223,7 @@ def _lower_bounds(names: tuple[str, ...], hw: HardwareProfile | None) -> np.ndar
     if hw is None:
         return np.zeros(len(names))
     per = {"bytes": 1e6 / hw.hbm_bandwidth, "token_state_bytes": 1e6 / hw.hbm_bandwidth,
+           "state_bytes": 1e6 / hw.hbm_bandwidth,
            "flops": 1e6 / hw.peak_flops("fp8")}
     return np.array([per.get(n, 0.0) for n in names])
 

@@ -13,7 +13,9 @@ Pipeline (each step a function below):
    busiest stream first, then the next one against the plan kernels left): a measured kernel with no
    partner is unmatched_measured, a plan kernel with none unmatched_plan;
 5. take the median over layers of each measured kernel's duration and of the gap since the previous
-   kernel on its stream, and put them beside the model's timeline of the same configuration.
+   kernel on its stream, and put them beside the model's timeline of the same configuration. A kernel
+   the engine's `part_of_previous` patterns name (cuBLASLt's split-K reduce) is a second launch of the
+   plan kernel before it: that kernel is measured from its first start to its last end.
 
 Makespan, both sides: first kernel start to last kernel end of one layer (the model's layer_us also
 counts the launch gap before its first kernel; this one does not, so both are measured the same way).
@@ -59,6 +61,7 @@ class Engine:
     match_on: str  # "name" | "key"
     plan_keys: tuple[str, ...] | None
     patterns: dict[str, tuple[re.Pattern[str], ...]]
+    part_of_previous: tuple[re.Pattern[str], ...] = ()  # second launches of one plan kernel (split-K reduce)
 
 
 def load_engine(name: str, path: str | Path | None = None) -> Engine:
@@ -74,8 +77,9 @@ def load_engine(name: str, path: str | Path | None = None) -> Engine:
     patterns = {key: tuple(_compile(p, source, name) for p in _strings(pats, source))
                 for key, pats in entry.get("patterns", {}).items()}
     keys = entry.get("plan_keys")
+    parts = tuple(_compile(p, source, name) for p in _strings(entry.get("part_of_previous", []), source))
     return Engine(name, str(entry.get("about", "")), entry.get("variant"), str(entry.get("match_on", "name")),
-                  tuple(_strings(keys, source)) if keys is not None else None, patterns)
+                  tuple(_strings(keys, source)) if keys is not None else None, patterns, parts)
 
 
 def _strings(value: Any, source: Path) -> list[str]:
@@ -262,20 +266,25 @@ def compare(trace: KernelTrace, plan: Plan, timeline: Timeline, classify: Classi
     """The comparison document: per kernel model vs measured, unmatched on both sides, makespans."""
     shape, pairs = best_layer(trace, classify)
     gaps = model_gaps(timeline)
-    rows, unmatched_measured, layer = [], [], []
+    rows, unmatched_measured, folded, layer = [], [], [], []
     for s, (stream, labels) in enumerate(shape.signature):
         home = _home_stream(pairs, s, timeline) or f"measured {stream}"
+        parts = _parts_of_previous(pairs, s, labels, classify.engine)
         for pos, label in enumerate(labels):
             j, name = pairs.get((s, pos)), shape.layers[0][s][pos].name
             layer.append({"name": name, "plan": timeline.spans[j].key if j is not None else None, "stream": home,
                           "start_us": round(_start(shape, s, pos), 3),
                           "duration_us": round(shape.median(s, pos, "dur") or 0.0, 3)})
             if j is None:
-                unmatched_measured.append(name)
+                (folded if pos in parts["folded"] else unmatched_measured).append(name)
                 continue
             span = timeline.spans[j]
+            last = parts["last"].get(pos, pos)
             measured = shape.median(s, pos, "dur") or 0.0
+            if last > pos:  # the plan kernel ran as several launches: first start to last end
+                measured = statistics.median(layer_[s][last].end - layer_[s][pos].ts for layer_ in shape.layers)
             rows.append({"plan": span.key, "measured": name, "stream": span.stream, "measured_stream": str(stream),
+                         "launches": last - pos + 1,
                          "model_us": round(span.duration_us, 3), "measured_us": round(measured, 3),
                          "error_pct": _pct(measured, span.duration_us),
                          "model_gap_us": _round(gaps[j] if pos > 0 else None),
@@ -286,7 +295,7 @@ def compare(trace: KernelTrace, plan: Plan, timeline: Timeline, classify: Classi
     errors = [abs(r["error_pct"]) for r in rows if r["error_pct"] is not None]
     model_span = timeline.layer_us - min(s.start_us for s in timeline.spans)
     return {
-        "matched": len(rows), "unmatched_measured": unmatched_measured,
+        "matched": len(rows), "unmatched_measured": unmatched_measured, "folded_measured": folded,
         "unmatched_plan": [s.key for s in timeline.spans if s.key not in matched],
         "median_abs_pct_error": round(statistics.median(errors), 3) if errors else None,
         "layers_found": len(shape.layers), "measured_streams": [str(stream) for stream, _ in shape.signature],
@@ -298,6 +307,23 @@ def compare(trace: KernelTrace, plan: Plan, timeline: Timeline, classify: Classi
         "kernel_events_read": len(trace.kernels), "trace_events_read": trace.events_read,
         "measured_layer": layer,
     }
+
+
+def _parts_of_previous(pairs: dict[tuple[int, int], int], s: int, labels: tuple[str, ...],
+                       engine: Engine) -> dict[str, Any]:
+    """Unmatched kernels that the engine's `part_of_previous` patterns name as a second launch of the matched
+    kernel just before them on the stream (cuBLASLt's split-K reduce after its GEMM): folded into it."""
+    out: dict[str, Any] = {"folded": set(), "last": {}}
+    owner = None
+    for pos, label in enumerate(labels):
+        if (s, pos) in pairs:
+            owner = pos
+        elif owner is not None and any(p.search(label) for p in engine.part_of_previous):
+            out["folded"].add(pos)
+            out["last"][owner] = pos
+        else:
+            owner = None
+    return out
 
 
 def _home_stream(pairs: dict[tuple[int, int], int], s: int, timeline: Timeline) -> str | None:
