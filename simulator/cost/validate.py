@@ -101,6 +101,7 @@ SHORT_K = 1024  # reduction depth at or below which a GEMM tile runs <= 8 K-step
 # warps, the whole 128 x 128 state) against vLLM's split-V grid (one warp per 8 value columns, 16 programs
 # per head, ~8 resident per SM: the per-token time of the H200 split-V rows scales with B x heads x 16 / 1056)
 KDA_GRID = {"triton": (1, 1), "triton_split_v": (16, 8)}
+L2_BYTES = 60 << 20  # H200: per-token state writes up to L2's size are absorbed there, the rest streams to HBM
 NARROW_N = 1024  # output width at or below which cuBLAS splits K (two launches in calibration/h200/gemm.csv)
 
 
@@ -143,7 +144,7 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
         split, resident = KDA_GRID.get(row["impl"], (1, 1))
         waves = -(-row["B"] * row["heads"] * split // (SM_COUNT * resident))
         return {"t0": 1.0, "serial": float(waves * row["T"]), "state_bytes": 2.0 * state,
-                "token_state_bytes": float(extra)}
+                "token_state_bytes": float(min(extra, L2_BYTES)), "token_state_dram_bytes": float(max(0, extra - L2_BYTES))}
     if fam == "mla":
         splits, chunk = mla_splits(row["B"], row["S"])
         programs = row["B"] * splits * -(-row["T"] * row["heads"] // 16)
@@ -182,7 +183,7 @@ class Fit:
         for i, coef in enumerate(self.regimes):
             tag = "" if len(self.regimes) == 1 else f"_regime{i + 1}"
             for name, c in zip(self.names, coef):
-                if name in ("bytes", "wire_bytes", "out_bytes", "state_bytes", "token_state_bytes"):
+                if name in ("bytes", "wire_bytes", "out_bytes", "state_bytes", "token_state_bytes", "token_state_dram_bytes"):
                     out[f"{name}_gbps{tag}"] = 1e-3 / c if c > 0 else None
                 elif name == "flops":
                     out[f"tflops{tag}"] = 1e-6 / c if c > 0 else None
@@ -223,7 +224,7 @@ def _lower_bounds(names: tuple[str, ...], hw: HardwareProfile | None) -> np.ndar
     if hw is None:
         return np.zeros(len(names))
     per = {"bytes": 1e6 / hw.hbm_bandwidth, "token_state_bytes": 1e6 / hw.hbm_bandwidth,
-           "state_bytes": 1e6 / hw.hbm_bandwidth,
+           "state_bytes": 1e6 / hw.hbm_bandwidth, "token_state_dram_bytes": 1e6 / hw.hbm_bandwidth,
            "flops": 1e6 / hw.peak_flops("fp8")}
     return np.array([per.get(n, 0.0) for n in names])
 
