@@ -141,7 +141,7 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
     if fam == "kda":
         state = row["B"] * row["heads"] * 128 * 128 * 4
         extra = (row["T"] - 1) * state if row["variant"] == "per_token" else 0
-        split, resident = KDA_GRID.get(row["impl"], (1, 1))
+        split, resident = KDA_GRID.get(row.get("impl", "triton"), (1, 1))
         waves = -(-row["B"] * row["heads"] * split // (SM_COUNT * resident))
         return {"t0": 1.0, "serial": float(waves * row["T"]), "state_bytes": 2.0 * state,
                 "token_state_bytes": float(min(extra, L2_BYTES)), "token_state_dram_bytes": float(max(0, extra - L2_BYTES))}
