@@ -89,7 +89,11 @@ def test_two_regime_fit_finds_the_protocol_switch():
 def test_features_follow_the_kernel_physics():
     kda = {"family": "kda", "B": 256, "heads": 12, "T": 8, "variant": "per_token"}
     f = features(kda, {})
-    assert f["serial"] == math.ceil(256 * 12 / 132) * 8 and f["token_state_bytes"] == 7 * 256 * 12 * 128 * 128 * 4
+    writes = 7 * 256 * 12 * 128 * 128 * 4  # seven more states written than the final one
+    assert f["serial"] == math.ceil(256 * 12 / 132) * 8 and f["state_bytes"] == 2 * 256 * 12 * 128 * 128 * 4
+    assert f["token_state_bytes"] == 60 << 20 and f["token_state_dram_bytes"] == writes - (60 << 20)
+    split_v = features(kda | {"impl": "triton_split_v"}, {})  # 16 one-warp programs per head, 8 resident per SM
+    assert split_v["serial"] == math.ceil(256 * 12 * 16 / (132 * 8)) * 8
     mla = {"family": "mla", "B": 1, "S": 32768, "T": 1, "heads": 12}
     assert features(mla, {})["splits"] >= 132  # a single sequence splits its cache over the SMs
 
