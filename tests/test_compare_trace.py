@@ -352,9 +352,10 @@ def suite_agreement(path: Path) -> list[dict]:
 
 @pytest.mark.parametrize("path", SUITE, ids=[p.name for p in SUITE])
 def test_suite_layer_kernels_agree_with_validate(path: Path) -> None:
-    """Long kernels (>= 15 µs) agree within 6 points; the median kernel within 5. Short ones differ more, and
-    physically: in the layer a kernel's input was just written by its predecessor and sits in L2, while the
-    suite rotates inputs cold over 4 x L2, so a 2 µs kernel runs 0.2-0.4 µs faster in the layer."""
+    """Long kernels (>= 15 µs) agree within 6 points; the median kernel within 5. Short kernels (< 3 µs
+    isolated) differ by at most 0.4 µs, less than two isolated runs of the same kernels on two lent H200s
+    differ (calibration/h200/hot_inputs.csv's cold column against small.csv: up to 0.65 µs)."""
+    import csv
     import statistics
     rows = suite_agreement(path)
     assert len(rows) == 19
@@ -362,4 +363,8 @@ def test_suite_layer_kernels_agree_with_validate(path: Path) -> None:
     assert len(long) >= 4 and max(r["points"] for r in long) <= 6.0, long
     assert statistics.median(r["points"] for r in rows) <= 5.0
     short = [r for r in rows if r["isolated_us"] < 3.0]
-    assert statistics.median(r["slot_us"] / r["isolated_us"] for r in short) < 1.0  # hot inputs: faster in layer
+    in_layer = max(abs(r["slot_us"] - r["isolated_us"]) for r in short)
+    iso = _isolated_rows()
+    with (CALIBRATION / "hot_inputs.csv").open() as fh:
+        rerun = [abs(float(r["cold_us"]) - float(iso[r["id"]]["median_us"])) for r in csv.DictReader(fh)]
+    assert len(short) >= 4 and in_layer <= 0.4 < max(rerun), (in_layer, max(rerun))
