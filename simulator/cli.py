@@ -430,6 +430,34 @@ def validate(
     _emit(_guard(body), as_json, print_validation)
 
 
+@app.command()
+def calibrate(
+    hardware: Annotated[str, typer.Option("--hardware", help="The profile whose published-fitted constants to refit (a name or a TOML path).")] = "gb300",
+    as_json: JsonOpt = False,
+) -> None:
+    """Refit the constants fitted to the published figures, inside their sourced ranges; report the rest.
+
+    Prints each constant now and refitted (and whether it sits on a range edge), the four fitted figures,
+    and the published figures the fit did not use. Writes nothing: copy a value into the TOML yourself.
+
+    Example: moe-sim calibrate --hardware gb300
+    """
+    from simulator.config import load_model
+    from simulator.cost import calibrate as cal
+    from simulator.hardware import load_hardware
+
+    def body() -> dict:
+        hw = load_hardware(hardware)
+        if not cal.fitted_names(hw):
+            raise UserError(f"{hw.name} has no constant fitted to the published figures (they are GB300 TP16 "
+                            "figures; its fitted_to entries name other data).")
+        cfg = load_model("kimi-k3")
+        return cal.report(cfg, hw, cal.fit(cfg, hw))
+
+    from simulator.report.validation import print_calibration
+    _emit(_guard(body), as_json, print_calibration)
+
+
 @app.command("list")
 def list_cmd(what: Annotated[str, typer.Argument(help="models, hardware or scenarios")] = "models") -> None:
     """List the bundled model configs, hardware profiles or scenarios (each usable by name)."""

@@ -48,7 +48,7 @@ def test_usage_lines_run(tmp_path, monkeypatch):
         if "kimi-k3 --tp 16 --batch 1" in line:  # minutes of full-size numerics: run by hand, timed in the notes
             continue
         args = shlex.split(line)[1:]
-        args = [str(ROOT / a) if a.startswith(("scenarios/", "calibration/")) else a for a in args]
+        args = [str(ROOT / a) if a.startswith(("scenarios/", "calibration/", "tests/")) else a for a in args]
         r = runner.invoke(app, args)
         assert r.exit_code == 0, f"{line}: {r.output[-400:]}"
 

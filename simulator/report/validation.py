@@ -80,3 +80,25 @@ def _figure_validation(doc: Mapping[str, Any]) -> Figure:
     fig.suptitle(f"Cost model vs {doc['measured_points']} kernels measured on {doc['hardware']} "
                  "(grey band: ±10 %; per launch, CUDA-graph replay)")
     return fig
+
+
+def print_calibration(doc: Mapping[str, Any]) -> None:
+    """`moe-sim calibrate`: the constants, the fitted figures and the unfitted ones."""
+    from rich.table import Table
+
+    from simulator.report.tables import _console
+    con = _console()
+    con.print(f"{doc['hardware']}: constants fitted to the published figures ({doc['metric']}; "
+              f"{doc['degrees_of_freedom']} degrees of freedom left)")
+    consts = Table("constant", "now", "refitted", "range", "on an edge")
+    for c in doc["constants"]:
+        consts.add_row(c["name"], f"{c['now']:g}", f"{c['fitted']:g}", f"[{c['range'][0]:g}, {c['range'][1]:g}]",
+                       c["at_edge"] or "-")
+    con.print(consts)
+    for title, rows in (("fitted figures", doc["fitted_figures"]), ("not used in the fit", doc["unfitted_figures"])):
+        t = Table(title, "metric", "published", "model now", "error now %", "model refitted", "error refitted %")
+        for r in rows:
+            t.add_row(r["figure"], r["metric"], f"{r['published']:g}", f"{r['model_now']:.2f}",
+                      f"{r['error_now_pct']:+.1f}", f"{r['model_fitted']:.2f}", f"{r['error_fitted_pct']:+.1f}")
+        con.print(t)
+    con.print(f"loss now {doc['loss_now']:.2e}, refitted {doc['loss_fitted']:.2e} ({doc['evaluations']} model evaluations)")

@@ -1,0 +1,62 @@
+"""`moe-sim calibrate`: the GB300 constants fitted to the published figures are the bounded optimum."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from simulator.cli import app
+from simulator.config import load_model
+from simulator.cost import calibrate as cal
+from simulator.hardware import load_hardware
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def gb300_fit():
+    cfg, hw = load_model("kimi-k3"), load_hardware("gb300")
+    return cfg, hw, cal.fit(cfg, hw)
+
+
+def test_fitted_constants_are_the_ones_the_toml_says(gb300_fit):
+    _, hw, _ = gb300_fit
+    assert cal.fitted_names(hw) == ("alpha_in_kernel_us", "alpha_one_shot_us", "gemm_fixed_us", "launch_gap_us")
+    assert cal.fitted_names(load_hardware("h200")) == ()  # its fits name H200 measurements, not published.md
+
+
+def test_committed_constants_are_the_refit_optimum(gb300_fit):
+    """A physics change that moves the published figures must come with a refit: refitting may not improve
+    the loss by more than rounding the constants costs."""
+    _, _, result = gb300_fit
+    assert result.loss_fitted <= result.loss_start + 1e-12
+    assert result.loss_start - result.loss_fitted < 5e-5, (result.start, result.fitted)
+
+
+def test_published_figures_within_five_percent(gb300_fit):
+    cfg, hw, _ = gb300_fit
+    for fig in cal.FITTED:
+        assert abs(cal.model_value(fig, cfg, hw) / fig.published - 1) < 0.05, fig.name
+
+
+def test_fit_pulls_a_displaced_constant_back_inside_its_range():
+    cfg, hw = load_model("kimi-k3"), load_hardware("gb300")
+    displaced = replace(hw, launch_gap_us=2.0)
+    result = cal.fit(cfg, displaced, names=("launch_gap_us",))
+    lo, hi = result.ranges["launch_gap_us"]
+    assert lo <= result.fitted["launch_gap_us"] < 1.5 and result.loss_fitted < result.loss_start / 2
+
+
+def test_calibrate_cli_json_and_bad_hardware():
+    r = runner.invoke(app, ["calibrate", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert {c["name"] for c in doc["constants"]} == set(cal.fitted_names(load_hardware("gb300")))
+    assert len(doc["fitted_figures"]) == 4 and len(doc["unfitted_figures"]) == 2 and doc["degrees_of_freedom"] == 0
+    assert all(c["range"][0] <= c["fitted"] <= c["range"][1] for c in doc["constants"])
+    bad = runner.invoke(app, ["calibrate", "--hardware", "h200"])
+    assert bad.exit_code == 2 and "no constant fitted to the published figures" in bad.output
+    assert "Traceback" not in bad.output
