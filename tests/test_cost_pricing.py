@@ -79,7 +79,7 @@ def test_h200_gemm_times_land_near_the_measured_cublas_table() -> None:
 @pytest.mark.parametrize("name", PROFILES)
 def test_14kib_all_reduce_is_latency_bound(name: str) -> None:
     cost = price_kernel(all_reduce(7168 * 2, 8), load_hardware(name))
-    assert cost.bound == "latency" and cost.algorithm == "one_shot"
+    assert cost.bound == "latency" and cost.algorithm in ("one_shot", "nvls")
     assert cost.comm_us == pytest.approx(cost.duration_us)
 
 

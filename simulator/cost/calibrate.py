@@ -9,7 +9,7 @@ its sources, and the fit never leaves it.
     loss(c) = sum over fitted figures f of (model_f(c) / published_f - 1)^2,   c in its box of ranges
 
 minimised by coordinate descent (golden-section search along one constant at a time, sweeps until the
-loss stops moving), started from the profile's values. Deterministic; about 200 model evaluations.
+loss stops moving), started from the profile's values. Deterministic; several hundred model evaluations.
 
 Figures not used in the fit are priced with the fitted constants and reported beside their published
 values: they are the out-of-sample check (the July standard vLLM throughputs, BLOG-D0, sources.md §K2).
@@ -124,7 +124,7 @@ class FitResult:
 
 
 def fit(cfg: ModelConfig, hw: HardwareProfile, names: tuple[str, ...] | None = None,
-        figures: tuple[Figure, ...] = FITTED, sweeps: int = 4) -> FitResult:
+        figures: tuple[Figure, ...] = FITTED, sweeps: int = 30) -> FitResult:
     """Coordinate descent over `names` (default: the constants fitted to the published figures)."""
     names = names or fitted_names(hw)
     ranges = {n: (hw.fits[n].low, hw.fits[n].high) for n in names}

@@ -9,7 +9,10 @@ written, `Kernel.hbm_bytes`), F its FLOPs, BW peak HBM bandwidth, eta the achiev
     t_mem    = S / (eta BW)
     t_math   = F / (eta_c R)                        eta_c: no GEMM runs at the datasheet peak (H200: 0.73)
     t_comm   = alpha + transfer                    collective and gemm_collective only (collectives.py)
-    duration = t_fixed + max(t_mem, t_math) + t_comm
+    t_serial = steps x serial_step x waves          a recurrence: each work item runs its steps in order
+                                                    (KDA: T - 1 tokens after the first); waves =
+                                                    ceil(ctas / (SMs x ctas_per_sm))
+    duration = t_fixed + t_serial + max(t_mem, t_math) + t_comm
 
 So the bandwidth a kernel achieves depends on its size,
 
@@ -48,6 +51,7 @@ class KernelCost:
     kind: str
     launch_us: float
     fixed_us: float
+    serial_us: float
     mem_us: float
     math_us: float
     comm_us: float
@@ -61,7 +65,7 @@ class KernelCost:
 
     @property
     def duration_us(self) -> float:
-        return self.fixed_us + max(self.mem_us, self.math_us) + self.comm_us
+        return self.fixed_us + self.serial_us + max(self.mem_us, self.math_us) + self.comm_us
 
     @property
     def total_us(self) -> float:
@@ -85,7 +89,7 @@ class KernelCost:
     @property
     def bound(self) -> Bound:
         terms: dict[Bound, float] = {
-            "latency": self.fixed_us + self.comm_alpha_us,
+            "latency": self.fixed_us + self.serial_us + self.comm_alpha_us,
             "memory": self.mem_us,
             "compute": self.math_us,
             "communication": self.comm_us - self.comm_alpha_us,
@@ -125,20 +129,30 @@ def stream_bandwidth(kernel: Kernel, hw: HardwareProfile) -> float:
     return full if kernel.ctas is None else min(full, kernel.ctas * hw.cta_bandwidth)
 
 
+def serial_us(kernel: Kernel, hw: HardwareProfile) -> float:
+    """steps x serial_step x waves: a recurrence's dependent steps (module docstring)."""
+    if not kernel.serial_steps:
+        return 0.0
+    waves = -(-(kernel.ctas or hw.sm_count) // (hw.sm_count * kernel.ctas_per_sm))
+    return kernel.serial_steps * hw.serial_step_us * waves
+
+
 def kernel_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float, float, float, float]:
-    """(launch µs, fixed µs, math µs, comm µs, stream B/s): what the timeline needs, without a record."""
+    """(launch µs, fixed + serial µs, math µs, comm µs, stream B/s): what the timeline needs, without a record."""
     _check_collective(kernel)
     comm = collective_cost(kernel.collective, hw).time_us if kernel.collective else 0.0
-    return (launch_gap_us(kernel.pdl, hw), fixed_us(kernel.kind, hw),
+    return (launch_gap_us(kernel.pdl, hw), fixed_us(kernel.kind, hw) + serial_us(kernel, hw),
             kernel.flops / (hw.peak_flops(kernel.math) * hw.compute_efficiency) * 1e6, comm, stream_bandwidth(kernel, hw))
 
 
 def price_kernel(kernel: Kernel, hw: HardwareProfile) -> KernelCost:
     """The cost of `kernel` alone on `hw` (formulas in the module docstring)."""
     launch, fixed, math_us, _, stream = kernel_terms(kernel, hw)
+    serial = serial_us(kernel, hw)
     comm = collective_cost(kernel.collective, hw) if kernel.collective else None
     return KernelCost(
-        key=kernel.key, name=kernel.name, kind=kernel.kind, launch_us=launch, fixed_us=fixed,
+        key=kernel.key, name=kernel.name, kind=kernel.kind, launch_us=launch, fixed_us=fixed - serial,
+        serial_us=serial,
         mem_us=kernel.hbm_bytes / stream * 1e6, math_us=math_us,
         comm_us=comm.time_us if comm else 0.0,
         comm_alpha_us=comm.alpha_us if comm else 0.0,

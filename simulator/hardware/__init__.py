@@ -76,13 +76,16 @@ class HardwareProfile:
     alpha_one_shot_us: float  # latency of a one-shot all-reduce
     alpha_in_kernel_us: float  # latency of an exchange done inside a computing kernel (symmetric-memory flags)
     cta_bandwidth: float  # B/s one CTA streams on its own (latency-bound: bytes in flight / DRAM latency)
+    serial_step_us: float  # one dependent step of a recurrence (a KDA token) per wave of CTAs
     alpha_two_shot_us: float  # latency of a two-shot (reduce-scatter + all-gather) all-reduce
     alpha_ring_us: float  # ring all-reduce base latency
     alpha_ring_step_us: float  # ring all-reduce latency per step (2(P-1) steps)
     beta_one_shot: float  # B/s effective bus bandwidth per GPU
     beta_two_shot: float  # B/s
     beta_ring: float  # B/s
-    one_shot_threshold_bytes: float  # one-shot while payload x ranks <= this
+    alpha_nvls_us: float  # latency of an NVLink SHARP (multimem) all-reduce, quoted at P = 8
+    beta_nvls: float  # B/s of the payload through the switch, each direction
+    alpha_growth_per_doubling: float  # fraction an alpha grows per doubling of ranks (P = 8 reference)
     fp4_runs_as: str = "fp4"  # "fp4" where native, else "bf16" or "fp8"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     fits: Mapping[str, Fit] = field(default_factory=dict, compare=False, repr=False)
@@ -106,8 +109,9 @@ UNITS: dict[str, str] = {
     "sm_count": "count", "l2_bytes": "B", "nvlink_bandwidth": "B/s", "nvlink_domain": "GPUs",
     "launch_gap_us": "us", "launch_gap_pdl_us": "us", "kernel_fixed_us": "us", "gemm_fixed_us": "us",
     "hbm_efficiency": "fraction", "moe_hbm_efficiency": "fraction", "compute_efficiency": "fraction",
-    "alpha_one_shot_us": "us", "alpha_in_kernel_us": "us", "cta_bandwidth": "B/s", "alpha_two_shot_us": "us", "alpha_ring_us": "us", "alpha_ring_step_us": "us",
-    "beta_one_shot": "B/s", "beta_two_shot": "B/s", "beta_ring": "B/s", "one_shot_threshold_bytes": "B",
+    "alpha_one_shot_us": "us", "alpha_in_kernel_us": "us", "cta_bandwidth": "B/s", "serial_step_us": "us", "alpha_two_shot_us": "us", "alpha_ring_us": "us", "alpha_ring_step_us": "us",
+    "beta_one_shot": "B/s", "beta_two_shot": "B/s", "beta_ring": "B/s",
+    "alpha_nvls_us": "us", "beta_nvls": "B/s", "alpha_growth_per_doubling": "fraction",
 }
 INTEGER_KEYS = ("sm_count", "nvlink_domain")
 ENTRY_KEYS = {"value", "unit", "source", "fitted_to", "range", "range_source", "runs_as"}

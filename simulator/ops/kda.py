@@ -251,22 +251,28 @@ def kda_gate(z: Array, dt_bias: Array, a_log: Array, lower_bound: float) -> Arra
 
 
 def kda_recurrent(
-    q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array
-) -> tuple[Array, Array]:
+    q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, checkpoints: bool = False
+) -> tuple[Array, ...]:
     """Gated delta rule over T tokens in order; q, k, v, g [B, T, N, H], beta [B, T, N], state [B, N, H, H].
 
-    Returns o [B, T, N, H] and the new state. q, k are L2-normalised here (as vLLM's kernel does).
+    Returns o [B, T, N, H] and the new state; with `checkpoints`, also the state after each of the first
+    T - 1 tokens, [B, T-1, N, H, H]: what vLLM's verify kernel stores so that rejected draft tokens can be
+    rolled back to the last accepted one. q, k are L2-normalised here (as vLLM's kernel does).
     """
     q = _l2_normalise(q) * q.shape[-1] ** -0.5  # [B, T, N, H]
     k = _l2_normalise(k)  # [B, T, N, H]
     S = state.astype(np.result_type(q, k, v, g, beta, state))  # a promoted copy, [B, N, H, H]
     o = np.empty(np.broadcast_shapes(q.shape, v.shape), S.dtype)  # [B, T, N, H]
-    for t in range(q.shape[1]):
+    T = q.shape[1]
+    saved = np.empty((S.shape[0], max(T - 1, 0)) + S.shape[1:], S.dtype) if checkpoints else None
+    for t in range(T):
         S = np.exp(g[:, t])[..., None] * S  # decay key rows i
         u = np.einsum("bnij,bni->bnj", S, k[:, t])  # [B, N, H] = S^T k
         S = S + beta[:, t, :, None, None] * k[:, t, :, :, None] * (v[:, t] - u)[:, :, None, :]
         o[:, t] = np.einsum("bnij,bni->bnj", S, q[:, t])  # [B, N, H] = S^T q
-    return o, S
+        if saved is not None and t < T - 1:
+            saved[:, t] = S
+    return (o, S, saved) if checkpoints else (o, S)
 
 
 def kda_gated_norm(o: Array, gate: Array, o_norm_w: Array, eps: float) -> Array:

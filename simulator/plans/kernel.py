@@ -74,6 +74,8 @@ class Kernel:
     prefetch_bytes: int = 0  # weight bytes this kernel may load before its inputs are ready
     pdl: bool = False  # launched with programmatic dependent launch (overlaps its launch with the predecessor's tail)
     ctas: int | None = None  # independent work items when fewer than the GPU can hold (e.g. one per sequence x head)
+    ctas_per_sm: int = 1  # work items resident on one SM at once (one-warp programs: ~8)
+    serial_steps: int = 0  # dependent steps each work item runs in order after its first (KDA: T - 1 tokens)
     fusions: tuple[str, ...] = ()  # named fusions of the specialized plan this kernel embodies
     replaces: tuple[str, ...] = ()  # keys of the standard-plan kernels this fused kernel replaces
     note: str = ""  # source or reasoning (docs/kernels.md is generated from these)

@@ -96,8 +96,16 @@ def _conv_w(rank: Any) -> np.ndarray:
     return np.concatenate([c.row(rank, f"kda.conv_{p}") for p in "qkv"], axis=0)
 
 
+KDA_BV = 8  # value columns per program of vLLM's fused_recurrent grid (one warp each)
+
+
 def kda_recurrent(d: Dims) -> Kernel:
-    M, C, Nh, H, B = d.M, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim, d.shape.batch
+    """vLLM's fused_recurrent: grid (B x heads, H / 8) of one-warp programs, 16 per (sequence, head), about
+    8 resident per SM; each runs its T tokens in order, loading each token's q, k, v, g inside the loop, so
+    every token after the first is a dependent DRAM round trip (calibration/h200 kda split-V rows: ~0.9 µs
+    per token per wave, docs/cost-model.md §6.6); a verify (T > 1) stores the state after every token for
+    rollback."""
+    M, C, Nh, H, B, T = d.M, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim, d.shape.batch, d.shape.tokens_per_seq
 
     def run(rank: Any) -> None:
         b = rank.buf
@@ -105,17 +113,24 @@ def kda_recurrent(d: Dims) -> Kernel:
         g = kda_ops.kda_gate(_bt(d, b["kda.z"], C), c.row(rank, "kda.dt_bias"), c.row(rank, "kda.a_log"),
                              d.cfg.gate_lower_bound)
         beta = 1.0 / (1.0 + np.exp(-_bt(d, b["kda.b"], Nh)))
-        o, b["kda.state"] = kda_ops.kda_recurrent(q, k, v, g, beta, b["kda.state"])
+        if T > 1:
+            o, b["kda.state"], b["kda.state_tokens"] = kda_ops.kda_recurrent(q, k, v, g, beta, b["kda.state"],
+                                                                             checkpoints=True)
+        else:
+            o, b["kda.state"] = kda_ops.kda_recurrent(q, k, v, g, beta, b["kda.state"])
         b["kda.o"] = o.reshape(M, C)
 
     state = act("kda.state", B, Nh, H, H, dtype="fp32")
+    checkpoints = (act("kda.state_tokens", B, T - 1, Nh, H, H, dtype="fp32"),) if T > 1 else ()
     return Kernel(key="kda_recurrent", name="fused_recurrent_kda", kind="attention",
                   reads=(act("kda.qkv_conv", M, 3 * C), act("kda.z", M, C), act("kda.b", M, Nh), state),
-                  writes=(act("kda.o", M, C), state),
+                  writes=(act("kda.o", M, C), state) + checkpoints,
                   weights=(wt("kda.dt_bias", C, dtype="fp32"), wt("kda.a_log", Nh, dtype="fp32")),
-                  flops=M * Nh * H * H * 8, math="fp32", ctas=B * Nh, effect=per_rank(run),
-                  note="gate + beta + L2 norm + delta-rule update of the FP32 state, one CTA per (sequence, head) "
-                       "(V-KDA fallback chain)")
+                  flops=M * Nh * H * H * 8, math="fp32", ctas=B * Nh * (H // KDA_BV), ctas_per_sm=8,
+                  serial_steps=T - 1, effect=per_rank(run),
+                  note="gate + beta + L2 norm + delta-rule update of the FP32 state; grid (B x heads, H/8) of "
+                       "one-warp programs, the T tokens in order, the state stored after every token of a verify "
+                       "(V-KDA fallback chain; vLLM fused_recurrent)")
 
 
 def kda_gated_norm(d: Dims) -> Kernel:
@@ -156,7 +171,9 @@ def kda_fused_kernel(d: Dims, name: str, fusions: tuple[str, ...] = (), pdl: boo
                   flops=M * Nh * H * H * 8 + 2 * M * 3 * C * W, math="fp32", fusions=fusions, pdl=pdl, ctas=B * Nh,
                   replaces=("kda_conv", "kda_recurrent", "kda_gated_norm"), effect=per_rank(run),
                   note="one pass per (sequence, head): conv, gate, delta rule, norm, output gate; "
-                       "q/k/v/o intermediates stay on chip (V-KDA fused_kda_decode; FlashInfer PR #4243)")
+                       "q/k/v/o intermediates stay on chip (V-KDA fused_kda_decode; FlashInfer PR #4243). "
+                       "No serial term: the T tokens' inputs do not depend on the state and are loaded up front, "
+                       "so a token's step is on-chip math, not the DRAM round trip vLLM's fused_recurrent pays")
 
 
 # ======================================================================= attention output
