@@ -40,7 +40,7 @@ def test_every_fitted_constant_lies_inside_its_sourced_range(name: str) -> None:
 def test_physical_relations_hold(name: str) -> None:
     hw = load_hardware(name)
     assert hw.launch_gap_pdl_us < hw.launch_gap_us  # PDL shortens the boundary
-    assert 0 < hw.moe_hbm_efficiency <= hw.hbm_efficiency <= 1
+    assert 0 < hw.hbm_efficiency <= 1 and 0 <= hw.moe_expert_us < 1
     assert hw.fp4_flops >= hw.fp8_flops >= hw.bf16_flops > hw.fp32_flops or hw.fp4_runs_as != "fp4"
     assert max(hw.beta_one_shot, hw.beta_two_shot, hw.beta_ring) <= hw.nvlink_bandwidth
 
@@ -89,8 +89,8 @@ BAD_FILES = {
     "no-range": (H200_TEXT.replace("range = [5.0, 7.0]\n", ""), "alpha_one_shot_us"),
     "typo-key": (H200_TEXT + '\n[hbm_bandwith]\nvalue = 1.0\n', "hbm_bandwith"),
     "fp4-fallback": (H200_TEXT.replace('runs_as = "bf16"', 'runs_as = "int8"'), "fp4_flops"),
-    "efficiency-above-one": (H200_TEXT.replace("value = 0.75", "value = 1.5").replace(
-        "range = [0.62, 0.80]", "range = [0.62, 2.0]"), "moe_hbm_efficiency"),
+    "efficiency-above-one": (H200_TEXT.replace("value = 0.79", "value = 1.5").replace(
+        "range = [0.75, 0.955]", "range = [0.75, 2.0]"), "hbm_efficiency"),
 }
 
 

@@ -103,7 +103,17 @@ def _small(r: dict) -> Kernel:
 
 
 def _kda(r: dict) -> Kernel:
-    """The fused KDA decode kernel of the specialized plan (the stock path's fused kernel is the same work)."""
+    """A split-V row is vLLM's fused_recurrent (the standard fallback's recurrence, 16 one-warp programs per
+    head, a round trip per token, the state stored per token in a verify); the one-program-per-head rows
+    are the fused KDA decode kernel of the specialized plan (one CTA per head)."""
+    if r["impl"] == "triton_split_v":
+        from simulator.config import load_model
+        from simulator.cost.step import representative_layer
+        from simulator.plans import standard
+        from simulator.plans.common import Dims
+        cfg = load_model(r["model"])
+        d = Dims(cfg, r["tp"], DecodeShape(r["B"], r["T"], 512), representative_layer(cfg, "kda"))
+        return standard.kda_recurrent(d)
     return _plan(r["model"], "specialized", r["tp"], r["B"], r["T"], 512, "kda").kernel("kda_decode")
 
 

@@ -6,8 +6,13 @@ written, `Kernel.hbm_bytes`), F its FLOPs, BW peak HBM bandwidth, eta the achiev
 
     t_launch = gap | gap_pdl                       idle time at the kernel boundary (the timeline adds it)
     t_fixed  = kernel_fixed (+ gemm_fixed for gemm, moe, gemm_collective kernels)
-    t_mem    = S / (eta BW)
+               (+ U x moe_expert for a grouped GEMM over U experts: one group of tiles to schedule each)
+    t_mem    = S / (eta BW)                         a grouped MoE GEMM streams like a dense one
     t_math   = F / (eta_c R)                        eta_c: no GEMM runs at the datasheet peak (H200: 0.73)
+               grouped GEMM: F counts whole BLOCK_M-row tiles per expert (moe_align_block_size pads
+               each expert's rows to 16, or 64 once experts average more than 16 rows), plus, where the
+               GPU has no FP4 tensor cores, the dequantisation of every FP4 weight in registers on the
+               CUDA cores (DEQUANT_OPS per element at the FP32 rate): W4A16 on Hopper
     t_comm   = alpha + transfer                    collective and gemm_collective only (collectives.py)
     t_serial = steps x serial_step x waves          a recurrence: each work item runs its steps in order
                                                     (KDA: T - 1 tokens after the first); waves =
@@ -30,6 +35,7 @@ A GPU without FP4 tensor cores prices FP4 math at its `fp4_runs_as` format's rat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -97,9 +103,13 @@ class KernelCost:
         return max(terms, key=terms.__getitem__)
 
 
+DEQUANT_OPS = 2  # CUDA-core instructions per FP4 weight element dequantised in registers (unpack + scale)
+FP4_DTYPES = frozenset({"mxfp4", "nvfp4", "fp4"})
+
+
 def hbm_efficiency(kind: str, hw: HardwareProfile) -> float:
-    """eta: grouped MoE GEMMs stream less efficiently than dense or pointwise kernels."""
-    return hw.moe_hbm_efficiency if kind == "moe" else hw.hbm_efficiency
+    """eta: the achievable fraction of datasheet HBM bandwidth, one per GPU (section docstring)."""
+    return hw.hbm_efficiency
 
 
 def fixed_us(kind: str, hw: HardwareProfile) -> float:
@@ -107,6 +117,27 @@ def fixed_us(kind: str, hw: HardwareProfile) -> float:
     if kind == "collective":
         return 0.0
     return hw.kernel_fixed_us + (hw.gemm_fixed_us if kind in GEMM_KINDS else 0.0)
+
+
+def moe_block_m(rows: int, experts: int) -> int:
+    """vLLM's moe_align_block_size: BLOCK_M = 16, or 64 once experts average more than 16 rows."""
+    return 64 if rows / max(experts, 1) > 16 else 16
+
+
+def grouped_gemm_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float]:
+    """(per-expert µs, math µs) of a grouped GEMM: U groups to schedule, whole tiles of math, FP4 dequant."""
+    if kernel.kind != "moe" or not kernel.group_rows or not kernel.weights:
+        return 0.0, kernel.flops / (hw.peak_flops(kernel.math) * hw.compute_efficiency) * 1e6
+    w = kernel.weights[0]
+    experts, k_dim, n_dim = w.shape[0], w.shape[-2], w.shape[-1]
+    per_expert = kernel.group_rows / max(experts, 1)
+    block = moe_block_m(kernel.group_rows, experts)
+    padded = 2 * experts * math.ceil(per_expert / block) * block * k_dim * n_dim
+    extra = max(0, kernel.flops - 2 * kernel.group_rows * k_dim * n_dim)  # epilogue work beyond the GEMM
+    math_us = (padded + extra) / (hw.peak_flops(kernel.math) * hw.compute_efficiency) * 1e6
+    if w.dtype in FP4_DTYPES and hw.fp4_runs_as != "fp4":
+        math_us += DEQUANT_OPS * experts * k_dim * n_dim / (hw.fp32_flops * hw.compute_efficiency) * 1e6
+    return experts * hw.moe_expert_us, math_us
 
 
 def launch_gap_us(pdl: bool, hw: HardwareProfile) -> float:
@@ -141,8 +172,9 @@ def kernel_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float, flo
     """(launch µs, fixed + serial µs, math µs, comm µs, stream B/s): what the timeline needs, without a record."""
     _check_collective(kernel)
     comm = collective_cost(kernel.collective, hw).time_us if kernel.collective else 0.0
-    return (launch_gap_us(kernel.pdl, hw), fixed_us(kernel.kind, hw) + serial_us(kernel, hw),
-            kernel.flops / (hw.peak_flops(kernel.math) * hw.compute_efficiency) * 1e6, comm, stream_bandwidth(kernel, hw))
+    experts_us, math_us = grouped_gemm_terms(kernel, hw)
+    return (launch_gap_us(kernel.pdl, hw), fixed_us(kernel.kind, hw) + experts_us + serial_us(kernel, hw),
+            math_us, comm, stream_bandwidth(kernel, hw))
 
 
 def price_kernel(kernel: Kernel, hw: HardwareProfile) -> KernelCost:

@@ -143,7 +143,7 @@ def _arrays(plan: Plan, hw: HardwareProfile) -> tuple:
         rows.append((launch, fixed, math_us, comm, k.hbm_bytes, stream * 1e-6,
                      _prefetch_target(k) if pred[-1] >= 0 else 0.0))
         index[k.key] = last[k.stream] = i
-    capacity = max(hw.hbm_efficiency, hw.moe_hbm_efficiency) * hw.hbm_bandwidth * 1e-6  # B/µs
+    capacity = hw.hbm_efficiency * hw.hbm_bandwidth * 1e-6  # B/µs
     gap_pred, fixed, math, comm, nbytes, bw, can_pf = np.array(rows, dtype=np.float64).T.copy()
     return (np.array(pred, dtype=np.int64), np.array(deps, dtype=np.int64).reshape(n, width),
                    gap_pred, fixed, math, comm, nbytes, bw, can_pf,

@@ -71,7 +71,7 @@ class HardwareProfile:
     kernel_fixed_us: float  # per-kernel cost PDL cannot hide (first-byte latency, tail)
     gemm_fixed_us: float  # extra fixed cost of a tensor-core GEMM (tile setup, split-K reduce)
     hbm_efficiency: float  # asymptotic fraction of peak HBM bandwidth, streaming kernel
-    moe_hbm_efficiency: float  # same for a grouped MoE GEMM
+    moe_expert_us: float  # per touched expert of a grouped MoE GEMM (one group of tiles to schedule)
     compute_efficiency: float  # fraction of the dense tensor-core peak a compute-bound GEMM reaches
     alpha_one_shot_us: float  # latency of a one-shot all-reduce
     alpha_in_kernel_us: float  # latency of an exchange done inside a computing kernel (symmetric-memory flags)
@@ -108,7 +108,7 @@ UNITS: dict[str, str] = {
     "fp4_flops": "FLOP/s", "fp8_flops": "FLOP/s", "bf16_flops": "FLOP/s", "fp32_flops": "FLOP/s",
     "sm_count": "count", "l2_bytes": "B", "nvlink_bandwidth": "B/s", "nvlink_domain": "GPUs",
     "launch_gap_us": "us", "launch_gap_pdl_us": "us", "kernel_fixed_us": "us", "gemm_fixed_us": "us",
-    "hbm_efficiency": "fraction", "moe_hbm_efficiency": "fraction", "compute_efficiency": "fraction",
+    "hbm_efficiency": "fraction", "moe_expert_us": "us", "compute_efficiency": "fraction",
     "alpha_one_shot_us": "us", "alpha_in_kernel_us": "us", "cta_bandwidth": "B/s", "serial_step_us": "us", "alpha_two_shot_us": "us", "alpha_ring_us": "us", "alpha_ring_step_us": "us",
     "beta_one_shot": "B/s", "beta_two_shot": "B/s", "beta_ring": "B/s",
     "alpha_nvls_us": "us", "beta_nvls": "B/s", "alpha_growth_per_doubling": "fraction",
@@ -230,7 +230,7 @@ def _fp4(data: dict[str, Any], values: dict[str, Any], where: str) -> tuple[floa
 
 def _check_physics(values: dict[str, Any], where: str) -> None:
     """Cross-field sanity: efficiencies are fractions and no bus bandwidth beats the NVLink link."""
-    for key in ("hbm_efficiency", "moe_hbm_efficiency", "compute_efficiency"):
+    for key in ("hbm_efficiency", "compute_efficiency"):
         if values[key] > 1.0:
             raise UserError(f"Hardware profile {where}: {key!r} is a fraction and must be <= 1.")
     for key in ("beta_one_shot", "beta_two_shot", "beta_ring"):

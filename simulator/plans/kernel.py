@@ -76,6 +76,7 @@ class Kernel:
     ctas: int | None = None  # independent work items when fewer than the GPU can hold (e.g. one per sequence x head)
     ctas_per_sm: int = 1  # work items resident on one SM at once (one-warp programs: ~8)
     serial_steps: int = 0  # dependent steps each work item runs in order after its first (KDA: T - 1 tokens)
+    group_rows: int = 0  # a grouped GEMM's input rows (tokens x top-k), shared by the experts in `weights[0]`
     fusions: tuple[str, ...] = ()  # named fusions of the specialized plan this kernel embodies
     replaces: tuple[str, ...] = ()  # keys of the standard-plan kernels this fused kernel replaces
     note: str = ""  # source or reasoning (docs/kernels.md is generated from these)

@@ -255,7 +255,8 @@ def fc2_finalize(d: Dims, pad: bool = False) -> Kernel:
     return Kernel(key="fc2_finalize", name="moe_fc2_down_finalize", kind="moe",
                   reads=(act("moe.h", M, k, F), act("topk.weight", M, k, dtype="fp32")), writes=(act("moe.partial", M, L),),
                   weights=(wt("experts.w_down", U, Fp, L, dtype=cfg.expert_dtype),), flops=gemm_flops(M * k, F, L) + 2 * M * k * L,
-                  math=c.expert_math(cfg), fusions=("moe_finalize",) + (() if pad else ("unpadded_experts",)), replaces=("fc2", "finalize"), effect=per_rank(run),
+                  math=c.expert_math(cfg), group_rows=M * k,
+                  fusions=("moe_finalize",) + (() if pad else ("unpadded_experts",)), replaces=("fc2", "finalize"), effect=per_rank(run),
                   note="routing weight and scatter-add in the FC2 epilogue: the [M, k, L] slot outputs are never written")
 
 

@@ -314,7 +314,7 @@ def fc1(d: Dims, pad: bool = True) -> Kernel:
                   deps=("latent_down",) if cfg.latent_dim else (),
                   reads=(act(src, M, L), act("topk.idx", M, k, dtype="int32")), writes=(act("moe.h", M, k, F),),
                   weights=(wt("experts.w_gate_up", U, L, 2 * Fp, dtype=cfg.expert_dtype),),
-                  flops=gemm_flops(M * k, L, 2 * F), math=c.expert_math(cfg), effect=per_rank(run),
+                  flops=gemm_flops(M * k, L, 2 * F), math=c.expert_math(cfg), group_rows=M * k, effect=per_rank(run),
                   note=f"grouped GEMM over the U(M) = {U} touched experts' TP shards ({Fp} intermediate rows per rank"
                        + (", padded by the stock loader" if Fp != F else "") + "), activation in the epilogue")
 
@@ -329,7 +329,7 @@ def fc2(d: Dims, pad: bool = True) -> Kernel:
     return Kernel(key="fc2", name="moe_fc2_down", kind="moe", reads=(act("moe.h", M, k, F),),
                   writes=(act("moe.slots", M, k, L),),
                   weights=(wt("experts.w_down", U, Fp, L, dtype=cfg.expert_dtype),),
-                  flops=gemm_flops(M * k, F, L), math=c.expert_math(cfg), effect=per_rank(run),
+                  flops=gemm_flops(M * k, F, L), math=c.expert_math(cfg), group_rows=M * k, effect=per_rank(run),
                   note="grouped down GEMM, one output row per (token, slot); intermediate padded like FC1")
 
 
