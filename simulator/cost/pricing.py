@@ -155,7 +155,7 @@ def achievable_bandwidth(nbytes: float, kind: str, hw: HardwareProfile) -> float
 def stream_bandwidth(kernel: Kernel, hw: HardwareProfile) -> float:
     """eta BW, or less when the kernel has only `ctas` independent work items: each CTA streams at most
     `cta_bandwidth` on its own (latency-bound), so 6 CTAs (one per KDA head at TP16, batch 1) reach
-    6 x 35 GB/s = 0.21 TB/s, not 6.8 TB/s."""
+    6 x 35 GB/s = 0.21 TB/s, not 6.08 TB/s (GB300)."""
     full = hbm_efficiency(kernel.kind, hw) * hw.hbm_bandwidth
     return full if kernel.ctas is None else min(full, kernel.ctas * hw.cta_bandwidth)
 

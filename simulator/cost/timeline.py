@@ -7,9 +7,9 @@ Rules:
   cross-stream `deps` (an event wait gets the plain, non-PDL gap). The first kernel pays a gap too, the
   one from the previous layer, so `layer_us` times a layer count is a step.
 - Sharing (fluid / processor sharing): latency phases use no bandwidth. Work phases in flight at once
-  demand d_i = S_i / t_work_i; if sum d_i exceeds C = eta_max BW, all progress at rate C / sum d_i.
-  Two 16 MB streaming kernels on two streams (GB300, C = 6.8 TB/s) therefore take 2.4 + 4.7 us,
-  not 2 x (2.4 + 2.4): more than either alone, less than their sum.
+  demand d_i = S_i / t_work_i; if sum d_i exceeds C = eta BW, all progress at rate C / sum d_i.
+  Two 16 MB streaming kernels on two streams (GB300, C = 6.08 TB/s) therefore take 2.6 + 5.3 us,
+  not 2 x (2.6 + 2.6): more than either alone, less than their sum.
 - Prefetch: a kernel with `prefetch_bytes` > 0 may load min(prefetch_bytes, weight_bytes) from
   start_pred + gap_pdl until its predecessor ends (a PDL prologue: launched early, blocked before its
   dependent read). Under a collective, which uses ~no HBM bandwidth, those bytes come for free.
