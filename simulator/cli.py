@@ -16,6 +16,7 @@ import typer
 from simulator.dtypes import PRECISIONS
 from simulator.errors import UserError
 from simulator.limits import check_flags
+from simulator.plans import VARIANTS
 from simulator.report.files import output_dir, output_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -33,7 +34,7 @@ def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
 LayerChoice = _choices("LayerChoice", LAYER_TYPES + ("all",))
 PrecisionChoice = _choices("PrecisionChoice", PRECISIONS)
 LayerType = _choices("LayerType", LAYER_TYPES)
-VariantChoice = _choices("VariantChoice", ("standard", "specialized", "both"))
+VariantChoice = _choices("VariantChoice", VARIANTS + ("both",))
 
 
 ModelOpt = Annotated[str, typer.Option("--model", help="Model name (see `moe-sim list models`) or path to a config.json.")]

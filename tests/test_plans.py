@@ -76,7 +76,7 @@ def test_plan_is_well_formed(k3, layer, build):
     assert len(keys) == len(set(keys))
     for i, k in enumerate(plan):
         assert set(k.deps) <= set(keys[:i]), f"{k.key} depends on a later or missing kernel"
-        assert k.effect is not None and k.note
+        assert k.op is not None and k.note
         assert k.hbm_bytes > 0
 
 
