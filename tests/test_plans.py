@@ -56,7 +56,9 @@ def test_no_fusion_is_the_standard_plan(k3, shape, layer):
 
 @pytest.mark.parametrize("layer", ["kda", "mla", "dense"])
 @pytest.mark.parametrize("tp, batch, tokens", [(8, 1, 1), (16, 1, 8), (16, 32, 1), (4, 3, 4)])
-def test_fused_kernels_never_move_more_bytes(k3, layer, tp, batch, tokens):
+def test_fused_kernels_never_move_more_bytes_nor_flops(k3, layer, tp, batch, tokens):
+    """A fusion's kernels together move no more HBM bytes and count no more FLOPs than the standard
+    kernels they replace (scaling-book: a fused kernel never moves more bytes than its unfused sequence)."""
     shape = DecodeShape(batch, tokens, 512)
     std = {k.key: k for k in standard.build(k3, tp, shape, layer)}
     spec = specialized.build(k3, tp, shape, layer)
@@ -65,6 +67,7 @@ def test_fused_kernels_never_move_more_bytes(k3, layer, tp, batch, tokens):
         replaced = {key for k in group for key in k.replaces if key in std} or {k.key for k in group if k.key in std}
         if group:
             assert sum(k.hbm_bytes for k in group) <= sum(std[key].hbm_bytes for key in replaced), fusion
+            assert sum(k.flops for k in group) <= sum(std[key].flops for key in replaced), fusion
     assert spec.hbm_bytes <= standard.build(k3, tp, shape, layer).hbm_bytes
 
 
