@@ -186,3 +186,24 @@ def test_every_read_waits_for_its_writer(k3, variant, layer):
                 writers = [j for j in plan.kernels[:i] if any(w.name == t.name for w in j.writes)]
                 if writers:
                     assert writers[-1].key in before[k.key], f"{k.key} reads {t.name} without waiting for {writers[-1].key}"
+
+
+def _einsum_flops(spec, *shapes):
+    """numpy's naive FLOP count of one contraction (exact for these small sizes)."""
+    text = np.einsum_path(spec, *(np.empty(s) for s in shapes), optimize=False)[1]
+    return float(next(line for line in text.splitlines() if "Naive FLOP" in line).split(":")[1])
+
+
+def test_count_functions_show_their_arithmetic():
+    """Each named count equals its contractions counted by einsum_path plus its elementwise work."""
+    from simulator.ops import mla, norm
+    S, M, D = 3, 2, 5
+    squares = 2 * S * M * D  # x * x, accumulated into the mean square
+    query = _einsum_flops("smd,d->sm", (S, M, D), (D,))
+    mix = _einsum_flops("sm,smd->md", (S, M), (S, M, D))
+    assert norm.attn_res_mix_flops(S, M, D) == squares + query + mix
+    assert norm.rms_norm_flops(M, D) == 2 * M * D + 2 * M * D  # squares + the two scalings
+    T, N, L, R, C = 2, 3, 4, 2, 5  # tokens, heads, latent, rope slot, cached slots
+    scores = _einsum_flops("tnl,sl->tns", (T, N, L), (C, L)) + _einsum_flops("tnr,sr->tns", (T, N, R), (C, R))
+    values = _einsum_flops("tns,sl->tnl", (T, N, C), (C, L))
+    assert mla.mla_decode_flops(T, N, C, L, R) == scores + values

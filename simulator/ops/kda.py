@@ -166,6 +166,7 @@ def _kda_fused_kernel(  # type: ignore[no-untyped-def]
 
 @register_jitable
 def _sigmoid_scalar(x, c):  # type: ignore[no-untyped-def]
+    """pointwise.sigmoid for one scalar inside the jitted kernel, in the kernel's dtype `c.one`."""
     if x >= 0:
         return c.one / (c.one + np.exp(-x))
     e = np.exp(x)

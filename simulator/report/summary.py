@@ -16,8 +16,7 @@ from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans.head import head_plan
 from simulator.plans import VARIANTS
 from simulator.plans.kernel import DecodeShape
-from simulator.errors import UserError
-from simulator.plans.specialized import FUSIONS, WHAT_IF_FUSIONS, fusion_set, resolve_fusions  # noqa: F401
+from simulator.plans.specialized import resolve_fusions
 
 LAYER_METRIC = "one decoder layer on one TP rank: makespan of the scheduled kernel timeline (CUDA-graph replay)"
 STEP_METRIC = ("decode step (one verify forward + drafting), prefill excluded: step time = inter-token latency "
