@@ -35,7 +35,6 @@ DTYPE_BYTES: dict[str, float] = {"fp64": 8, "fp32": 4, "bf16": 2, "fp8": 1, "int
 KernelKind = Literal["gemm", "moe", "attention", "pointwise", "router", "collective", "gemm_collective"]
 CollectiveOp = Literal["all_reduce", "reduce_scatter", "all_gather"]
 
-
 ALL_WEIGHTS = -1  # prefetch_bytes meaning "every weight byte this kernel declares" (resolved on build)
 EXPERT = "expert.*."  # weight-part prefix of a routed expert's weight, bound per touched expert
 Shard = Literal["full", "col", "row"]  # replicated, output columns r/P, input rows r/P (weights.py)
@@ -48,9 +47,9 @@ class Tensor:
     unpadded  the shape the op receives when `shape` is padded (an expert shard padded to 256 rows,
               a fused projection padded to a multiple of 16): bytes are counted on `shape`, the
               padding is zeros and changes no number
-    window  (axis, lo, hi): the kernel touches only this slice of buffer `name`
-    parts   weights only: (spec name, shard) of each weight packed, in order, along `pack_axis` into
-            this one buffer; `expert.*.w_gate` names a routed expert's weight, one per touched expert
+    window    (axis, lo, hi): the kernel touches only this slice of buffer `name`
+    parts     weights only: (spec name, shard) of each weight packed, in order, along `pack_axis` into
+              this one buffer; `expert.*.w_gate` names a routed expert's weight, one per touched expert
     """
 
     name: str

@@ -33,7 +33,7 @@ Dimension legend: M tokens, D hidden, P TP degree, E experts, L latent, k active
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from simulator.config import ModelConfig
 from simulator.errors import UserError
@@ -89,23 +89,27 @@ def fusion_set(disable: list[str] | None = None, enable: list[str] | None = None
     return on
 
 
-class Launches:
-    """The launch of each kernel under the chosen fusions. With pdl_prefetch every kernel launches with
-    PDL and loads its weights early, except the routed experts, whose weights the routing chooses;
-    without it, the stock C=1 pipeline (standard.py) still applies to its kernels."""
+class Launches(NamedTuple):
+    """The launch of each kernel under the chosen fusions (`launches`)."""
 
-    def __init__(self, d: Dims, on: frozenset[str]) -> None:
-        pdl = "pdl_prefetch" in on
-        self.every = EARLY if pdl else PLAIN
-        self.c1 = EARLY if pdl or d.single_request else PLAIN  # the stock C=1 pipeline's kernels
-        self.experts = Launch(pdl=pdl, prefetch=False)
+    every: Launch  # every kernel not named below
+    c1: Launch  # the stock C=1 pipeline's kernels (standard.py)
+    experts: Launch  # the routed experts
+
+
+def launches(d: Dims, on: frozenset[str]) -> Launches:
+    """With pdl_prefetch every kernel launches with PDL and loads its weights early, except the routed
+    experts, whose weights the routing chooses; without it the stock C=1 pipeline still applies."""
+    pdl = "pdl_prefetch" in on
+    return Launches(every=EARLY if pdl else PLAIN, c1=EARLY if pdl or d.single_request else PLAIN,
+                    experts=Launch(pdl=pdl, prefetch=False))
 
 
 def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer: int | None = None,
           fusions: Iterable[str] | None = None) -> Plan:
     d = c.make_dims(cfg, tp, shape, layer, layer_type)
     on = resolve_fusions(fusions)
-    go = Launches(d, on)
+    go = launches(d, on)
     kernels = [c.attn_res_pre(d, go.every)]
     kernels += kda_attention(d, on, go) if d.attn == "kda" else mla_attention(d, on, go)
     if "oproj_allreduce_norm" in on:
