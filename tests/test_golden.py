@@ -59,3 +59,15 @@ def test_kda_step_matches_golden(form):
     np.testing.assert_allclose(out, G["kda.out"], **TOL)
     np.testing.assert_allclose(state, G["kda.new_state"], **TOL)
     np.testing.assert_allclose(hist, G["kda.new_hist"], **TOL)
+
+
+def test_golden_file_is_what_its_generator_writes():
+    """The committed file and tests/data/make_golden.py agree (regenerate with the script after editing it)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_golden", Path(__file__).parent / "data" / "make_golden.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fresh = module.golden_arrays()
+    assert sorted(fresh) == sorted(G.files)
+    for name, value in fresh.items():
+        np.testing.assert_array_equal(G[name], value, err_msg=name)

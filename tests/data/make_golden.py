@@ -65,24 +65,23 @@ def router_case(rng):
     logits[0, 4:8] = [2.0, 1.9, -6.0, -6.0]
     logits[0, 8:12] = [-6.0, -6.0, -6.0, -6.0]
     idx, w = grouped_topk(logits, bias, G, topk_group, k, 2.5)
-    top1_idx, _ = grouped_topk_top1(logits, bias, G, topk_group, k, 2.5)
+    top1_idx = grouped_topk_top1(logits, bias, G, topk_group, k)
     assert set(idx[0]) != set(top1_idx[0]), "the case must tell top-2 group scoring from top-1"
     return {"router.logits": logits, "router.bias": bias, "router.n_group": G, "router.topk_group": topk_group,
             "router.top_k": k, "router.scale": 2.5, "router.idx": idx, "router.weight": w}
 
 
-def grouped_topk_top1(logits, bias, n_group, topk_group, top_k, scale):
+def grouped_topk_top1(logits, bias, n_group, topk_group, top_k):
     """The mistake the case is built to expose: a group scored by its best expert only."""
-    wide = np.repeat(logits, 1, axis=0)
     idx = []
-    for row in wide:
+    for row in logits:
         s = sig(row)
         b = s + bias
         per = len(s) // n_group
         groups = sorted(range(n_group), key=lambda g: -max(b[g * per:(g + 1) * per]))[:topk_group]
         eligible = [e for e in range(len(s)) if e // per in groups]
         idx.append(sorted(eligible, key=lambda e: -b[e])[:top_k])
-    return np.array(idx), None
+    return np.array(idx)
 
 
 # ----------------------------------------------------------------------------- SiTU-GLU
@@ -187,11 +186,16 @@ def kda_case(rng):
             "kda.out": out, "kda.new_state": S, "kda.new_hist": window}
 
 
-def main() -> None:
+def golden_arrays() -> dict:
     rng = np.random.default_rng(20261201)
     golden = {}
     for case in (router_case, situ_case, rope_case, mla_case, kda_case):
         golden.update(case(rng))
+    return golden
+
+
+def main() -> None:
+    golden = golden_arrays()
     np.savez_compressed(OUT, **golden)
     print(f"wrote {OUT} ({OUT.stat().st_size} B, {len(golden)} arrays)")
 
