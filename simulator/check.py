@@ -31,18 +31,17 @@ import numpy as np
 from simulator.config import ModelConfig
 from simulator.dtypes import Precision
 from simulator.errors import UserError
-from simulator.execute import LayerIO, run_plan
-from simulator.plans import specialized, standard
+from simulator.execute import run_plan
+from simulator.plans.builders import BUILDERS
 from simulator.plans.common import Dims, make_dims
 from simulator.plans.kernel import DecodeShape
 from simulator.reference import reference_layer
-from simulator.state import LayerState, initial_state
+from simulator.state import LayerIO, LayerState, initial_state
 from simulator.weights import LayerWeights, weight_table
 
 REL_RMS_TOL = {"fp64": 1e-12, "fp32": 1e-5, "bf16": 3e-2}
 FP8_REL_RMS_TOL = {"fp64": 1e-12, "fp32": 1e-5, "bf16": 8e-2}
 FLIP_MARGIN = {"fp64": 1e-9, "fp32": 1e-4, "bf16": 2e-2}
-VARIANTS = {"standard": standard.build, "specialized": specialized.build}
 
 
 @dataclass
@@ -102,10 +101,10 @@ def check_layer(cfg: ModelConfig, layer_type: str, tp: int, shape: DecodeShape, 
                 weights: LayerWeights | None = None) -> LayerCheck:
     prec = Precision(precision)
     d = make_dims(cfg, tp, shape, layer, layer_type)
-    plans = {name: build(cfg, tp, shape, layer_type, d.layer) for name, build in VARIANTS.items()}
+    plans = {name: build(cfg, tp, shape, layer_type, d.layer) for name, build in BUILDERS.items()}
     io, state = make_inputs(cfg, d, np.random.default_rng(seed))
     weights = weights or LayerWeights(cfg, d.layer, seed)
-    ref_io, ref_state, ref_diag = reference_layer(d, weights, io, state)
+    ref_io, ref_state, ref_diag = reference_layer(cfg, d.layer, d.shape, weights, io, state)
     result = LayerCheck(layer_type, d.layer)
     for name, plan in plans.items():
         out, new_state, diag = run_plan(plan, d, weights, io, state, prec, all_reduce)

@@ -16,6 +16,7 @@ import typer
 from simulator.dtypes import PRECISIONS
 from simulator.errors import UserError
 from simulator.limits import check_flags
+from simulator.plans import VARIANTS
 from simulator.report.files import output_dir, output_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -33,7 +34,7 @@ def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:
 LayerChoice = _choices("LayerChoice", LAYER_TYPES + ("all",))
 PrecisionChoice = _choices("PrecisionChoice", PRECISIONS)
 LayerType = _choices("LayerType", LAYER_TYPES)
-VariantChoice = _choices("VariantChoice", ("standard", "specialized", "both"))
+VariantChoice = _choices("VariantChoice", VARIANTS + ("both",))
 
 
 ModelOpt = Annotated[str, typer.Option("--model", help="Model name (see `moe-sim list models`) or path to a config.json.")]
@@ -114,7 +115,7 @@ EnableOpt = Annotated[Optional[list[str]], typer.Option("--enable-fusion", help=
 
 def _fusions(variant: Enum, disable: list[str] | None, enable: list[str] | None) -> frozenset[str]:
     """The fusion flags, refused when they would change nothing (they act on the specialized plan only)."""
-    from simulator.report.summary import fusion_set
+    from simulator.plans.specialized import fusion_set
     if variant.value == "standard" and (disable or enable):
         flag = "--disable-fusion" if disable else "--enable-fusion"
         raise UserError(f"{flag} changes the specialized plan, and --variant standard prices only the standard one.")

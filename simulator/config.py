@@ -109,6 +109,9 @@ class ModelConfig:
     attn_res_block: int  # Block AttnRes block size; 0 means a plain residual
     expert_dtype: str  # storage of routed experts: "mxfp4" | "fp8" | "bf16"
     rope_scaling: RopeScaling | None = None  # YaRN; None: plain RoPE at rope_theta
+    # --- as a drafter (this simulator's keys moe_sim_drafting, moe_sim_target_taps) ---
+    drafting: str = "autoregressive"  # "block": one forward proposes every draft token
+    target_taps: int = 1  # target layers whose hidden states the drafter's input projection reads
     source: str = field(default="", compare=False)  # file the config came from
 
     def __post_init__(self) -> None:
@@ -313,8 +316,12 @@ def _common(r: _Reader, name: str, family: str) -> dict[str, Any]:
     num_layers = r.get("num_hidden_layers", int)
     if not 0 < num_layers <= MAX_LAYERS:
         raise UserError(f"{r.source}: field 'num_hidden_layers' = {num_layers} must be an integer in [1, {MAX_LAYERS}].")
+    drafting = r.get("moe_sim_drafting", str, "autoregressive")
+    if drafting not in ("block", "autoregressive"):
+        raise UserError(f"{r.source}: field 'moe_sim_drafting' = {drafting!r} is not 'block' or 'autoregressive'.")
     return dict(
         name=name, family=family, source=r.source,
+        drafting=drafting, target_taps=r.get("moe_sim_target_taps", int, 1),
         hidden_size=r.get("hidden_size", int), vocab_size=r.get("vocab_size", int),
         num_layers=num_layers, rms_norm_eps=r.positive("rms_norm_eps", 1e-6),
         first_k_dense=r.get("first_k_dense_replace", int, 0),

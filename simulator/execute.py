@@ -1,89 +1,174 @@
-"""The numerical interpreter: run a plan over P simulated TP ranks.
+"""The numerical interpreter: run a plan over P simulated TP ranks, each kernel through its bound op.
 
 Each rank has its own named buffers. Kernels run in launch order (a valid serial order of the
-streams, since every cross-stream dependency points backwards). After each kernel, every tensor
-it declares as written is checked against its declared per-rank shape and rounded to its storage
-format by the precision mode: that is where the standard plan's extra intermediate roundings
-happen and the specialized plan's fused kernels skip them.
+streams, since every cross-stream dependency points backwards). For each kernel the executor
 
-Inputs are replicated on every rank; per-rank state (KDA recurrent state and conv history) is
-sharded by head; the MLA latent cache is replicated (MLA's latent is shared by all heads).
+1. fetches exactly the declared tensors: `reads` from the rank's buffers (a `window` reads a slice),
+   `weights` from the layer's weight specification, each part sharded as declared and packed in
+   order; routed experts come as a function e -> the declared parts of expert e's shard;
+2. checks every fetched tensor against its declared per-rank shape (and integer vs float dtype);
+3. calls the op, once per rank or once over all ranks for a collective, with the declared consts;
+4. checks the outputs' number and shapes against the declared `writes`, rounds each to its storage
+   format (that is where the standard plan's extra intermediate roundings happen and the specialized
+   plan's fused kernels skip them) and stores it.
+
+Anything undeclared fails: a read of a buffer that does not exist, a weight part missing from the
+specification, an output the kernel did not declare. Inputs are replicated on every rank; per-rank
+state (KDA recurrent state and conv history) is sharded by head; the MLA latent cache is replicated.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from simulator.dtypes import Array, Precision
 from simulator.plans.common import Dims
-from simulator.plans.kernel import Plan
-from simulator.state import LayerState, shard_state, unshard_state
-from simulator.weights import LayerWeights
+from simulator.plans.kernel import EXPERT, Kernel, Plan, RunOption, Tensor
+from simulator.state import LayerIO, LayerState, shard_state, unshard_state
+from simulator.weights import LayerWeights, column_shard, row_shard, weight_spec
 
 
 @dataclass
 class Rank:
-    """One simulated GPU: its index, its buffers, the (full) layer weights it shards on access."""
+    """One simulated GPU: its index and its buffers."""
 
     r: int
     tp: int
-    w: LayerWeights
-    prec: Precision
-    all_reduce: str = "one_shot"  # reduction order of the TP all-reduces (collectives.ALL_REDUCE)
     buf: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def dtype(self) -> type:
-        return self.prec.dtype
 
-
-@dataclass
-class LayerIO:
-    """The residual stream entering or leaving a layer: prefix, pending MLP output, block snapshots."""
-
-    prefix: Array  # [M, D]
-    delta: Array  # [M, D] previous layer's MLP output, added by this layer's first kernel
-    blocks: list[Array]  # n x [M, D]
+class BindingError(AssertionError):
+    """A kernel's declaration and what its op receives or returns disagree."""
 
 
 def run_plan(plan: Plan, dims: Dims, weights: LayerWeights, io: LayerIO, state: LayerState,
              prec: Precision, all_reduce: str = "one_shot") -> tuple[LayerIO, LayerState, dict[str, Any]]:
     """Execute `plan`; return the outgoing stream, the new state and rank 0's diagnostics."""
-    ranks = [Rank(r, plan.tp, weights, prec, all_reduce) for r in range(plan.tp)]
+    ranks = [Rank(r, plan.tp) for r in range(plan.tp)]
     for rank, st in zip(ranks, shard_state(state, plan.tp)):
-        rank.buf.update(_initial_buffers(io, prec))
+        rank.buf.update(_initial_buffers(io, dims.boundary, prec))
         rank.buf.update({k: np.asarray(v, dtype=prec.dtype) if v.dtype.kind == "f" else v for k, v in st.items()})
+    options = {"all_reduce": all_reduce, "store_bf16": lambda x: prec.store(x, "bf16")}
     for kernel in plan.kernels:
-        kernel.effect(ranks)
-        _commit_writes(kernel, ranks, prec)
+        run_kernel(kernel, ranks, weights, prec, options)
     _check_replicated(ranks, ("prefix", "moe_out"))
-    out = LayerIO(prefix=ranks[0].buf["prefix"], delta=ranks[0].buf["moe_out"],
-                  blocks=[ranks[0].buf[f"block.{i}"] for i in range(dims.n_blocks + dims.boundary)])
+    buf = ranks[0].buf
+    out = LayerIO(prefix=buf["prefix"], delta=buf["moe_out"],
+                  blocks=list(buf["blocks"]))
     new_state = unshard_state([r.buf for r in ranks], state, dims.shape.tokens_per_seq)
-    diag = {k[5:]: v for k, v in ranks[0].buf.items() if k.startswith("diag.")}
+    diag = {k[5:]: v for k, v in buf.items() if k.startswith("diag.")}
+    if "topk.idx" in buf:
+        diag["topk_idx"] = buf["topk.idx"]
     return out, new_state, diag
 
 
-def _initial_buffers(io: LayerIO, prec: Precision) -> dict[str, Array]:
-    buf = {"prefix": prec.store(io.prefix, "bf16"), "delta": prec.store(io.delta, "bf16")}
-    buf.update({f"block.{i}": prec.store(b, "bf16") for i, b in enumerate(io.blocks)})
-    return buf
+def run_kernel(kernel: Kernel, ranks: list[Rank], weights: LayerWeights, prec: Precision,
+               options: dict[str, Any]) -> None:
+    """Fetch, check, call, check, store: one kernel on every rank."""
+    if kernel.op is None:
+        raise BindingError(f"kernel '{kernel.key}' names no op")
+    consts = {k: options[v.name] if isinstance(v, RunOption) else v for k, v in kernel.consts}
+    args = [[_read(kernel, rank, t) for t in kernel.reads] + [_weight(kernel, rank, weights, prec, t)
+                                                                for t in kernel.weights] for rank in ranks]
+    if kernel.scope == "rank":
+        outs = [_outputs(kernel, kernel.op(*a, **consts)) for a in args]
+    else:
+        per_output = _outputs(kernel, kernel.op(*[list(col) for col in zip(*args)], **consts))
+        if any(len(o) != len(ranks) for o in per_output):
+            raise BindingError(f"collective '{kernel.key}' did not return one value per rank")
+        outs = [tuple(o[i] for o in per_output) for i in range(len(ranks))]
+    for rank, out in zip(ranks, outs):
+        for t, value in zip(kernel.writes, out):
+            _store(kernel, rank, t, prec.store(value, t.dtype))
+        for name, value in zip(kernel.diagnostics, out[len(kernel.writes):]):
+            rank.buf[f"diag.{name}"] = value
 
 
-def _commit_writes(kernel: Any, ranks: list[Rank], prec: Precision) -> None:
-    for t in kernel.writes:
-        base = t.name.split("[")[0]
-        for rank in ranks:
-            if base not in rank.buf:
-                continue
-            value = rank.buf[base]
-            if "[" not in t.name and tuple(value.shape) != t.shape:
-                raise AssertionError(f"kernel '{kernel.key}' wrote '{t.name}' with shape {value.shape}, "
-                                     f"declared {t.shape}")
-            rank.buf[base] = prec.store(value, t.dtype)
+def _outputs(kernel: Kernel, result: Any) -> tuple[Any, ...]:
+    out = result if isinstance(result, tuple) else (result,)
+    if len(out) != len(kernel.writes) + len(kernel.diagnostics):
+        raise BindingError(f"kernel '{kernel.key}': op '{kernel.op.__name__}' returned {len(out)} outputs, "
+                           f"declared {len(kernel.writes)} writes + {len(kernel.diagnostics)} diagnostics")
+    return out
+
+
+def _check(kernel: Kernel, t: Tensor, value: Any, what: str) -> None:
+    if tuple(np.shape(value)) != (t.unpadded or t.shape):
+        raise BindingError(f"kernel '{kernel.key}' {what} '{t.name}' with shape {np.shape(value)}, "
+                           f"declared {t.unpadded or t.shape}")
+    is_int = np.asarray(value).dtype.kind in "iu"
+    if is_int != (t.dtype == "int32"):
+        raise BindingError(f"kernel '{kernel.key}' {what} '{t.name}' as {np.asarray(value).dtype}, declared {t.dtype}")
+
+
+def _read(kernel: Kernel, rank: Rank, t: Tensor) -> Any:
+    if t.name not in rank.buf:
+        raise BindingError(f"kernel '{kernel.key}' reads '{t.name}', which no earlier kernel wrote")
+    value = rank.buf[t.name]
+    if t.window:
+        axis, lo, hi = t.window
+        value = np.take(value, np.arange(lo, hi), axis=axis)
+    _check(kernel, t, value, "reads")
+    return value
+
+
+def _store(kernel: Kernel, rank: Rank, t: Tensor, value: Any) -> None:
+    _check(kernel, t, value, "wrote")
+    if t.window:
+        axis, lo, hi = t.window
+        whole = rank.buf[t.name].copy()
+        index = [slice(None)] * whole.ndim
+        index[axis] = slice(lo, hi)
+        whole[tuple(index)] = value
+        value = whole
+    rank.buf[t.name] = value
+
+
+def _shard(w: Array, shard: str, rank: Rank) -> Array:
+    if shard == "col":
+        return column_shard(w, rank.r, rank.tp)
+    return row_shard(w, rank.r, rank.tp) if shard == "row" else w
+
+
+def _weight(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, t: Tensor) -> Any:
+    """The declared weight: its spec parts, sharded, packed; for routed experts a function of e."""
+    parts = t.parts or ((t.name, "full"),)
+    if parts[0][0].startswith(EXPERT):
+        return _expert_weights(kernel, rank, weights, prec, t, parts)
+    for name, _ in parts:
+        weight_spec(weights.cfg, name)  # KeyError for a name the specification does not hold
+    arrays = [_shard(weights.get(name, prec.dtype), shard, rank) for name, shard in parts]
+    value = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=t.pack_axis)
+    _check(kernel, t, value, "is handed weight")
+    return value
+
+
+def _expert_weights(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, t: Tensor,
+                    parts: tuple[tuple[str, str], ...]) -> Callable[[int], tuple[Array, ...]]:
+    """e -> the declared parts of expert e's shard; each checked against the declared per-expert shape."""
+    per_expert = (t.unpadded or t.shape)[1:]
+
+    def expert(e: int) -> tuple[Array, ...]:
+        got = tuple(_shard(weights.get(f"expert.{e}.{name[len(EXPERT):]}", prec.dtype), shard, rank)
+                    for name, shard in parts)
+        width = sum(g.shape[t.pack_axis] for g in got)
+        shape = list(got[0].shape)
+        shape[t.pack_axis] = width
+        if tuple(shape) != per_expert:
+            raise BindingError(f"kernel '{kernel.key}' is handed expert {e} as {tuple(shape)}, declared {per_expert}")
+        return got
+    return expert
+
+
+def _initial_buffers(io: LayerIO, boundary: bool, prec: Precision) -> dict[str, Array]:
+    """prefix, delta and the block snapshots [n (+ 1 slot this layer fills at a boundary), M, D]."""
+    snapshots = list(io.blocks) + ([np.zeros_like(io.prefix)] if boundary else [])
+    blocks = np.stack(snapshots) if snapshots else np.zeros((0,) + io.prefix.shape)
+    return {"prefix": prec.store(io.prefix, "bf16"), "delta": prec.store(io.delta, "bf16"),
+            "blocks": prec.store(blocks, "bf16")}
 
 
 def _check_replicated(ranks: list[Rank], names: tuple[str, ...]) -> None:

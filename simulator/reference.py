@@ -18,46 +18,46 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.config import ModelConfig
-from simulator.execute import LayerIO
 from simulator.ops import experts as ex
 from simulator.ops import kda as kda_ops
 from simulator.ops import mla as mla_ops
 from simulator.ops.norm import attn_res_mix_reference, rms_norm_reference
+from simulator.ops.pointwise import sigmoid
 from simulator.ops.router import route_reference
-from simulator.plans.common import Dims
-from simulator.state import LayerState
+from simulator.state import DecodeShape, LayerIO, LayerState, block_boundary
 from simulator.weights import LayerWeights
 
 F64 = np.float64
 
 
-def reference_layer(d: Dims, w: LayerWeights, io: LayerIO, state: LayerState) -> tuple[LayerIO, LayerState, dict]:
-    cfg, eps = d.cfg, d.cfg.rms_norm_eps
+def reference_layer(cfg: ModelConfig, layer: int, shape: DecodeShape, w: LayerWeights, io: LayerIO,
+                    state: LayerState) -> tuple[LayerIO, LayerState, dict]:
+    eps = cfg.rms_norm_eps
     W = lambda name: w.get(name, F64)  # noqa: E731
     blocks = [b.astype(F64) for b in io.blocks]
     prefix = io.prefix.astype(F64) + io.delta.astype(F64)
     h = attn_res_mix_reference(blocks + [prefix], W("attn_res_norm"), W("attn_res_proj"), eps)
-    if d.boundary:
+    if block_boundary(cfg, layer):
         blocks.append(prefix)
         prefix = np.zeros_like(prefix)
     x = rms_norm_reference(h, W("input_norm"), eps)
-    if cfg.attn_kinds[d.layer] == "kda":
-        a, new_state = kda_reference(d, W, x, state)
+    if cfg.attn_kinds[layer] == "kda":
+        a, new_state = kda_reference(cfg, shape, W, x, state)
     else:
-        a, new_state = mla_reference(d, W, x, state)
+        a, new_state = mla_reference(cfg, shape, W, x, state)
     prefix = prefix + a
     h2 = attn_res_mix_reference(blocks + [prefix], W("mlp_res_norm"), W("mlp_res_proj"), eps)
     x2 = rms_norm_reference(h2, W("post_attn_norm"), eps)
     diag: dict = {}
-    if d.layer < cfg.first_k_dense:
+    if layer < cfg.first_k_dense:
         m = ex.mlp_reference(x2, W("dense.w_gate"), W("dense.w_up"), W("dense.w_down"), cfg)
     else:
         m = moe_reference(cfg, w, W, x2, diag)
     return LayerIO(prefix=prefix, delta=m, blocks=blocks), new_state, diag
 
 
-def kda_reference(d: Dims, W, x: np.ndarray, state: LayerState) -> tuple[np.ndarray, LayerState]:
-    cfg, B, T = d.cfg, d.shape.batch, d.shape.tokens_per_seq
+def kda_reference(cfg: ModelConfig, shape: DecodeShape, W, x: np.ndarray, state: LayerState) -> tuple[np.ndarray, LayerState]:
+    B, T = shape.batch, shape.tokens_per_seq
     bt = lambda y: y.reshape(B, T, -1)  # noqa: E731   [M, n] -> [B, T, n]
     qkv = np.concatenate([x @ W(f"kda.w_{p}") for p in "qkv"], axis=-1)  # [M, 3C]
     conv_w = np.concatenate([W(f"kda.conv_{p}") for p in "qkv"], axis=0)  # [3C, W]
@@ -69,10 +69,10 @@ def kda_reference(d: Dims, W, x: np.ndarray, state: LayerState) -> tuple[np.ndar
     return out.reshape(B * T, -1) @ W("kda.w_o"), {"kda.state": s, "kda.conv": hist}
 
 
-def mla_reference(d: Dims, W, x: np.ndarray, state: LayerState) -> tuple[np.ndarray, LayerState]:
-    cfg, B, T = d.cfg, d.shape.batch, d.shape.tokens_per_seq
+def mla_reference(cfg: ModelConfig, shape: DecodeShape, W, x: np.ndarray, state: LayerState) -> tuple[np.ndarray, LayerState]:
+    B, T = shape.batch, shape.tokens_per_seq
     N = cfg.mla_heads
-    lkv, ctx = cfg.kv_lora_rank, d.shape.context
+    lkv, ctx = cfg.kv_lora_rank, shape.context
     c_q, c_kv, k_pe = mla_ops.mla_qkv_a_norm(x @ W("mla.w_qa"), x @ W("mla.w_kva"), W("mla.q_a_norm"),
                                              W("mla.kv_a_norm"), lkv, cfg.mla_lora_eps)
     cache, lengths = state["mla.cache"].astype(F64), state["mla.lengths"]
@@ -89,7 +89,7 @@ def mla_reference(d: Dims, W, x: np.ndarray, state: LayerState) -> tuple[np.ndar
                                         rope_scaling=cfg.rope_scaling)
     o = o.reshape(B * T, N * cfg.v_head_dim)  # [M, N Dv]
     if cfg.mla_output_gate:
-        o = o / (1.0 + np.exp(-(x @ W("mla.w_g"))))
+        o = o * sigmoid(x @ W("mla.w_g"))
     new_pe = k_pe.reshape(B, T, -1)
     if theta is not None:
         new_pe = mla_ops.rope(new_pe, lengths[:, None] + np.arange(T)[None, :], theta, cfg.rope_scaling)

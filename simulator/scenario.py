@@ -30,12 +30,18 @@ import math
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from simulator import limits
 from simulator.errors import UserError
 from simulator.paths import data_dir
+from simulator.plans import VARIANTS
+
+if TYPE_CHECKING:
+    from simulator.config import ModelConfig
+    from simulator.hardware import HardwareProfile
 
 DEFAULTS: dict[str, Any] = {
     "model": "kimi-k3", "hardware": "gb300", "tp": 16, "batch": 1, "tokens_per_seq": 1, "draft_tokens": 0,
@@ -48,7 +54,7 @@ TYPES: dict[str, tuple[type, ...]] = {
     "variant": (str,), "precision": (str,), "fusion_off": (str,), "fusion_on": (str,), "drafter": (str,),
     "expert_skew": (int, float), "draft_correlation": (int, float),
 }
-CHOICES: dict[str, tuple[str, ...]] = {"layer": ("kda", "mla", "dense"), "variant": ("standard", "specialized", "both"),
+CHOICES: dict[str, tuple[str, ...]] = {"layer": ("kda", "mla", "dense"), "variant": VARIANTS + ("both",),
                                        "precision": ("mxfp4", "fp8", "bf16")}
 KINDS = ("step", "layer", "ablation")
 PLOTS: dict[str, tuple[str, ...]] = {
@@ -232,3 +238,29 @@ def _check_outputs(path: str, text: str, kind: str, outputs: dict[str, Any], swe
             raise _fail(path, text, "outputs", key, f"= {outputs[key]!r} is not a [sweep] axis")
     if "y" in outputs and outputs["y"] not in Y_COLUMNS[kind]:
         raise _fail(path, text, "outputs", "y", f"= {outputs['y']!r} is not a {kind} column ({', '.join(Y_COLUMNS[kind])})")
+
+
+# ---------------------------------------------------------------------------------------
+# a point's objects (shared by the sweep and the scenario pictures)
+# ---------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=64)
+def point_model(name: str, precision: str | None) -> "ModelConfig":
+    """The point's model, its routed experts in `precision` when one is given."""
+    from simulator.config import load_model
+    cfg = load_model(name)
+    return replace(cfg, expert_dtype=precision) if precision else cfg
+
+
+@lru_cache(maxsize=64)
+def point_hardware(name: str) -> "HardwareProfile":
+    from simulator.hardware import load_hardware
+    return load_hardware(name)
+
+
+def point_fusions(point: dict[str, Any]) -> frozenset[str]:
+    """The specialized plan's fusions at a point: one turned off, one what-if turned on, or none."""
+    from simulator.plans.specialized import fusion_set
+    off = [] if point["fusion_off"] == "none" else [point["fusion_off"]]
+    on = [] if point["fusion_on"] == "none" else [point["fusion_on"]]
+    return fusion_set(off, on)

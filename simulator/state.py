@@ -13,15 +13,52 @@ variant and the float64 reference start from exactly the same history.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from simulator.config import ModelConfig
-from simulator.dtypes import round_bf16, round_fp8
-from simulator.plans.kernel import DecodeShape
+from simulator.dtypes import Array, round_bf16, round_fp8
+from simulator.ops.experts import UNIFORM, RoutingStats
 
 LayerState = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeShape:
+    """What one forward processes: `batch` sequences x `tokens_per_seq` tokens over `context` cached tokens,
+    routed with `routing` statistics (uniform and independent unless stated)."""
+
+    batch: int = 1
+    tokens_per_seq: int = 1  # 1, or 1 + draft tokens being verified
+    context: int = 1024  # tokens already in the KV cache / folded into the KDA state
+    routing: RoutingStats = UNIFORM
+
+    @property
+    def tokens(self) -> int:  # M
+        return self.batch * self.tokens_per_seq
+
+
+@dataclass
+class LayerIO:
+    """The residual stream entering or leaving a layer: prefix, pending MLP output, block snapshots."""
+
+    prefix: Array  # [M, D]
+    delta: Array  # [M, D] previous layer's MLP output, added by this layer's first kernel
+    blocks: list[Array]  # n x [M, D]
+
+
+def blocks_before(cfg: ModelConfig, layer: int) -> int:
+    """AttnRes block snapshots that exist before `layer` (taken at layers 0, b, 2b, ... < layer)."""
+    b = cfg.attn_res_block
+    return 0 if b == 0 else -(-layer // b)
+
+
+def block_boundary(cfg: ModelConfig, layer: int) -> bool:
+    """Whether `layer` pushes the prefix as a new snapshot (and resets it) before its attention."""
+    b = cfg.attn_res_block
+    return b > 0 and layer % b == 0
 
 
 def initial_state(cfg: ModelConfig, attn_kind: str, shape: DecodeShape, rng: np.random.Generator) -> LayerState:

@@ -15,40 +15,21 @@ import csv
 import io
 import itertools
 import json
-from dataclasses import replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
-from simulator.config import ModelConfig, load_model
 from simulator.cost.memory import memory_per_gpu, shortfall
 from simulator.errors import UserError
-from simulator.hardware import HardwareProfile, load_hardware
 from simulator.ops.experts import RoutingStats
 from simulator.plans.kernel import DecodeShape
 from simulator.report.files import atomic_write, output_dir, output_file
 from simulator.scenario import DEFAULTS, Scenario
+from simulator.scenario import point_fusions as _fusions
+from simulator.scenario import point_hardware as _hardware
+from simulator.scenario import point_model as _model
 
 CONFIG_COLUMNS = list(DEFAULTS)
 OWN_FILES = ("points.csv", "summary.json")
-
-
-@lru_cache(maxsize=64)
-def _model(name: str, precision: str | None) -> ModelConfig:
-    cfg = load_model(name)
-    return replace(cfg, expert_dtype=precision) if precision else cfg
-
-
-@lru_cache(maxsize=64)
-def _hardware(name: str) -> HardwareProfile:
-    return load_hardware(name)
-
-
-def _fusions(point: dict[str, Any]) -> frozenset[str]:
-    from simulator.report.summary import fusion_set
-    off = [] if point["fusion_off"] == "none" else [point["fusion_off"]]
-    on = [] if point["fusion_on"] == "none" else [point["fusion_on"]]
-    return fusion_set(off, on)
 
 
 def _step_rows(point: dict[str, Any]) -> list[dict[str, Any]]:

@@ -145,6 +145,23 @@ def weight_table(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
     }
 
 
+def model_weight_table(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (full shape, TP layout) of the weights outside the decoder layers: the vocab-parallel
+    embedding (rows split by vocab) and LM head (columns split by vocab). The executor simulates one
+    layer, so only the cost model reads these."""
+    v, d = cfg.vocab_size, cfg.hidden_size
+    return {"embed": ((v, d), "row"), "lm_head": ((d, v), "col")}
+
+
+def shard_shape(shape: tuple[int, ...], shard: str, tp: int) -> tuple[int, ...]:
+    """Per-rank shape of a weight under `shard`: "col" splits the last axis, "row" the first, "full" none."""
+    if shard == "col":
+        return shape[:-1] + (shape[-1] // tp,)
+    if shard == "row":
+        return (shape[0] // tp,) + shape[1:]
+    return shape
+
+
 # ---------------------------------------------------------------------------------------
 # tensor-parallel sharding (views, no copies)
 # ---------------------------------------------------------------------------------------

@@ -72,3 +72,41 @@ def test_sweep_point_that_does_not_fit_is_skipped_with_its_reason():
         rows = sweep.evaluate(too_long, kind)
         assert len(rows) == 1 and rows[0]["status"].startswith("skipped: does not fit: needs ")
         assert "MLA cache 116.0" in rows[0]["status"]
+
+
+FP32_WEIGHTS = ("kda.dt_bias", "kda.a_log", "kda.o_norm", "router.bias")  # FP32 in the checkpoint
+
+
+def _family(name: str) -> str:
+    return name.split(".")[0] if "." in name else "residual"
+
+
+@pytest.mark.parametrize("model", ["tiny-k3", "tiny-deepseek"])
+def test_weight_memory_at_tp1_is_the_whole_specification(model):
+    """At TP1 nothing is sharded: one GPU holds every spec weight each layer's type uses (its attention
+    family, MoE or dense FFN, the residual-stream norms), all E experts, the embedding and the LM head.
+    Counted here from `weights.weight_table` alone, without the plans."""
+    from simulator.config import load_model
+    from simulator.cost.memory import weight_bytes_per_gpu
+    from simulator.plans.kernel import Tensor
+    from simulator.weights import model_weight_table, weight_spec, weight_table
+    cfg = load_model(model)
+    table = weight_table(cfg)
+    unused = {"mla.w_g"} if not cfg.mla_output_gate else set()
+    unused |= {"latent.w_down", "latent.norm", "latent.w_up"} if not cfg.latent_dim else set()
+    unused |= {"latent.norm"} if not cfg.latent_norm else set()
+    unused |= {"shared.w_gate", "shared.w_up", "shared.w_down"} if not cfg.num_shared_experts else set()
+
+    def nbytes(name):
+        return Tensor(name, table[name][0], "fp32" if name in FP32_WEIGHTS else "bf16").nbytes
+
+    expert = sum(Tensor(p, weight_spec(cfg, f"expert.0.{p}")[0], cfg.expert_dtype).nbytes
+                 for p in ("w_gate", "w_up", "w_down"))
+    total = 0
+    for i in range(cfg.num_layers):
+        kind = cfg.layer_type(i)
+        families = {"residual", cfg.attn_kinds[i]} | ({"dense"} if kind == "dense" else {"router", "latent", "shared"})
+        total += sum(nbytes(n) for n in table if _family(n) in families and n not in unused)
+        total += cfg.num_experts * expert if kind != "dense" else 0
+    total += sum(2 * shape[0] * shape[1] for shape, _ in model_weight_table(cfg).values())
+    assert weight_bytes_per_gpu(cfg, 1) == total

@@ -81,9 +81,11 @@ def test_routed_experts_fused_matches_reference(tiny, m, dtype):
     expert = lambda e: tuple(t.astype(dtype) for t in w.expert(e))  # noqa: E731
     ref = ex.routed_experts_reference(z, r.topk_idx, r.topk_weight.astype(dtype), expert, tiny)
     assert_close(ex.routed_experts_fused(z, r.topk_idx, r.topk_weight.astype(dtype), expert, tiny), ref, dtype)
-    chain = ex.expert_finalize(ex.expert_fc2(ex.expert_fc1(z, r.topk_idx, expert, tiny), r.topk_idx, expert),
-                               r.topk_weight.astype(dtype))
+    gate_up, down = (lambda e: expert(e)[:2]), (lambda e: expert(e)[2:])  # the parts each kernel declares
+    h = ex.expert_fc1(z, r.topk_idx, gate_up, tiny)
+    chain = ex.expert_finalize(ex.expert_fc2(h, r.topk_idx, down), r.topk_weight.astype(dtype))
     assert_close(chain, ref, dtype)
+    assert_close(ex.expert_fc2_finalize(h, r.topk_idx, r.topk_weight.astype(dtype), down), chain, dtype)
 
 
 def test_situ_is_bounded(tiny):

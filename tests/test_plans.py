@@ -56,7 +56,9 @@ def test_no_fusion_is_the_standard_plan(k3, shape, layer):
 
 @pytest.mark.parametrize("layer", ["kda", "mla", "dense"])
 @pytest.mark.parametrize("tp, batch, tokens", [(8, 1, 1), (16, 1, 8), (16, 32, 1), (4, 3, 4)])
-def test_fused_kernels_never_move_more_bytes(k3, layer, tp, batch, tokens):
+def test_fused_kernels_never_move_more_bytes_nor_flops(k3, layer, tp, batch, tokens):
+    """A fusion's kernels together move no more HBM bytes and count no more FLOPs than the standard
+    kernels they replace (scaling-book: a fused kernel never moves more bytes than its unfused sequence)."""
     shape = DecodeShape(batch, tokens, 512)
     std = {k.key: k for k in standard.build(k3, tp, shape, layer)}
     spec = specialized.build(k3, tp, shape, layer)
@@ -65,6 +67,7 @@ def test_fused_kernels_never_move_more_bytes(k3, layer, tp, batch, tokens):
         replaced = {key for k in group for key in k.replaces if key in std} or {k.key for k in group if k.key in std}
         if group:
             assert sum(k.hbm_bytes for k in group) <= sum(std[key].hbm_bytes for key in replaced), fusion
+            assert sum(k.flops for k in group) <= sum(std[key].flops for key in replaced), fusion
     assert spec.hbm_bytes <= standard.build(k3, tp, shape, layer).hbm_bytes
 
 
@@ -76,7 +79,7 @@ def test_plan_is_well_formed(k3, layer, build):
     assert len(keys) == len(set(keys))
     for i, k in enumerate(plan):
         assert set(k.deps) <= set(keys[:i]), f"{k.key} depends on a later or missing kernel"
-        assert k.effect is not None and k.note
+        assert k.op is not None and k.note
         assert k.hbm_bytes > 0
 
 
@@ -104,3 +107,29 @@ def test_kernels_doc_is_current():
     from simulator.report.kernels_doc import kernels_markdown
     committed = Path(__file__).resolve().parent.parent / "docs" / "kernels.md"
     assert committed.read_text() == kernels_markdown(), "run: python -m simulator.report.kernels_doc > docs/kernels.md"
+
+
+@pytest.mark.parametrize("layer", ["kda", "mla", "dense"])
+def test_streams_are_the_sourced_ones(k3, layer):
+    """Stock vLLM runs only the MLA g_proj and the latent down-projection on an aux stream (V-MLA,
+    V-MODEL); the specialized path adds the shared expert there (shared_overlap), and nothing else."""
+    std = standard.build(k3, 16, K3_TRACE, layer)
+    assert {k.key for k in std if k.stream != "main"} == {"mla_g_proj", "latent_down"} & {k.key for k in std}
+    spec = specialized.build(k3, 16, K3_TRACE, layer)
+    shared = {k.key for k in spec if k.key.startswith("shared_")}
+    assert {k.key for k in spec if k.stream != "main"} == shared
+    assert {k.key for k in spec if k.stream == "aux"} == {k.key for k in spec if k.stream != "main"}
+
+
+@pytest.mark.parametrize("layer", ["kda", "mla", "dense"])
+def test_launches_are_the_sourced_ones(k3, layer):
+    """pdl_prefetch: every launch is PDL and loads all its weights early except the routed experts, whose
+    weights the routing picks. Stock C=1 (PR #53525, #53524): the KDA kernels, o_proj and the router only."""
+    spec = specialized.build(k3, 16, K3_TRACE, layer)
+    assert all(k.pdl for k in spec)
+    assert all(k.prefetch_bytes == (0 if k.kind == "moe" else k.weight_bytes) for k in spec)
+    c1 = standard.build(k3, 16, DecodeShape(1, 1, 512), layer)
+    early = {k.key for k in c1 if k.pdl}
+    assert early == {k.key for k in c1 if k.key.startswith("kda_") or k.key in ("o_proj", "router")}
+    assert all(k.prefetch_bytes == (k.weight_bytes if k.key in early else 0) for k in c1)
+    assert not any(k.pdl or k.prefetch_bytes for k in standard.build(k3, 16, K3_TRACE, layer))

@@ -73,7 +73,7 @@ def test_yarn_changes_the_reference(tiny_ds):
     for cfg in (tiny_ds, _tiny_yarn(tiny_ds)):
         d = make_dims(cfg, 1, DecodeShape(2, 1, 9), None, "mla")
         io, state = make_inputs(cfg, d, np.random.default_rng(0))
-        outs.append(reference_layer(d, LayerWeights(cfg, d.layer, 0), io, state)[0].delta)
+        outs.append(reference_layer(cfg, d.layer, d.shape, LayerWeights(cfg, d.layer, 0), io, state)[0].delta)
     assert not np.allclose(outs[0], outs[1])
 
 

@@ -176,7 +176,7 @@ def small_points() -> list[Point]:
         plan = _plan("kimi-k3", "standard", 8, m, 1, 512, "kda")
         for key in SMALL_KEYS:
             k = plan.kernel(key)
-            n_src = next((t.shape[0] for t in k.reads if t.name == "sources"), 0)
+            n_src = next((t.shape[0] + 1 for t in k.reads if t.name == "blocks"), 0)  # snapshots + prefix
             width = k.reads[0].shape[-1] if key == "topk" else k.writes[0].shape[-1]  # topk: E scores in
             top_k = k.reads[0].shape[1] if key == "finalize" else (k.writes[0].shape[-1] if key == "topk" else 0)
             pts.append(Point("small", "triton", key, "kimi-k3", "kda", 8, M=m, K=top_k, N=width, n_src=n_src))

@@ -109,11 +109,11 @@ def _kda(r: dict) -> Kernel:
     if r["impl"] == "triton_split_v":
         from simulator.config import load_model
         from simulator.cost.step import representative_layer
-        from simulator.plans import standard
+        from simulator.plans import kda_kernels
         from simulator.plans.common import Dims
         cfg = load_model(r["model"])
         d = Dims(cfg, r["tp"], DecodeShape(r["B"], r["T"], 512), representative_layer(cfg, "kda"))
-        return standard.kda_recurrent(d)
+        return kda_kernels.kda_recurrent(d)
     return _plan(r["model"], "specialized", r["tp"], r["B"], r["T"], 512, "kda").kernel("kda_decode")
 
 

@@ -31,7 +31,8 @@ from functools import lru_cache
 
 from simulator.config import ModelConfig
 from simulator.cost.step import build_plan
-from simulator.plans.kernel import DTYPE_BYTES, DecodeShape, Tensor
+from simulator.plans.kernel import DTYPE_BYTES, EXPERT, DecodeShape, Tensor
+from simulator.weights import model_weight_table, shard_shape, weight_spec
 
 MLA_CACHE_DTYPE = "fp8"  # vLLM --kv-cache-dtype fp8, as in the Kimi K3 serving recipes (docs/sources.md §K2)
 KDA_STATE_DTYPE, KDA_CONV_DTYPE = "fp32", "bf16"  # vLLM defaults (docs/sources.md §K2)
@@ -39,21 +40,33 @@ KDA_STATE_DTYPE, KDA_CONV_DTYPE = "fp32", "bf16"  # vLLM defaults (docs/sources.
 
 @lru_cache(maxsize=256)
 def weight_bytes_per_gpu(cfg: ModelConfig, tp: int) -> int:
-    """Each layer type's weights x its layer count + the resident routed experts + embedding and LM head.
-
-    A layer's non-expert weights are the standard plan's own declarations, per rank (sharded weights
-    already F/P, replicated ones whole, norms and FP32 biases included), so the capacity check and the
-    bytes every kernel loads come from one truth. The plan declares only the experts a step touches;
-    all E are resident, each sharded F/P in its checkpoint format.
+    """Every weight one GPU holds, from the weight specification (`weights.weight_table`: full shapes)
+    sharded the way the standard plan declares it (column, row or replicated; norms and FP32 biases
+    included), x each layer type's count; all E routed experts resident, each sharded F/P in its
+    checkpoint format; the vocab-sharded embedding and LM head (`weights.model_weight_table`).
+    So the capacity check and the bytes every kernel loads come from one truth.
     """
-    expert = Tensor("e", (3 * cfg.expert_in_dim * cfg.moe_intermediate,), cfg.expert_dtype).nbytes if cfg.has_moe else 0
     total = 0
     for layer_type, count in cfg.layer_counts().items():
         if count:
-            plan = build_plan(cfg, "standard", tp, DecodeShape(1, 1, 0), layer_type)
-            declared = {t.name: t.nbytes for k in plan for t in k.weights if not t.name.startswith("experts.")}
-            total += count * (sum(declared.values()) + (cfg.num_experts * expert // tp if layer_type != "dense" else 0))
-    return total + 2 * (2 * cfg.vocab_size * cfg.hidden_size) // tp  # embedding + LM head, vocab-sharded
+            total += count * _layer_weight_bytes(cfg, tp, layer_type)
+    for shape, shard in model_weight_table(cfg).values():
+        total += Tensor("w", shard_shape(shape, shard, tp), "bf16").nbytes
+    return total
+
+
+def _layer_weight_bytes(cfg: ModelConfig, tp: int, layer_type: str) -> int:
+    """One layer's resident weights: each spec weight the standard plan declares, once, as sharded there."""
+    plan = build_plan(cfg, "standard", tp, DecodeShape(1, 1, 0), layer_type)
+    layout = {name: (shard, t.dtype) for k in plan for t in k.weights for name, shard in t.parts}
+    total = 0
+    for name, (shard, dtype) in layout.items():
+        if name.startswith(EXPERT):  # every expert is resident, not only those a step touches
+            shape, _ = weight_spec(cfg, f"expert.0.{name[len(EXPERT):]}")
+            total += cfg.num_experts * Tensor(name, shard_shape(shape, shard, tp), dtype).nbytes
+        else:
+            total += Tensor(name, shard_shape(weight_spec(cfg, name)[0], shard, tp), dtype).nbytes
+    return total
 
 
 def mla_cache_bytes_per_gpu(cfg: ModelConfig, shape: DecodeShape) -> int:

@@ -21,11 +21,8 @@ Dimension legend: M tokens per forward, D hidden, V vocab, P TP degree.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
-from typing import Callable
 
 from simulator.config import ModelConfig
 from simulator.cost.timeline import Timeline, makespan_us, schedule
@@ -33,10 +30,10 @@ from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans import specialized, standard
-from simulator.plans.common import act, gemm_flops, wt
-from simulator.plans.kernel import Collective, DecodeShape, Kernel, Plan
+from simulator.plans.builders import BUILDERS
+from simulator.plans.head import draft_head_plan, head_plan
+from simulator.plans.kernel import DecodeShape, Plan
 
-BUILDERS: dict[str, Callable[..., Plan]] = {"standard": standard.build, "specialized": specialized.build}
 
 
 @lru_cache(maxsize=256)
@@ -64,49 +61,13 @@ def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int,
     return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions), hw)
 
 
-# ---------------------------------------------------------------------------------------
-# the model head: embedding, final mix + norm, LM head, sampling (cost-only kernels)
-# ---------------------------------------------------------------------------------------
-
-@lru_cache(maxsize=1024)
-def head_plan(cfg: ModelConfig, tp: int, shape: DecodeShape, variant: str, pdl: bool | None = None) -> Plan:
-    M, D, P, V = shape.tokens, cfg.hidden_size, tp, cfg.vocab_size
-    n_src = (-(-cfg.num_layers // cfg.attn_res_block) if cfg.attn_res_block else 0) + 1
-    x = act("hidden", M, D)
-    kernels = [
-        Kernel(key="embed", name="vocab_parallel_embedding", kind="pointwise", writes=(x,),
-               weights=(wt("embed.rows", M, D),), note="each rank gathers the rows it owns (V/P of them)"),
-        Kernel(key="embed_all_reduce", name="allreduce", kind="collective", reads=(x,), writes=(x,),
-               collective=Collective("all_reduce", x.nbytes, P), note="vocab-parallel embedding: rows from their owner"),
-        Kernel(key="final_mix_norm", name="attn_res_final_mix_rmsnorm", kind="pointwise",
-               reads=(act("sources", n_src, M, D),), writes=(x,), weights=(wt("final_norm", D), wt("final_res", 2, D)),
-               note="output AttnRes mix over every snapshot + prefix, then model.norm"),
-        Kernel(key="lm_head", name="gemm_lm_head", kind="gemm", reads=(x,), writes=(act("logits", M, V // P, dtype="fp32"),),
-               weights=(wt("lm_head", D, V // P),), flops=gemm_flops(M, D, V // P),
-               note="vocab-sharded LM head (10240 x 7168 per rank at TP16; V-LLG)"),
-        Kernel(key="argmax", name="argmax_local", kind="pointwise", reads=(act("logits", M, V // P, dtype="fp32"),),
-               writes=(act("best", M, 2, dtype="fp32"),), note="greedy: each rank's best logit and its id"),
-        Kernel(key="sample_gather", name="allgather_argmax", kind="collective", reads=(act("best", M, 2, dtype="fp32"),),
-               writes=(act("tokens", M, dtype="int32"),), collective=Collective("all_gather", M * 8, P),
-               note="gather the P candidates per token and pick the winner (and accept / reject drafts)"),
-    ]
-    pdl = variant == "specialized" if pdl is None else pdl  # the fused path launches everything with PDL
-    from dataclasses import replace
-    return Plan(variant, "head", tp, shape, tuple(replace(k, pdl=pdl) for k in kernels))
-
-
 def drafter_plans(drafter: ModelConfig, tp: int, batch: int, draft_tokens: int, context: int,
                   drafting: str, taps: int) -> tuple[list[Plan], int]:
     """(plans of one drafting forward, how many forwards) for the drafter's dense layers + its head."""
     m_tokens = batch * draft_tokens if drafting == "block" else batch
     shape = DecodeShape(m_tokens, 1, context)
     layers = [standard.build(drafter, tp, shape, "dense", i) for i in range(drafter.num_layers)]
-    D, M = drafter.hidden_size, shape.tokens
-    fc = Kernel(key="draft_fc", name="gemm_draft_tap_projection", kind="gemm", reads=(act("taps", M, taps * D),),
-                writes=(act("x", M, D),), weights=(wt("draft.fc", taps * D, D // tp),), flops=gemm_flops(M, taps * D, D // tp),
-                note="projects the target hidden states tapped at several layers into the drafter")
-    head = head_plan(drafter, tp, shape, "standard")
-    head = Plan("standard", "draft_head", tp, shape, (fc,) + tuple(k for k in head.kernels if k.key != "embed_all_reduce"))
+    head = draft_head_plan(drafter, tp, shape, taps)
     return layers + [head], (1 if drafting == "block" else draft_tokens)
 
 
@@ -145,16 +106,11 @@ def validate_speculation(draft_tokens: int, acceptance_length: float | None) -> 
 
 
 def load_drafter(name_or_path: str) -> tuple[ModelConfig, str, int]:
-    from simulator.config import MODELS_DIR, load_model
+    from simulator.config import load_model
     cfg = load_model(name_or_path)
-    path = Path(cfg.source) if cfg.source else MODELS_DIR / f"{name_or_path}.json"
-    raw = json.loads(path.read_text())
-    drafting = raw.get("moe_sim_drafting", "autoregressive")
-    if drafting not in ("block", "autoregressive"):
-        raise UserError(f"{path}: field 'moe_sim_drafting' = {drafting!r} is not 'block' or 'autoregressive'.")
     if cfg.has_moe:
         raise UserError(f"drafter '{cfg.name}' has MoE layers; moe-sim costs dense drafters only.")
-    return cfg, drafting, int(raw.get("moe_sim_target_taps", 1))
+    return cfg, cfg.drafting, cfg.target_taps
 
 
 def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, batch: int, context: int,

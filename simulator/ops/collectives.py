@@ -70,3 +70,12 @@ def all_reduce_ring(partials: list[Array]) -> list[Array]:
 
 
 ALL_REDUCE = {"one_shot": all_reduce_one_shot, "two_shot": all_reduce_two_shot, "ring": all_reduce_ring}
+
+
+def all_reduce(partials: list[Array], *, algorithm: str = "one_shot") -> list[Array]:
+    """The TP all-reduce with the run's reduction order; chunked orders need the payload to split
+    evenly over the ranks, otherwise one-shot (what a library falls back to)."""
+    algo = ALL_REDUCE[algorithm]
+    if partials[0].shape[-1] % len(partials):
+        algo = all_reduce_one_shot
+    return algo(partials)

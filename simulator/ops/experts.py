@@ -31,13 +31,15 @@ import numpy.typing as npt
 from simulator.config import ModelConfig
 from simulator.dtypes import Array
 from simulator.errors import UserError
+from simulator.ops.collectives import all_reduce_one_shot
+from simulator.ops.pointwise import sigmoid
 
-ExpertFn = Callable[[int], tuple[Array, Array, Array]]  # e -> (w_gate [Din, F/P], w_up, w_down [F/P, Din])
+ExpertFn = Callable[[int], tuple[Array, ...]]  # e -> the parts of expert e's TP shard a kernel declares
 
 
 def glu(g: Array, u: Array, cfg: ModelConfig) -> Array:
-    """The gated activation named by `cfg.hidden_act`."""
-    sig = 0.5 * (1.0 + np.tanh(0.5 * g))  # sigmoid without overflow for large |g|
+    """The gated activation named by `cfg.hidden_act`; g, u [M, F] -> [M, F]."""
+    sig = sigmoid(g)
     if cfg.hidden_act == "situ":
         b1, b2 = cfg.situ_beta, cfg.situ_linear_beta
         return (b1 * np.tanh(g / b1) * sig) * (b2 * np.tanh(u / b2))
@@ -65,11 +67,12 @@ def routed_experts_reference(z: Array, topk_idx: npt.NDArray[np.int64], topk_wei
 
 # ===================================================================== unfused kernels (standard plan)
 def expert_fc1(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, cfg: ModelConfig) -> Array:
-    """FC1: gate+up GEMM per selected expert, activation in the epilogue.   [M, Din] -> [M, k, F/P]"""
+    """FC1: gate+up GEMM per selected expert, activation in the epilogue; expert(e) = (w_gate, w_up).
+    [M, Din] -> [M, k, F/P]"""
     m, k = topk_idx.shape
     out = None
     for e, rows, slots in _groups(topk_idx):
-        w_gate, w_up, _ = expert(e)
+        w_gate, w_up = expert(e)  # [Din, F/P] each
         h = glu(z[rows] @ w_gate, z[rows] @ w_up, cfg)  # [n_e, F/P]
         if out is None:
             out = np.zeros((m, k, h.shape[1]), dtype=z.dtype)
@@ -78,10 +81,12 @@ def expert_fc1(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, cfg:
 
 
 def expert_fc2(h: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn) -> Array:
-    """FC2: down GEMM per selected expert, one output row per (token, slot).   [M, k, F/P] -> [M, k, Din]"""
+    """FC2: down GEMM per selected expert, one output row per (token, slot); expert(e) = (w_down,).
+    [M, k, F/P] -> [M, k, Din]"""
     out = None
     for e, rows, slots in _groups(topk_idx):
-        y = h[rows, slots] @ expert(e)[2]  # [n_e, Din]
+        (w_down,) = expert(e)  # [F/P, Din]
+        y = h[rows, slots] @ w_down  # [n_e, Din]
         if out is None:
             out = np.zeros(topk_idx.shape + (y.shape[1],), dtype=h.dtype)
         out[rows, slots] = y
@@ -94,17 +99,25 @@ def expert_finalize(y: Array, topk_weight: Array) -> Array:
 
 
 # ===================================================================== fused
+def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array, expert: ExpertFn) -> Array:
+    """FC2 with the routing weight and the scatter-add in its epilogue; expert(e) = (w_down,).
+    [M, k, F/P] -> [M, Din]. Never writes the [M, k, Din] slot outputs: at M = 8, k = 16, Din = 3584
+    that is 0.9 MB of bf16 not written and not re-read, and one launch fewer."""
+    y = None
+    for e, rows, slots in _groups(topk_idx):
+        (w_down,) = expert(e)  # [F/P, Din]
+        if y is None:
+            y = np.zeros((topk_idx.shape[0], w_down.shape[1]), dtype=h.dtype)  # [M, Din]
+        np.add.at(y, rows, topk_weight[rows, slots, None].astype(h.dtype) * (h[rows, slots] @ w_down))
+    return y
+
+
 def routed_experts_fused(z: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array,
                          expert: ExpertFn, cfg: ModelConfig) -> Array:
-    """Grouped by expert: one GEMM over each expert's tokens, FC2 with the routing weight and the
-    scatter-add in its epilogue. Never writes the [M, k, F/P] activations nor the [M, k, Din] slot
-    outputs: at M = 8, k = 16, Din = 3584 that is 2 x 0.9 MB of bf16 not written and not re-read."""
-    y = np.zeros(z.shape, dtype=z.dtype)
-    for e, rows, slots in _groups(topk_idx):
-        w_gate, w_up, w_down = expert(e)
-        h = glu(z[rows] @ w_gate, z[rows] @ w_up, cfg)  # [n_e, F/P]
-        np.add.at(y, rows, topk_weight[rows, slots, None].astype(z.dtype) * (h @ w_down))
-    return y
+    """The specialized plan's routed experts, FC1 then the fused FC2 + finalize, with expert(e) =
+    (w_gate, w_up, w_down); the same contract as `routed_experts_reference`.   [M, Din] -> [M, Din]"""
+    h = expert_fc1(z, topk_idx, lambda e: expert(e)[:2], cfg)  # [M, k, F/P]
+    return expert_fc2_finalize(h, topk_idx, topk_weight, lambda e: expert(e)[2:])
 
 
 def _groups(topk_idx: npt.NDArray[np.int64]):
@@ -117,6 +130,49 @@ def _groups(topk_idx: npt.NDArray[np.int64]):
     for e, lo, hi in zip(experts, starts, bounds):
         pos = order[lo:hi]
         yield int(e), pos // k, pos % k
+
+
+# ===================================================================== dense kernels of the plans
+def glu_split(gu: Array, *, cfg: ModelConfig) -> Array:
+    """The activation kernel: [M, 2F] = [gate | up] -> [M, F]."""
+    g, u = np.split(gu, 2, axis=-1)
+    return glu(g, u, cfg)
+
+
+def linear_glu(x: Array, w_gate_up: Array, *, cfg: ModelConfig) -> Array:
+    """Gate+up GEMM with the activation in its epilogue: [M, D] @ [D, 2F] -> [M, F]; the [M, 2F]
+    gate/up output is never written (2 x M x 2F x 2 B saved) and one launch fewer."""
+    return glu_split(x @ w_gate_up, cfg=cfg)
+
+
+def glu_flops(M: int, F: int, act: str) -> int:
+    """Per hidden element, transcendentals counted as one: SiLU-GLU g sigmoid(g) u = sigmoid (3: exp, add,
+    divide) + 2 multiplies = 5; SiTU-GLU adds b1 tanh(g / b1) and b2 tanh(u / b2) (3 each) = 11."""
+    return (11 if act == "situ" else 5) * M * F
+
+
+def finalize_flops(M: int, k: int, Din: int) -> int:
+    """Weighted sum over the k slots: one multiply-add per slot element."""
+    return 2 * M * k * Din
+
+
+# ===================================================================== latent tail collectives
+def allreduce_rmsnorm_reducescatter(z_parts: list[Array], shared_parts: list[Array], norm_w: list[Array],
+                                    *, eps: float) -> tuple[list[Array], list[Array]]:
+    """All ranks: AR(routed latent partials) + RMSNorm, RS(shared partials): P x [M, L], P x [M, D]
+    -> P x [M, L] normed, P x [M, D/P] shared slice. One collective kernel instead of concat + AR +
+    norm: the [M, L + D] concat buffer is never written."""
+    from simulator.ops.collectives import reduce_scatter
+    from simulator.ops.norm import rms_norm
+    z = [rms_norm(total, w, eps) for total, w in zip(all_reduce_one_shot(z_parts), norm_w)]
+    return z, reduce_scatter(shared_parts)
+
+
+def linear_add_allgather(xs: list[Array], shared_slices: list[Array], w_up: list[Array]) -> list[Array]:
+    """All ranks: u_r = x_r @ W_up[:, D/P slice] + shared slice r, all-gathered (multicast store):
+    P x [M, L] -> P x [M, D]. The replicated [L, D] up-projection becomes a 1/P shard per rank."""
+    from simulator.ops.collectives import all_gather
+    return all_gather([x @ w + s for x, s, w in zip(xs, shared_slices, w_up)])
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,16 +37,12 @@ from typing import Callable, NamedTuple
 
 import numba
 import numpy as np
-import numpy.typing as npt
 from numba.extending import register_jitable
 
-Array = npt.NDArray[np.floating]
+from simulator.dtypes import Array
+from simulator.ops.pointwise import sigmoid
+
 L2_EPS = 1e-6  # added to the sum of squares in the q/k L2 norm (first-party KDA)
-
-
-def _sigmoid(x: Array) -> Array:
-    """1 / (1 + e^-x) without overflow for large |x|."""
-    return np.exp(-np.logaddexp(0, -x))
 
 
 def _l2_normalise(x: Array) -> Array:
@@ -75,9 +71,9 @@ def kda_decode_reference(
             window = np.concatenate([new_hist[b], x[b, t, :, None]], axis=1)  # [C, W]
             new_hist[b] = window[:, 1:]  # [C, W-1]
             qkv = (window * conv_w).sum(axis=1).reshape(3, N, H)  # [3, N, H]
-            q, k, v = qkv * _sigmoid(qkv)  # 3 x [N, H]
+            q, k, v = qkv * sigmoid(qkv)  # 3 x [N, H]
             zh = (z[b, t] + dt_bias).reshape(N, H)  # [N, H]
-            alpha = np.exp(float(lower_bound) * _sigmoid(np.exp(a_log)[:, None] * zh))  # [N, H]
+            alpha = np.exp(float(lower_bound) * sigmoid(np.exp(a_log)[:, None] * zh))  # [N, H]
             for n in range(N):
                 heads = slice(n * H, (n + 1) * H)
                 o = _delta_rule_reference(new_state[b, n], q[n], k[n], v[n], alpha[n], beta_logits[b, t, n])
@@ -90,13 +86,13 @@ def _delta_rule_reference(S: Array, q: Array, k: Array, v: Array, alpha: Array, 
     q = q / np.sqrt(q @ q + L2_EPS) * q.shape[0] ** -0.5  # [H]
     k = k / np.sqrt(k @ k + L2_EPS)  # [H]
     S *= alpha[:, None]  # S <- diag(alpha) S
-    S += _sigmoid(beta_logit) * np.outer(k, v - S.T @ k)  # [H, H]
+    S += sigmoid(beta_logit) * np.outer(k, v - S.T @ k)  # [H, H]
     return S.T @ q  # [H]
 
 
 def _gated_norm_reference(o: Array, gate: Array, o_norm_w: Array, eps: float) -> Array:
     """One head: o / rms(o) * w * sigmoid(gate), all [H]."""
-    return o / np.sqrt(np.mean(o * o) + float(eps)) * o_norm_w * _sigmoid(gate)
+    return o / np.sqrt(np.mean(o * o) + float(eps)) * o_norm_w * sigmoid(gate)
 
 
 # ============================================================================ fused: one program per (b, n)
@@ -170,6 +166,7 @@ def _kda_fused_kernel(  # type: ignore[no-untyped-def]
 
 @register_jitable
 def _sigmoid_scalar(x, c):  # type: ignore[no-untyped-def]
+    """pointwise.sigmoid for one scalar inside the jitted kernel, in the kernel's dtype `c.one`."""
     if x >= 0:
         return c.one / (c.one + np.exp(-x))
     e = np.exp(x)
@@ -239,7 +236,7 @@ def kda_conv_update(x: Array, conv_w: Array, hist: Array) -> tuple[Array, Array]
     buf = np.concatenate([hist, x.transpose(0, 2, 1)], axis=2)  # [B, C, W-1+T]
     windows = np.lib.stride_tricks.sliding_window_view(buf, W, axis=2)  # [B, C, T, W]
     y = np.einsum("bctw,cw->btc", windows, conv_w)  # [B, T, C]
-    return y * _sigmoid(y), buf[:, :, buf.shape[2] - (W - 1) :].copy()  # [B, T, C], [B, C, W-1]
+    return y * sigmoid(y), buf[:, :, buf.shape[2] - (W - 1) :].copy()  # [B, T, C], [B, C, W-1]
 
 
 def kda_gate(z: Array, dt_bias: Array, a_log: Array, lower_bound: float) -> Array:
@@ -247,7 +244,7 @@ def kda_gate(z: Array, dt_bias: Array, a_log: Array, lower_bound: float) -> Arra
     B, T, _ = z.shape
     N = a_log.shape[0]
     zh = (z + dt_bias).reshape(B, T, N, -1)  # [B, T, N, H]
-    return float(lower_bound) * _sigmoid(np.exp(a_log)[:, None] * zh)
+    return float(lower_bound) * sigmoid(np.exp(a_log)[:, None] * zh)
 
 
 def kda_recurrent(
@@ -279,7 +276,7 @@ def kda_gated_norm(o: Array, gate: Array, o_norm_w: Array, eps: float) -> Array:
     """Per-head RMSNorm(o) * o_norm_w * sigmoid(gate); o [B, T, N, H], gate [B, T, N*H] -> [B, T, N*H]."""
     B, T, N, H = o.shape
     normed = o / np.sqrt((o * o).mean(axis=-1, keepdims=True) + float(eps)) * o_norm_w  # [B, T, N, H]
-    return (normed * _sigmoid(gate.reshape(B, T, N, H))).reshape(B, T, N * H)
+    return (normed * sigmoid(gate.reshape(B, T, N, H))).reshape(B, T, N * H)
 
 
 def kda_chain(
@@ -292,8 +289,65 @@ def kda_chain(
     y, new_hist = kda_conv_update(x, conv_w, hist)  # [B, T, 3*N*H], [B, C, W-1]
     q, k, v = y.reshape(B, T, 3, N, H).transpose(2, 0, 1, 3, 4)  # 3 x [B, T, N, H]
     g = kda_gate(z, dt_bias, a_log, lower_bound)  # [B, T, N, H]
-    o, new_state = kda_recurrent(q, k, v, g, _sigmoid(beta_logits), state)  # [B, T, N, H], [B, N, H, H]
+    o, new_state = kda_recurrent(q, k, v, g, sigmoid(beta_logits), state)  # [B, T, N, H], [B, N, H, H]
     return kda_gated_norm(o, gate, o_norm_w, eps), new_state, new_hist
+
+
+# ============================================================================ kernels of the plans
+# The plans hold activations as [M, n] rows (M = B T); these entry points take exactly a kernel's
+# declared tensors, reshape to [B, T, ...] and call the forms above.
+
+def kda_conv_step(x: Array, hist: Array, conv_w: Array, *, batch: int) -> tuple[Array, Array]:
+    """Conv kernel: x [M, 3C], hist [B, 3C, W-1], conv_w [3C, W] -> y [M, 3C], hist."""
+    y, hist = kda_conv_update(x.reshape(batch, -1, x.shape[-1]), conv_w, hist)  # [B, T, 3C]
+    return y.reshape(x.shape), hist
+
+
+def kda_recurrent_step(qkv: Array, z: Array, beta_logits: Array, state: Array, dt_bias: Array, a_log: Array,
+                       *, batch: int, lower_bound: float, checkpoints: bool = False) -> tuple[Array, ...]:
+    """Gate + beta + delta rule: qkv [M, 3C] (after the conv), z [M, C], beta_logits [M, N],
+    state [B, N, H, H] -> o [M, C], state (and, with `checkpoints`, the state after each of the first
+    T - 1 tokens, [B, T-1, N, H, H], what a verify stores for rollback)."""
+    B, (N, H) = batch, state.shape[1:3]
+    q, k, v = (part.reshape(B, -1, N, H) for part in np.split(qkv, 3, axis=-1))  # 3 x [B, T, N, H]
+    g = kda_gate(z.reshape(B, -1, N * H), dt_bias, a_log, lower_bound)  # [B, T, N, H]
+    out = kda_recurrent(q, k, v, g, sigmoid(beta_logits.reshape(B, -1, N)), state, checkpoints=checkpoints)
+    return (out[0].reshape(qkv.shape[0], N * H),) + tuple(out[1:])
+
+
+def kda_gated_norm_step(o: Array, gate: Array, o_norm_w: Array, *, heads: int, eps: float) -> Array:
+    """Per-head RMSNorm + output gate: o, gate [M, C] -> [M, C]."""
+    M = o.shape[0]
+    return kda_gated_norm(o.reshape(1, M, heads, -1), gate.reshape(1, M, -1), o_norm_w, eps).reshape(M, -1)
+
+
+def kda_decode_step(qkv: Array, z: Array, beta_logits: Array, gate: Array, state: Array, hist: Array,
+                    conv_w: Array, dt_bias: Array, a_log: Array, o_norm_w: Array,
+                    *, batch: int, lower_bound: float, eps: float) -> tuple[Array, Array, Array]:
+    """The fused kernel on a kernel's tensors: qkv [M, 3C] (pre-conv), z, gate [M, C], beta_logits [M, N]
+    -> out [M, C], state, hist."""
+    bt = lambda a: a.reshape(batch, -1, a.shape[-1])  # noqa: E731   [M, n] -> [B, T, n]
+    out, state, hist = kda_decode_fused(bt(qkv), conv_w, hist, bt(z), dt_bias, a_log, bt(beta_logits), bt(gate),
+                                        o_norm_w, state, lower_bound=lower_bound, eps=eps)
+    return out.reshape(qkv.shape[0], -1), state, hist
+
+
+def delta_rule_flops(M: int, N: int, H: int) -> int:
+    """Per token and head, over the [H, H] state: decay each key row (1 multiply per element),
+    u = S^T k (2), the rank-1 update S += k (beta (v - u))^T (multiply + add: 2), o = S^T q (2): 7 H^2;
+    the L2 norms, gate and beta are O(H)."""
+    return 7 * M * N * H * H
+
+
+def gated_norm_flops(M: int, C: int) -> int:
+    """Per channel: square and accumulate (2), scale by 1/rms and by w (2), sigmoid gate (counted 1) and
+    its multiply (1)."""
+    return 6 * M * C
+
+
+def conv_flops(M: int, C: int, W: int) -> int:
+    """Depthwise conv: one multiply-add per tap per channel per token (the SiLU is O(M C))."""
+    return 2 * M * C * W
 
 
 # ============================================================================ demo

@@ -24,6 +24,11 @@ import numpy as np
 from simulator.dtypes import MX_BLOCK, MXFP4, Array, mxfp4_dequantize
 
 
+def gemm_flops(m: int, k: int, n: int) -> int:
+    """[m, k] @ [k, n]: one multiply and one add per (row, column, reduction) triple."""
+    return 2 * m * k * n
+
+
 def linear_reference(x: Array, w: Array) -> Array:
     """float64 GEMM, cast back to x's dtype.   [M, K] @ [K, N] -> [M, N]"""
     return (x.astype(np.float64) @ w.astype(np.float64)).astype(x.dtype)
@@ -50,3 +55,16 @@ def mxfp4_linear_fused(x: Array, w_t: MXFP4) -> Array:
     xb = x.reshape(x.shape[0], k // MX_BLOCK, MX_BLOCK)  # [M, K/32, 32]
     partial = np.einsum("mbk,nbk->mbn", xb, codes)  # [M, K/32, N] one partial sum per block
     return np.einsum("mbn,nb->mn", partial, scales)  # [M, N]
+
+
+# ===================================================================== packed projections (plan kernels)
+def linear_split(x: Array, w: Array, *, widths: tuple[int, ...]) -> tuple[Array, ...]:
+    """One GEMM over a packed weight [K, sum widths], its output split into the packed parts.
+    [M, K] @ [K, N1 + N2 + ...] -> ([M, N1], [M, N2], ...): one launch and one read of x instead of one each."""
+    y = linear(x, w)  # [M, sum widths]
+    return tuple(np.split(y, np.cumsum(widths)[:-1], axis=-1))
+
+
+def linear_heads(x: Array, w: Array, *, heads: int) -> Array:
+    """A column-sharded projection whose output is per head.   [M, K] @ [K, Nh Dh] -> [M, Nh, Dh]"""
+    return linear(x, w).reshape(x.shape[0], heads, -1)

@@ -34,16 +34,12 @@ never read. Functions are pure and compute in the inputs' dtype.
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
 from simulator.config import RopeScaling
+from simulator.dtypes import Array
+from simulator.ops.norm import rms_norm
 
-Array = npt.NDArray[np.floating]
 KV_TILE = 64  # cache positions per tile of the fused kernel (FlashMLA's page/block size)
-
-
-def _rms_norm(x: Array, w: Array, eps: float) -> Array:
-    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + float(eps)) * w
 
 
 def _causal_softmax(scores: Array, length: int) -> Array:
@@ -68,8 +64,8 @@ def mla_qkv_a_norm(
 
     The kv norm covers the latent only; k_pe passes through unnormalised.
     """
-    c_q = _rms_norm(q_a, q_a_norm_w, eps)  # [B, T, Rq]
-    c_kv = _rms_norm(kv_a[..., :kv_lora], kv_a_norm_w, eps)  # [B, T, L]
+    c_q = rms_norm(q_a, q_a_norm_w, eps)  # [B, T, Rq]
+    c_kv = rms_norm(kv_a[..., :kv_lora], kv_a_norm_w, eps)  # [B, T, L]
     return c_q, c_kv, kv_a[..., kv_lora:].copy()  # ..., [B, T, R]
 
 
@@ -226,6 +222,52 @@ def _flash_decode(q_lat: Array, q_pe: Array, cache: Array, length: int, scale: f
         acc = acc * rescale[..., None] + p @ tile[:, :L]  # [T, N, L]
         m = m_new
     return acc / l[..., None]  # [T, N, L]
+
+
+# ============================================================================ kernels of the plans
+# The plans hold activations as [M, ...] rows (M = B T) and every sequence has `context` cached tokens
+# before the step (lengths = context); these entry points take exactly a kernel's declared tensors.
+
+def mla_absorb_step(q: Array, w_uk: Array, *, nope_dim: int) -> Array:
+    """q [M, N, Dn+R], w_uk [L, N Dn] (column shard) -> q_lat [M, N, L]."""
+    M, N, _ = q.shape
+    w = w_uk.reshape(w_uk.shape[0], N, nope_dim).transpose(1, 2, 0)  # [N, Dn, L]
+    return mla_absorb_q(q[None, :, :, :nope_dim], w)[0]
+
+
+def mla_cache_insert_step(q_lat: Array, q_pe: Array, c_kv: Array, k_pe: Array, *, batch: int, context: int,
+                          rope_theta: float | None, rope_scaling: RopeScaling | None) -> tuple[Array, Array]:
+    """[RoPE at positions context + t]; q = [q_lat | q_pe]; the new cache rows [c_kv | k_pe].
+    q_lat [M, N, L], q_pe [M, N, R], c_kv [M, L], k_pe [M, R] -> q [M, N, L+R], rows [B, T, L+R]."""
+    M, N, _ = q_pe.shape
+    T = M // batch
+    q_pe, k_pe = q_pe.reshape(batch, T, N, -1), k_pe.reshape(batch, T, -1)  # [B, T, N, R], [B, T, R]
+    if rope_theta is not None:
+        pos = np.broadcast_to(context + np.arange(T), (batch, T))  # [B, T]
+        q_pe, k_pe = rope(q_pe, pos, rope_theta, rope_scaling), rope(k_pe, pos, rope_theta, rope_scaling)
+    rows = np.concatenate([c_kv.reshape(batch, T, -1), k_pe], axis=-1)  # [B, T, L+R]
+    return np.concatenate([q_lat, q_pe.reshape(M, N, -1)], axis=-1), rows
+
+
+def mla_decode_step(q: Array, kv_cache: Array, *, batch: int, latent: int, context: int, scale: float) -> Array:
+    """Absorbed decode attention: q [M, N, L+R], kv_cache [B, S, L+R] -> o_lat [M, N, L]."""
+    M, N, _ = q.shape
+    q = q.reshape(batch, M // batch, N, -1)  # [B, T, N, L+R]
+    lengths = np.full(batch, context)
+    return mla_decode_attention(q[..., :latent], q[..., latent:], kv_cache, lengths, scale).reshape(M, N, latent)
+
+
+def mla_uv_step(o_lat: Array, w_uv: Array) -> Array:
+    """o_lat [M, N, L], w_uv [L, N Dv] (column shard) -> o [M, N Dv]."""
+    M, N, L = o_lat.shape
+    w = w_uv.reshape(L, N, -1).transpose(1, 0, 2)  # [N, L, Dv]
+    return mla_uv(o_lat[None], w)[0].reshape(M, -1)
+
+
+def mla_decode_flops(M: int, N: int, S: int, L: int, R: int) -> int:
+    """Per token, head and cached slot: the score q_lat . c_kv + q_pe . k_pe (2 (L + R)) and the
+    value accumulation p c_kv (2 L)."""
+    return 2 * M * N * S * (2 * L + R)
 
 
 # ============================================================================ demo

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from simulator.config import ModelConfig
 from simulator.dtypes import Array
+from simulator.ops.pointwise import sigmoid
 
 
 class Routing(NamedTuple):
@@ -39,7 +40,7 @@ def router_scores(logits: Array, act: str) -> Array:
     if act == "softmax":
         e = np.exp(logits - logits.max(axis=-1, keepdims=True))
         return e / e.sum(axis=-1, keepdims=True)
-    return 1.0 / (1.0 + np.exp(-logits))
+    return sigmoid(logits)
 
 
 def _group_mask(biased: Array, cfg: ModelConfig) -> tuple[npt.NDArray[np.bool_], Array]:
@@ -98,3 +99,18 @@ def route_fused(logits: Array, bias: Array, cfg: ModelConfig) -> Routing:
     margin = np.minimum(np.where(np.isfinite(gap), gap, np.inf), group_margin)
     idx = order[:, :k]
     return Routing(idx, _combine(scores, idx, cfg), margin)
+
+
+def route_flops(M: int, E: int) -> int:
+    """Per logit: sigmoid (exp, add, divide: counted 3) and the bias add (1); selection is comparisons."""
+    return 4 * M * E
+
+
+def allgather_topk(logit_shards: list[Array], z_shards: list[Array], biases: list[Array], *,
+                   cfg: ModelConfig) -> tuple[list[Array], ...]:
+    """All ranks: gather the [M, E/P] logit and [M, L/P] latent shards, then `route_fused` on the full
+    logits on every rank (identical inputs, identical choice).  -> z, idx, weight, margin (P x each)"""
+    from simulator.ops.collectives import all_gather
+    logits, latent = all_gather(logit_shards), all_gather(z_shards)  # P x [M, E], P x [M, L]
+    routed = [route_fused(lg, bias, cfg) for lg, bias in zip(logits, biases)]
+    return latent, [r.topk_idx for r in routed], [r.topk_weight for r in routed], [r.margin for r in routed]

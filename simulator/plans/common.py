@@ -1,28 +1,27 @@
-"""Pieces both plans share: per-rank dimensions, tensor declarations, and kernel factories.
+"""Pieces both plans share: per-rank dimensions, tensor declarations, launch flags, and the
+residual-stream, projection and all-reduce kernels both plans launch.
 
-A kernel factory returns a `Kernel` whose tensors are declared from the dims (so traffic is derived)
-and whose `effect(ranks)` computes with the ops. The plans (standard.py, specialized.py) read
-top-to-bottom as the launches they make and call these factories; what the two plans do
-identically lives here once.
+A kernel factory returns a `Kernel` bound to its op: the tensors it declares (from the dims, so
+traffic is derived) are exactly the arguments the executor hands that op. Every attribute, stream,
+dependencies, PDL and prefetch included, is set here where the kernel is built; the plans
+(standard.py, specialized.py) read top to bottom as the launches they make.
 
-Dimension legend: M tokens (B sequences x T tokens each), D hidden, P TP degree, E experts,
-k active experts, F expert hidden, L latent, Nh heads on this rank, H head dim.
+Dimension legend: M tokens (B sequences x T tokens each), D hidden, P TP degree, C KDA channels per
+rank, Nh heads on this rank, H head dim, n attention output width per rank.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import numpy as np
+from typing import NamedTuple
 
 from simulator.config import ModelConfig, validate_tp
 from simulator.errors import UserError
+from simulator.ops import collectives as coll_ops
+from simulator.ops import linear as lin
 from simulator.ops import norm
-from simulator.plans.kernel import DecodeShape, Kernel, Tensor
-from simulator.weights import column_shard, row_shard
-
-Effect = Callable[[list[Any]], None]
+from simulator.plans.kernel import ALL_WEIGHTS, Collective, Kernel, RunOption, Shard, Tensor
+from simulator.state import DecodeShape, block_boundary, blocks_before
 
 
 @dataclass(frozen=True)
@@ -47,15 +46,18 @@ class Dims:
         return self.tp
 
     @property
+    def attn(self) -> str:
+        """"kda" or "mla": the attention of this layer."""
+        return self.cfg.attn_kinds[self.layer]
+
+    @property
     def n_blocks(self) -> int:
-        """Block snapshots that exist before this layer (taken at layers 0, b, 2b, ... < layer)."""
-        b = self.cfg.attn_res_block
-        return 0 if b == 0 else -(-self.layer // b)
+        """Block snapshots that exist before this layer."""
+        return blocks_before(self.cfg, self.layer)
 
     @property
     def boundary(self) -> bool:
-        b = self.cfg.attn_res_block
-        return b > 0 and self.layer % b == 0
+        return block_boundary(self.cfg, self.layer)
 
     @property
     def kda_heads_r(self) -> int:
@@ -68,6 +70,10 @@ class Dims:
     @property
     def mla_heads_r(self) -> int:
         return self.cfg.mla_heads // self.tp
+
+    @property
+    def attn_width(self) -> int:  # n: the attention output width one rank feeds o_proj
+        return self.kda_w_r if self.attn == "kda" else self.mla_heads_r * self.cfg.v_head_dim
 
     @property
     def L(self) -> int:
@@ -84,6 +90,11 @@ class Dims:
     @property
     def cache_len(self) -> int:  # MLA cache rows after this step's tokens are inserted
         return self.shape.context + self.shape.tokens_per_seq
+
+    @property
+    def single_request(self) -> bool:
+        """One sequence, one token: the stock path's C=1 pipeline applies."""
+        return self.shape.batch == 1 and self.shape.tokens_per_seq == 1
 
 
 def make_dims(cfg: ModelConfig, tp: int, shape: DecodeShape, layer: int | None, layer_type: str) -> Dims:
@@ -103,178 +114,159 @@ def make_dims(cfg: ModelConfig, tp: int, shape: DecodeShape, layer: int | None, 
 
 
 # ---------------------------------------------------------------------------------------
-# tensor declarations
+# declarations
 # ---------------------------------------------------------------------------------------
 
-def act(name: str, *shape: int, dtype: str = "bf16") -> Tensor:
-    return Tensor(name, tuple(shape), dtype)
+class Launch(NamedTuple):
+    """How a kernel is launched: with programmatic dependent launch, and loading its weights before
+    its inputs are ready (prefetch under the predecessor)."""
+
+    pdl: bool = False
+    prefetch: bool = False
+
+    @property
+    def prefetch_bytes(self) -> int:
+        return ALL_WEIGHTS if self.prefetch else 0
 
 
-def wt(name: str, *shape: int, dtype: str = "bf16") -> Tensor:
-    return Tensor(name, tuple(shape), dtype)
+PLAIN = Launch()
+EARLY = Launch(pdl=True, prefetch=True)
 
 
-def gemm_flops(m: int, k: int, n: int) -> int:
-    return 2 * m * k * n
+def act(name: str, *shape: int, dtype: str = "bf16", window: tuple[int, int, int] | None = None) -> Tensor:
+    """An activation or state buffer as one rank sees it."""
+    return Tensor(name, tuple(shape), dtype, window=window)
+
+
+def weight(name: str, *shape: int, shard: Shard = "full", dtype: str = "bf16") -> Tensor:
+    """One weight of the specification (`weights.weight_table`), `shape` per rank after `shard`."""
+    return Tensor(name, tuple(shape), dtype, parts=((name, shard),))
+
+
+def packed(parts: tuple[tuple[str, Shard], ...], *shape: int, padded: tuple[int, ...] | None = None,
+           dtype: str = "bf16", axis: int = -1) -> Tensor:
+    """Several spec weights packed into one buffer along `axis` (as a checkpoint loader fuses them),
+    `shape` wide; stored `padded` when the loader pads it (bytes count the padding)."""
+    name = "+".join(p for p, _ in parts)
+    if padded and padded != tuple(shape):
+        return Tensor(name, padded, dtype, unpadded=tuple(shape), parts=parts, pack_axis=axis)
+    return Tensor(name, tuple(shape), dtype, parts=parts, pack_axis=axis)
+
+
+def blocks(d: Dims, n: int) -> Tensor:
+    """The first n AttnRes block snapshots, [n, M, D] (0 bytes when n = 0)."""
+    return act("blocks", n, d.M, d.D, window=(0, 0, n))
 
 
 # ---------------------------------------------------------------------------------------
-# effects helpers
+# kernels both plans launch identically (or with a different name / launch)
 # ---------------------------------------------------------------------------------------
 
-def per_rank(fn: Callable[[Any], None]) -> Effect:
-    """Lift a one-rank effect to all ranks (every rank runs the same kernel on its own shard)."""
-    def effect(ranks: list[Any]) -> None:
-        for rank in ranks:
-            fn(rank)
-    return effect
-
-
-def col(rank: Any, name: str) -> np.ndarray:
-    """Column-parallel shard of a full weight, in the rank's compute dtype (a view of one shared copy)."""
-    return column_shard(rank.w.get(name, rank.dtype), rank.r, rank.tp)
-
-
-def row(rank: Any, name: str) -> np.ndarray:
-    return row_shard(rank.w.get(name, rank.dtype), rank.r, rank.tp)
-
-
-def full(rank: Any, name: str) -> np.ndarray:
-    return rank.w.get(name, rank.dtype)
-
-
-def sources(rank: Any, n_blocks: int) -> list[np.ndarray]:
-    return [rank.buf[f"block.{i}"] for i in range(n_blocks)] + [rank.buf["prefix"]]
-
-
-# ---------------------------------------------------------------------------------------
-# kernels both plans launch identically
-# ---------------------------------------------------------------------------------------
-
-def attn_res_pre(d: Dims, pdl: bool = False) -> Kernel:
+def attn_res_pre(d: Dims, launch: Launch = PLAIN) -> Kernel:
     """prefix += delta (previous layer's MLP output); mix over blocks + prefix; [snapshot]; RMSNorm.
     One kernel in the stock path already (vLLM's fused AttnRes + norm, V-ATTNRES)."""
     M, D, nb = d.M, d.D, d.n_blocks
-    eps = d.cfg.rms_norm_eps
-
-    def run(rank: Any) -> None:
-        b = rank.buf
-        b["prefix"] = b["prefix"] + b["delta"]
-        h = norm.attn_res_mix(sources(rank, nb), full(rank, "attn_res_norm"), full(rank, "attn_res_proj"), eps)
-        if d.boundary:
-            b[f"block.{nb}"] = b["prefix"]
-            b["prefix"] = np.zeros_like(b["prefix"])
-        b["x"] = norm.rms_norm(h, full(rank, "input_norm"), eps)
-
-    writes = [act("prefix", M, D), act("x", M, D)] + ([act(f"block.{nb}", M, D)] if d.boundary else [])
+    snapshot = (act("blocks", 1, M, D, window=(0, nb, nb + 1)),) if d.boundary else ()
     return Kernel(
         key="attn_res_pre", name="attn_res_add_mix_rmsnorm", kind="pointwise",
-        reads=(act("delta", M, D), act("sources", nb + 1, M, D)),
-        writes=tuple(writes),
-        weights=(wt("attn_res_norm", D), wt("attn_res_proj", D), wt("input_norm", D)),
-        flops=(nb + 1) * M * D * 6, pdl=pdl, effect=per_rank(run),
+        op=norm.attn_res_pre, consts=(("eps", d.cfg.rms_norm_eps), ("boundary", d.boundary)),
+        reads=(act("prefix", M, D), act("delta", M, D), blocks(d, nb)),
+        weights=(weight("attn_res_norm", D), weight("attn_res_proj", D), weight("input_norm", D)),
+        writes=(act("prefix", M, D), act("x", M, D)) + snapshot,
+        flops=M * D + norm.attn_res_mix_flops(nb + 1, M, D) + norm.rms_norm_flops(M, D),
+        pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
         note="prefix += previous MLP output, [block snapshot], softmax mix over sources, input RMSNorm; "
              "fused in stock vLLM (V-ATTNRES, PR #57464 folds the MLP add in)")
 
 
-def attn_res_post_effect(d: Dims, rank: Any, attn_out: np.ndarray) -> None:
-    """prefix += attention output; mix; post-attention RMSNorm (shared by both plans' effects)."""
-    b = rank.buf
-    eps = d.cfg.rms_norm_eps
-    b["prefix"] = rank.prec.store(b["prefix"] + attn_out, "bf16")
-    h = norm.attn_res_mix(sources(rank, d.n_blocks + d.boundary), full(rank, "mlp_res_norm"),
-                          full(rank, "mlp_res_proj"), eps)
-    b["x2"] = norm.rms_norm(h, full(rank, "post_attn_norm"), eps)
-
-
 def attn_res_post_tensors(d: Dims) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...]]:
-    """(reads, writes, weights) of the post-attention AttnRes + norm work."""
-    M, D, ns = d.M, d.D, d.n_blocks + d.boundary + 1
-    return ((act("sources", ns, M, D),), (act("prefix", M, D), act("x2", M, D)),
-            (wt("mlp_res_norm", D), wt("mlp_res_proj", D), wt("post_attn_norm", D)))
+    """(reads besides the attention output, writes, weights) of the post-attention AttnRes + norm."""
+    M, D = d.M, d.D
+    return ((act("prefix", M, D), blocks(d, d.n_blocks + d.boundary)), (act("prefix", M, D), act("x2", M, D)),
+            (weight("mlp_res_norm", D), weight("mlp_res_proj", D), weight("post_attn_norm", D)))
 
 
-def kda_in_proj(d: Dims, name: str, pdl: bool = False, prefetch: bool = False) -> Kernel:
+def attn_res_post_flops(d: Dims) -> int:
+    """prefix add + mix over blocks and prefix + RMSNorm."""
+    return d.M * d.D + norm.attn_res_mix_flops(d.n_blocks + d.boundary + 1, d.M, d.D) + norm.rms_norm_flops(d.M, d.D)
+
+
+def o_proj_weight(d: Dims) -> Tensor:
+    return weight(f"{d.attn}.w_o", d.attn_width, d.D, shard="row")
+
+
+def kda_in_proj(d: Dims, name: str, launch: Launch = PLAIN) -> Kernel:
     """x @ [W_q | W_k | W_v | W_g | W_fa | W_b] per rank: q, k, v, g column shards, f_a replicated."""
     M, D, C, Nh, H = d.M, d.D, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim
-    n = -(-(4 * C + H + Nh) // 16) * 16  # vLLM pads the fused projection to a multiple of 16 rows
-
-    def run(rank: Any) -> None:
-        x, b = rank.buf["x"], rank.buf
-        b["kda.qkv"] = np.concatenate([x @ col(rank, f"kda.w_{p}") for p in "qkv"], axis=-1)
-        b["kda.g"] = x @ col(rank, "kda.w_g")
-        b["kda.fa"] = x @ full(rank, "kda.w_fa")
-        b["kda.b"] = x @ col(rank, "kda.w_b")
-
-    w = wt("kda.w_in", D, n)
+    n = 4 * C + H + Nh
+    n_pad = -(-n // 16) * 16  # vLLM pads the fused projection to a multiple of 16 rows (the GEMM runs over them)
+    w = packed((("kda.w_q", "col"), ("kda.w_k", "col"), ("kda.w_v", "col"), ("kda.w_g", "col"),
+                ("kda.w_fa", "full"), ("kda.w_b", "col")), D, n,
+               padded=(D, n_pad))
     return Kernel(
-        key="kda_in_proj", name=name, kind="gemm", reads=(act("x", M, D),),
+        key="kda_in_proj", name=name, kind="gemm", op=lin.linear_split, consts=(("widths", (3 * C, C, H, Nh)),),
+        reads=(act("x", M, D),), weights=(w,),
         writes=(act("kda.qkv", M, 3 * C), act("kda.g", M, C), act("kda.fa", M, H), act("kda.b", M, Nh)),
-        weights=(w,), flops=gemm_flops(M, D, n), pdl=pdl, prefetch_bytes=w.nbytes if prefetch else 0,
-        effect=per_rank(run),
+        flops=lin.gemm_flops(M, D, n_pad), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
         note="in_proj_qkvgfab: 4 column shards + replicated f_a (N = 6288 at TP8, 3216 at TP16; V-LLG)")
 
 
-def kda_fb_proj(d: Dims, pdl: bool = False, prefetch: bool = False) -> Kernel:
+def kda_fb_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
     """z = f_a(x) @ W_fb (column shard): the low-rank decay path."""
     M, C, H = d.M, d.kda_w_r, d.cfg.kda_head_dim
-
-    def run(rank: Any) -> None:
-        rank.buf["kda.z"] = rank.buf["kda.fa"] @ col(rank, "kda.w_fb")
-
-    w = wt("kda.w_fb", H, C)
-    return Kernel(key="kda_fb_proj", name="gemm_f_b_proj", kind="gemm", reads=(act("kda.fa", M, H),),
-                  writes=(act("kda.z", M, C),), weights=(w,), flops=gemm_flops(M, H, C), pdl=pdl,
-                  prefetch_bytes=w.nbytes if prefetch else 0, effect=per_rank(run),
+    return Kernel(key="kda_fb_proj", name="gemm_f_b_proj", kind="gemm", op=lin.linear,
+                  reads=(act("kda.fa", M, H),), weights=(weight("kda.w_fb", H, C, shard="col"),),
+                  writes=(act("kda.z", M, C),), flops=lin.gemm_flops(M, H, C),
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
                   note="f_b_proj GEMM (1536x128 at TP8; V-LLG dsv3_fused_a table)")
 
 
-def row_parallel_partial(rank: Any, x: np.ndarray, wname: str) -> np.ndarray:
-    return x @ row(rank, wname)
-
-
-def all_reduce_effect(src: str, dst: str) -> Effect:
-    """TP all-reduce of buffer `src` into `dst` on every rank, with the run's chosen algorithm."""
-    from simulator.ops.collectives import ALL_REDUCE, all_reduce_one_shot
-
-    def effect(ranks: list[Any]) -> None:
-        partials = [rank.buf[src] for rank in ranks]
-        algo = ALL_REDUCE[ranks[0].all_reduce]
-        if partials[0].shape[-1] % len(ranks):
-            algo = all_reduce_one_shot  # chunked algorithms need the payload to split evenly
-        for rank, total in zip(ranks, algo(partials)):
-            rank.buf[dst] = total
-    return effect
-
-
-def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: str) -> Kernel:
-    """A standalone TP all-reduce of [M, width] bf16."""
-    from simulator.plans.kernel import Collective
+def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: str, launch: Launch = PLAIN) -> Kernel:
+    """A standalone TP all-reduce of [M, width] bf16, in the run's reduction order."""
     t = act(src, d.M, width)
-    return Kernel(key=key, name="allreduce", kind="collective", reads=(t,), writes=(act(dst, d.M, width),),
-                  collective=Collective("all_reduce", t.nbytes, d.P), effect=all_reduce_effect(src, dst),
-                  note=note)
+    return Kernel(key=key, name="allreduce", kind="collective", scope="ranks", op=coll_ops.all_reduce,
+                  consts=(("algorithm", RunOption("all_reduce")),), reads=(t,), writes=(act(dst, d.M, width),),
+                  collective=Collective("all_reduce", t.nbytes, d.P), pdl=launch.pdl, note=note)
 
 
-def expert_shard(rank: Any):
-    """e -> rank's TP shard of routed expert e: (w_gate [Din, F/P], w_up [Din, F/P], w_down [F/P, Din])."""
-    def get(e: int):
-        w_gate, w_up, w_down = rank.w.expert(e, rank.dtype)
-        return (column_shard(w_gate, rank.r, rank.tp), column_shard(w_up, rank.r, rank.tp),
-                row_shard(w_down, rank.r, rank.tp))
-    return get
+# ---------------------------------------------------------------------------------------
+# attention output: o_proj -> all-reduce -> AttnRes + norm, or the one fused kernel
+# ---------------------------------------------------------------------------------------
+
+def o_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
+    M, D, n = d.M, d.D, d.attn_width
+    return Kernel(key="o_proj", name="cutlass_gemm_o_proj", kind="gemm", op=lin.linear,
+                  reads=(act("attn.core", M, n),), weights=(o_proj_weight(d),), writes=(act("attn.partial", M, D),),
+                  flops=lin.gemm_flops(M, n, D), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  note="row-parallel o_proj; its partial sum still needs the all-reduce")
 
 
-def expected_experts(d: Dims) -> int:
-    """Distinct experts the step's tokens touch, U = E (1 - (1 - k/E)^M) for uniform independent routing,
-    fewer under skew or correlated draft tokens (ops.experts.RoutingStats); rounded, >= k."""
-    from simulator.ops.experts import expected_unique_experts
-    cfg, routing = d.cfg, d.shape.routing
-    free = routing.free_tokens(d.shape.batch, d.shape.tokens_per_seq)
-    return max(cfg.top_k, round(expected_unique_experts(free, cfg.num_experts, cfg.top_k, routing.skew)))
+def attn_all_reduce(d: Dims, launch: Launch = PLAIN) -> Kernel:
+    return all_reduce_kernel(d, "attn_all_reduce", "attn.partial", "attn.out", d.D, launch=launch,
+                             note="separate TP all-reduce after o_proj (FlashInfer/TRT-LLM AR; vLLM issue #55261)")
 
 
-def expert_math(cfg: ModelConfig) -> str:
-    """Tensor-core format of routed-expert GEMMs: MXFP4 weights run as W4A16 (bf16 activations) on
-    the path the published change describes (docs/sources.md §K5, item 7)."""
-    return "bf16" if cfg.expert_dtype == "mxfp4" else ("fp8" if cfg.expert_dtype == "fp8" else "bf16")
+def attn_res_post(d: Dims, launch: Launch = PLAIN) -> Kernel:
+    reads, writes, weights = attn_res_post_tensors(d)
+    return Kernel(key="attn_res_post", name="attn_res_add_mix_rmsnorm", kind="pointwise", op=norm.attn_res_post,
+                  consts=(("eps", d.cfg.rms_norm_eps), ("store", RunOption("store_bf16"))),
+                  reads=(reads[0], act("attn.out", d.M, d.D), reads[1]), writes=writes, weights=weights,
+                  flops=attn_res_post_flops(d), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  note="prefix += attention output, softmax mix, post-attention RMSNorm (V-ATTNRES)")
+
+
+def oproj_allreduce_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
+    """o_proj GEMM + in-kernel one-shot all-reduce + AttnRes add/mix + RMSNorm: 3 kernels -> 1."""
+    M, D, n = d.M, d.D, d.attn_width
+    reads, writes, weights = attn_res_post_tensors(d)
+    payload = act("attn.partial", M, D)
+    return Kernel(
+        key="oproj_ar_norm", name="fused_oproj_allreduce_attnres_rmsnorm", kind="gemm_collective", scope="ranks",
+        op=norm.oproj_allreduce_attn_res_post, consts=(("eps", d.cfg.rms_norm_eps), ("store", RunOption("store_bf16"))),
+        reads=(act("attn.core", M, n),) + reads, writes=writes, weights=(o_proj_weight(d),) + weights,
+        flops=lin.gemm_flops(M, n, D) + attn_res_post_flops(d),
+        collective=Collective("all_reduce", payload.nbytes, d.P, in_kernel=True), fusions=("oproj_allreduce_norm",),
+        replaces=("o_proj", "attn_all_reduce", "attn_res_post"), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+        note="GEMM epilogue pushes bf16 partials to peers (one-shot, Lamport flags), reduces in FP32, "
+             "adds to the AttnRes prefix, mixes and normalises; the [M, D] partial and reduced outputs "
+             "never round-trip HBM (vLLM gemm_rs_ar #53053, SGLang #30753, TRT-LLM min-latency AR+norm)")

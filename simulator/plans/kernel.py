@@ -1,10 +1,22 @@
 """The kernel record: one GPU launch on one TP rank, read by the executor and by the cost model.
 
-A plan (`Plan`) is the ordered tuple of kernels one rank launches for one decoder layer. Each kernel
-declares the tensors it reads, writes and loads as weights (name, per-rank shape, storage dtype);
-its traffic is *derived* from those declarations, never typed in, and the executor checks that the
-numerical effect writes exactly the declared shapes. So kernel count (`len(plan)`), numbers and
-microseconds come from one object.
+A plan (`Plan`) is the ordered tuple of kernels one rank launches for one decoder layer. A kernel is
+bound to its op: it names a function in `simulator/ops` and the tensors it hands that function, in
+order: `reads` (activations and state), then `weights` (from the one weight specification,
+`weights.weight_table`, sharded as declared), then the static `consts`. The op returns the `writes`
+in order (plus any declared `diagnostics`). The executor passes exactly these tensors, checks their
+shape and dtype, and fails on anything undeclared, so the bytes the cost model charges are, by
+construction, the tensors the numbers used. Kernel count (`len(plan)`), numbers and microseconds
+come from one object.
+
+A per-rank kernel (`scope="rank"`) is called once per rank with that rank's tensors; a collective
+(`scope="ranks"`) is called once with every argument as the list over ranks and returns, per output,
+the list over ranks: its effect over all ranks is explicit and bound the same way.
+
+Padding and packing are properties of a declared tensor, not tensors of their own: a padded tensor's
+`shape` is what it occupies (an expert shard padded to 256 rows) and `unpadded` what the op receives;
+`parts` are the spec weights packed into one buffer and how each is sharded; MXFP4 scales come with
+the dtype.
 
 Dimension legend: M decode tokens in the step (= batch x tokens per sequence), D hidden, P TP degree.
 """
@@ -16,21 +28,37 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Literal
 
-from simulator.ops.experts import UNIFORM, RoutingStats
+from simulator.state import DecodeShape  # noqa: F401  (re-exported: plans are built for a shape)
 
 # bytes per element of each storage format; MXFP4 adds one E8M0 scale byte per 32 elements.
 DTYPE_BYTES: dict[str, float] = {"fp64": 8, "fp32": 4, "bf16": 2, "fp8": 1, "int32": 4, "mxfp4": 0.5}
 KernelKind = Literal["gemm", "moe", "attention", "pointwise", "router", "collective", "gemm_collective"]
 CollectiveOp = Literal["all_reduce", "reduce_scatter", "all_gather"]
 
+ALL_WEIGHTS = -1  # prefetch_bytes meaning "every weight byte this kernel declares" (resolved on build)
+EXPERT = "expert.*."  # weight-part prefix of a routed expert's weight, bound per touched expert
+Shard = Literal["full", "col", "row"]  # replicated, output columns r/P, input rows r/P (weights.py)
+
 
 @dataclass(frozen=True, slots=True)
 class Tensor:
-    """A buffer, weight or state slice as one rank sees it."""
+    """A buffer, weight or state slice as one rank sees it: `shape` is what it occupies in HBM.
+
+    unpadded  the shape the op receives when `shape` is padded (an expert shard padded to 256 rows,
+              a fused projection padded to a multiple of 16): bytes are counted on `shape`, the
+              padding is zeros and changes no number
+    window    (axis, lo, hi): the kernel touches only this slice of buffer `name`
+    parts     weights only: (spec name, shard) of each weight packed, in order, along `pack_axis` into
+              this one buffer; `expert.*.w_gate` names a routed expert's weight, one per touched expert
+    """
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    unpadded: tuple[int, ...] | None = None
+    window: tuple[int, int, int] | None = None
+    parts: tuple[tuple[str, Shard], ...] = ()
+    pack_axis: int = -1
 
     @property
     def numel(self) -> int:
@@ -56,9 +84,17 @@ class Collective:
     in_kernel: bool = False  # done inside a computing kernel via symmetric-memory flags: no collective launch
 
 
+@dataclass(frozen=True, slots=True)
+class RunOption:
+    """A const the executor fills in per run (the all-reduce order, the bf16 store), not the plan."""
+
+    name: str
+
+
 @dataclass(frozen=True)
 class Kernel:
-    """One launch. `effect(ranks)` mutates every rank's buffers; per-rank kernels loop inside it."""
+    """One launch: `op(*reads, *weights, **consts)` returns `writes` (+ `diagnostics`), once per rank
+    (`scope="rank"`) or once over the lists of every rank's tensors (`scope="ranks"`)."""
 
     key: str  # unique within the plan; dependencies name it
     name: str  # as a profiler would show it
@@ -80,7 +116,10 @@ class Kernel:
     fusions: tuple[str, ...] = ()  # named fusions of the specialized plan this kernel embodies
     replaces: tuple[str, ...] = ()  # keys of the standard-plan kernels this fused kernel replaces
     note: str = ""  # source or reasoning (docs/kernels.md is generated from these)
-    effect: Callable[[list[Any]], None] | None = field(default=None, compare=False, repr=False)
+    op: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+    consts: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
+    scope: Literal["rank", "ranks"] = "rank"
+    diagnostics: tuple[str, ...] = ()  # extra op outputs the check keeps (no GPU tensor, no bytes)
 
     # byte totals, derived once from the declared tensors (the cost model reads them many times)
     weight_bytes: int = field(init=False, compare=False, repr=False)
@@ -91,6 +130,8 @@ class Kernel:
         object.__setattr__(self, "weight_bytes", sum(t.nbytes for t in self.weights))
         object.__setattr__(self, "read_bytes", sum(t.nbytes for t in self.reads))
         object.__setattr__(self, "write_bytes", sum(t.nbytes for t in self.writes))
+        if self.prefetch_bytes == ALL_WEIGHTS:
+            object.__setattr__(self, "prefetch_bytes", self.weight_bytes)
 
     @property
     def hbm_bytes(self) -> int:
@@ -100,21 +141,6 @@ class Kernel:
     @property
     def comm_bytes(self) -> int:
         return self.collective.nbytes if self.collective else 0
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeShape:
-    """What one forward processes: `batch` sequences x `tokens_per_seq` tokens over `context` cached tokens,
-    routed with `routing` statistics (uniform and independent unless stated)."""
-
-    batch: int = 1
-    tokens_per_seq: int = 1  # 1, or 1 + draft tokens being verified
-    context: int = 1024  # tokens already in the KV cache / folded into the KDA state
-    routing: RoutingStats = UNIFORM
-
-    @property
-    def tokens(self) -> int:  # M
-        return self.batch * self.tokens_per_seq
 
 
 @dataclass(frozen=True)

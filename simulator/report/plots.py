@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from simulator.cost.timeline import Timeline
     from simulator.hardware import HardwareProfile
 
+from simulator.plans import VARIANTS
 from simulator.report.plot_kit import BAR_HEIGHT, GREY, _figure, _freeze_layout, _label_bars, _place_label, _render
 
 Row = Mapping[str, Any]
@@ -62,7 +63,6 @@ WaterfallBar = tuple[str, float, float, WaterfallKind]  # label, bottom, height 
 Window = tuple[str, str, float, float]  # kernel key, stream, prefetch start (µs), prefetch end (µs)
 Point = tuple[str, float, float, float]  # kernel key, intensity (FLOP/B), achieved FLOP/s, duration (µs)
 
-VARIANT_ORDER = ("standard", "specialized")
 COLLECTIVE_KINDS = frozenset({"collective", "gemm_collective"})
 HATCH = "////"
 INK = "#222222"
@@ -459,7 +459,7 @@ def _variants(doc: Mapping[str, Any]) -> list[str]:
 
 def _ordered_variants(names: Any) -> list[str]:
     seen = _ordered(names)
-    return [v for v in VARIANT_ORDER if v in seen] + [v for v in seen if v not in VARIANT_ORDER]
+    return [v for v in VARIANTS if v in seen] + [v for v in seen if v not in VARIANTS]
 
 
 def _streams(doc: Mapping[str, Any], variants: list[str]) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from simulator.scenario import Scenario
+from simulator.scenario import Scenario, point_fusions, point_hardware, point_model
 
 
 def _point_label(row: dict[str, Any], axes: list[str]) -> str:
@@ -41,12 +41,11 @@ def layer_plots(doc: dict[str, Any], cfg: Any, hw: Any, tp: int, shape: Any, lay
 def _layer_pictures(sc: Scenario, out: Path, names: list[str]) -> list[Path]:
     from simulator.plans.kernel import DecodeShape
     from simulator.report.summary import layer_report
-    from simulator.sweep import _fusions, _hardware, _model
     b = sc.base
-    cfg, hw = _model(b["model"], b["precision"]), _hardware(b["hardware"])
+    cfg, hw = point_model(b["model"], b["precision"]), point_hardware(b["hardware"])
     shape = DecodeShape(b["batch"], b["tokens_per_seq"], b["context"])
-    doc = layer_report(cfg, hw, b["tp"], shape, b["layer"], "both", _fusions(b))
-    return layer_plots(doc, cfg, hw, b["tp"], shape, b["layer"], "both", _fusions(b), out,
+    doc = layer_report(cfg, hw, b["tp"], shape, b["layer"], "both", point_fusions(b))
+    return layer_plots(doc, cfg, hw, b["tp"], shape, b["layer"], "both", point_fusions(b), out,
                        tuple(n for n in names if n in LAYER_PICTURES), prefix=sc.name)
 
 

@@ -9,15 +9,15 @@ from typing import Any
 
 from simulator.config import ModelConfig
 from simulator.cost.memory import memory_per_gpu
-from simulator.cost.step import StepEstimate, build_plan, estimate_step, head_plan, representative_layer
+from simulator.cost.step import StepEstimate, build_plan, estimate_step, representative_layer
 from simulator.cost.timeline import Span, Timeline, schedule
 from simulator.hardware import HardwareProfile
 from simulator.ops.experts import UNIFORM, RoutingStats
+from simulator.plans.head import head_plan
+from simulator.plans import VARIANTS
 from simulator.plans.kernel import DecodeShape
-from simulator.errors import UserError
-from simulator.plans.specialized import FUSIONS, WHAT_IF_FUSIONS, resolve_fusions
+from simulator.plans.specialized import resolve_fusions
 
-VARIANTS = ("standard", "specialized")
 LAYER_METRIC = "one decoder layer on one TP rank: makespan of the scheduled kernel timeline (CUDA-graph replay)"
 STEP_METRIC = ("decode step (one verify forward + drafting), prefill excluded: step time = inter-token latency "
                "per verify step; tokens/s aggregate over the batch and per user (sequence)")
@@ -25,21 +25,6 @@ STEP_METRIC = ("decode step (one verify forward + drafting), prefill excluded: s
 
 def variants_of(variant: str) -> tuple[str, ...]:
     return VARIANTS if variant == "both" else (variant,)
-
-
-def fusion_set(disable: list[str] | None = None, enable: list[str] | None = None) -> frozenset[str]:
-    """The specialized plan's fusions with some turned off and what-ifs turned on; a name that would change
-    nothing (already on, already off, both on and off) is refused rather than silently ignored."""
-    base = resolve_fusions(None, disable or ())
-    on = resolve_fusions(base | set(enable or ()))
-    for name in sorted(set(enable or ()) & set(disable or ())):
-        raise UserError(f"--enable-fusion and --disable-fusion both name {name}: choose one.")
-    for name in sorted(set(enable or ()) & set(FUSIONS)):
-        raise UserError(f"--enable-fusion {name} changes nothing: it is on by default "
-                        f"(--enable-fusion takes a what-if fusion: {', '.join(WHAT_IF_FUSIONS)}).")
-    for name in sorted(set(disable or ()) & set(WHAT_IF_FUSIONS)):
-        raise UserError(f"--disable-fusion {name} changes nothing: it is off unless --enable-fusion turns it on.")
-    return on
 
 
 def capacity(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape) -> dict[str, Any]:

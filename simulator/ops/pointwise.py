@@ -1,0 +1,42 @@
+"""Elementwise pieces every op family shares: the one sigmoid, the output gate, adds and concats.
+
+    sigmoid(x) = 1 / (1 + e^-x) = exp(-log(1 + e^-x))         no overflow for large |x|, full relative
+                                                               precision for very negative x
+    gate(o, g) = o * sigmoid(g)                                MLA's output gate (no norm)
+
+Dimension legend: M tokens, n any width.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.dtypes import Array
+
+
+def sigmoid(x: Array) -> Array:
+    """1 / (1 + e^-x) in x's dtype, computed as exp(-logaddexp(0, -x))."""
+    return np.exp(-np.logaddexp(0.0, -x))
+
+
+def sigmoid_gate(o: Array, g: Array) -> Array:
+    """o * sigmoid(g).   [M, n], [M, n] -> [M, n]"""
+    return o * sigmoid(g)
+
+
+def sigmoid_gate_flops(M: int, n: int) -> int:
+    """Per element: sigmoid (exp, add, divide: counted 3) and the multiply (1)."""
+    return 4 * M * n
+
+
+def add(*xs: Array) -> Array:
+    """Elementwise sum in argument order.   k x [M, n] -> [M, n]"""
+    total = xs[0]
+    for x in xs[1:]:
+        total = total + x
+    return total
+
+
+def concat(*xs: Array) -> Array:
+    """Concatenate along the last axis (one buffer so one collective carries both).   -> [M, sum n]"""
+    return np.concatenate(xs, axis=-1)

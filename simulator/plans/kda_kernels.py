@@ -1,0 +1,105 @@
+"""KDA attention kernels: the stock fallback chain (conv, recurrence, gated norm) and the one-pass
+fused decode kernel, each bound to its op in `ops/kda.py`.
+
+    kda_in_proj (common) -> kda_fb_proj (common) -> conv -> recurrent -> gated norm      (fallback)
+                                                 -> kda_decode                          (fused)
+
+Dimension legend: M tokens (B sequences x T tokens), C = Nh H channels per rank (q, k, v each),
+Nh heads on this rank, H head dim, W conv width.
+"""
+
+from __future__ import annotations
+
+from simulator.ops import kda as kda_ops
+from simulator.plans.common import PLAIN, Dims, Launch, act, packed, weight
+from simulator.plans.kernel import Kernel, Tensor
+
+# Local head counts the stock fused KDA decode kernel supports (V-KDA: 12/24/48/96 with head_dim 128,
+# conv width 4, no speculative tokens). A kernel capability, not a model dimension.
+STOCK_FUSED_KDA_HEADS = frozenset({12, 24, 48, 96})
+
+
+def stock_fused_kda(d: Dims) -> bool:
+    return (d.kda_heads_r in STOCK_FUSED_KDA_HEADS and d.cfg.kda_head_dim == 128
+            and d.cfg.conv_size == 4 and d.shape.tokens_per_seq == 1)
+
+
+def _conv_w(d: Dims) -> Tensor:
+    """[3C, W]: the rank's channel rows of the q, k and v depthwise conv weights (head-major)."""
+    C, W = d.kda_w_r, d.cfg.conv_size
+    return packed((("kda.conv_q", "row"), ("kda.conv_k", "row"), ("kda.conv_v", "row")), 3 * C, W, axis=0)
+
+
+def _state(d: Dims) -> Tensor:
+    H = d.cfg.kda_head_dim
+    return act("kda.state", d.shape.batch, d.kda_heads_r, H, H, dtype="fp32")
+
+
+def _conv_hist(d: Dims) -> Tensor:
+    return act("kda.conv", d.shape.batch, 3 * d.kda_w_r, d.cfg.conv_size - 1)
+
+
+def _gate_weights(d: Dims) -> tuple[Tensor, Tensor]:
+    return (weight("kda.dt_bias", d.kda_w_r, shard="row", dtype="fp32"),
+            weight("kda.a_log", d.kda_heads_r, shard="row", dtype="fp32"))
+
+
+def kda_conv(d: Dims, launch: Launch = PLAIN) -> Kernel:
+    M, C, W = d.M, d.kda_w_r, d.cfg.conv_size
+    return Kernel(key="kda_conv", name="causal_conv1d_update", kind="pointwise",
+                  op=kda_ops.kda_conv_step, consts=(("batch", d.shape.batch),),
+                  reads=(act("kda.qkv", M, 3 * C), _conv_hist(d)), weights=(_conv_w(d),),
+                  writes=(act("kda.qkv_conv", M, 3 * C), _conv_hist(d)), flops=kda_ops.conv_flops(M, 3 * C, W),
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  note="short causal conv + SiLU on q, k, v, conv history updated in place (V-KDA fallback)")
+
+
+KDA_BV = 8  # value columns per program of vLLM's fused_recurrent grid (one warp each)
+
+
+def kda_recurrent(d: Dims, launch: Launch = PLAIN) -> Kernel:
+    """vLLM's fused_recurrent: grid (B x heads, H / 8) of one-warp programs, 16 per (sequence, head), about
+    8 resident per SM; each runs its T tokens in order, loading each token's q, k, v, g inside the loop, so
+    every token after the first is a dependent DRAM round trip (calibration/h200 kda split-V rows: ~0.9 µs
+    per token per wave, docs/cost-model.md §6.6); a verify (T > 1) stores the state after every token for
+    rollback."""
+    M, C, Nh, H, B, T = d.M, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim, d.shape.batch, d.shape.tokens_per_seq
+    checkpoints = (act("kda.state_tokens", B, T - 1, Nh, H, H, dtype="fp32"),) if T > 1 else ()
+    return Kernel(key="kda_recurrent", name="fused_recurrent_kda", kind="attention",
+                  op=kda_ops.kda_recurrent_step,
+                  consts=(("batch", B), ("lower_bound", d.cfg.gate_lower_bound), ("checkpoints", T > 1)),
+                  reads=(act("kda.qkv_conv", M, 3 * C), act("kda.z", M, C), act("kda.b", M, Nh), _state(d)),
+                  weights=_gate_weights(d), writes=(act("kda.o", M, C), _state(d)) + checkpoints,
+                  flops=kda_ops.delta_rule_flops(M, Nh, H), math="fp32", ctas=B * Nh * (H // KDA_BV), ctas_per_sm=8,
+                  serial_steps=T - 1, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  note="gate + beta + L2 norm + delta-rule update of the FP32 state; grid (B x heads, H/8) of "
+                       "one-warp programs, the T tokens in order, the state stored after every token of a verify "
+                       "(V-KDA fallback chain; vLLM fused_recurrent)")
+
+
+def kda_gated_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
+    M, C, Nh, H = d.M, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim
+    return Kernel(key="kda_gated_norm", name="fused_rms_norm_gated", kind="pointwise",
+                  op=kda_ops.kda_gated_norm_step, consts=(("heads", Nh), ("eps", d.cfg.rms_norm_eps)),
+                  reads=(act("kda.o", M, C), act("kda.g", M, C)), weights=(weight("kda.o_norm", H, dtype="fp32"),),
+                  writes=(act("attn.core", M, C),), flops=kda_ops.gated_norm_flops(M, C),
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  note="per-head RMSNorm then sigmoid output gate (V-KDA fallback chain)")
+
+
+def kda_decode(d: Dims, name: str, launch: Launch = PLAIN, fusions: tuple[str, ...] = ()) -> Kernel:
+    """conv update + SiLU + L2 norm + gate + beta + delta rule + per-head RMSNorm + output gate."""
+    M, C, Nh, H, B, W = d.M, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim, d.shape.batch, d.cfg.conv_size
+    return Kernel(key="kda_decode", name=name, kind="attention", op=kda_ops.kda_decode_step,
+                  consts=(("batch", B), ("lower_bound", d.cfg.gate_lower_bound), ("eps", d.cfg.rms_norm_eps)),
+                  reads=(act("kda.qkv", M, 3 * C), act("kda.z", M, C), act("kda.b", M, Nh), act("kda.g", M, C),
+                         _state(d), _conv_hist(d)),
+                  weights=(_conv_w(d),) + _gate_weights(d) + (weight("kda.o_norm", H, dtype="fp32"),),
+                  writes=(act("attn.core", M, C), _state(d), _conv_hist(d)),
+                  flops=kda_ops.delta_rule_flops(M, Nh, H) + kda_ops.conv_flops(M, 3 * C, W), math="fp32",
+                  fusions=fusions, ctas=B * Nh, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  replaces=("kda_conv", "kda_recurrent", "kda_gated_norm"),
+                  note="one pass per (sequence, head): conv, gate, delta rule, norm, output gate; "
+                       "q/k/v/o intermediates stay on chip (V-KDA fused_kda_decode; FlashInfer PR #4243). "
+                       "No serial term: the T tokens' inputs do not depend on the state and are loaded up front, "
+                       "so a token's step is on-chip math, not the DRAM round trip vLLM's fused_recurrent pays")

@@ -1,0 +1,290 @@
+"""MoE kernels: router, latent projections, shared / dense gated MLP, routed experts and the MoE tail,
+in their stock form and their fused form, each bound to its op in `ops/`.
+
+    stock:  router GEMM | latent down (aux) | shared gate_up -> act -> down | top-k | FC1 -> FC2 ->
+            finalize | concat -> all-reduce -> latent norm -> latent up -> add
+    fused:  split router GEMM -> all-gather + top-k | shared gate_up+act -> down (aux) | FC1 ->
+            FC2+finalize | AR + norm + RS -> sharded up + add + all-gather
+
+Dimension legend: M tokens, D hidden, P TP degree, E experts, k active experts, L latent (expert input
+width), F expert hidden (F_r per rank, Fp padded), S shared hidden per rank, U touched experts.
+"""
+
+from __future__ import annotations
+
+from simulator.errors import UserError
+from simulator.ops import experts as ex
+from simulator.ops import linear as lin
+from simulator.ops import norm, pointwise
+from simulator.ops.experts import expected_unique_experts
+from simulator.ops.router import allgather_topk, route_flops, route_fused
+from simulator.plans.common import PLAIN, Dims, Launch, act, all_reduce_kernel, packed, weight
+from simulator.plans.kernel import Collective, Kernel, Tensor
+
+# The stock loader pads each rank's slice of the expert intermediate to at least 256 (V-MODEL: 3072 / 16
+# = 192 -> 256 at TP16); the padded rows are zeros but are streamed like any other weight bytes.
+STOCK_MIN_EXPERT_SHARD = 256
+
+
+def expected_experts(d: Dims) -> int:
+    """Distinct experts the step's tokens touch, U = E (1 - (1 - k/E)^M) for uniform independent routing,
+    fewer under skew or correlated draft tokens (ops.experts.RoutingStats); rounded, >= k."""
+    cfg, routing = d.cfg, d.shape.routing
+    free = routing.free_tokens(d.shape.batch, d.shape.tokens_per_seq)
+    return max(cfg.top_k, round(expected_unique_experts(free, cfg.num_experts, cfg.top_k, routing.skew)))
+
+
+def expert_math(d: Dims) -> str:
+    """Tensor-core format of routed-expert GEMMs: MXFP4 weights run as W4A16 (bf16 activations) on
+    the path the published change describes (docs/sources.md §K5, item 7)."""
+    return "fp8" if d.cfg.expert_dtype == "fp8" else "bf16"
+
+
+def expert_shard(d: Dims, pad: bool = True) -> int:
+    """Intermediate rows per rank the expert GEMMs stream: the stock loader's padded shard, or the true one."""
+    return max(d.F_r, STOCK_MIN_EXPERT_SHARD) if pad and d.P > 1 else d.F_r
+
+
+def _experts(d: Dims, parts: tuple[str, ...], pad: bool) -> Tensor:
+    """The U touched experts' shards of `parts` (gate/up: [U, L, 2F/P] column shards; down: [U, F/P, L]
+    row shards), stored padded to the stock loader's shard when `pad`."""
+    U, L, F, Fp = expected_experts(d), d.L, d.F_r, expert_shard(d, pad)
+    down = parts == ("w_down",)
+    shape, padded = ((U, F, L), (U, Fp, L)) if down else ((U, L, 2 * F), (U, L, 2 * Fp))
+    return packed(tuple((f"expert.*.{p}", "row" if down else "col") for p in parts), *shape,
+                  padded=padded, dtype=d.cfg.expert_dtype, axis=0 if down else -1)
+
+
+# ---------------------------------------------------------------------------------------
+# router and latent down-projection
+# ---------------------------------------------------------------------------------------
+
+def router(d: Dims, launch: Launch = PLAIN) -> Kernel:
+    M, D, E = d.M, d.D, d.cfg.num_experts
+    return Kernel(key="router", name="router_gemm_bf16_fp32", kind="router", op=lin.linear,
+                  reads=(act("x2", M, D),), weights=(weight("router.w", D, E),),
+                  writes=(act("router.logits", M, E, dtype="fp32"),), flops=lin.gemm_flops(M, D, E),
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  note="replicated router GEMM with FP32 logits (V-MODEL GateLinear; PR #53524)")
+
+
+def latent_down(d: Dims, deps: tuple[str, ...], launch: Launch = PLAIN) -> Kernel:
+    M, D, L = d.M, d.D, d.L
+    return Kernel(key="latent_down", name="gemm_routed_expert_down_proj", kind="gemm", op=lin.linear,
+                  stream="aux", deps=deps, reads=(act("x2", M, D),), weights=(weight("latent.w_down", D, L),),
+                  writes=(act("latent.z", M, L),), flops=lin.gemm_flops(M, D, L),
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  note="replicated routed_expert_down_proj on an aux stream beside the router (V-MODEL, <= 256 tokens)")
+
+
+def topk(d: Dims, launch: Launch = PLAIN) -> Kernel:
+    cfg, M, E, k = d.cfg, d.M, d.cfg.num_experts, d.cfg.top_k
+    return Kernel(key="topk", name="moe_routing_topk", kind="router", op=route_fused, consts=(("cfg", cfg),),
+                  reads=(act("router.logits", M, E, dtype="fp32"),), weights=(weight("router.bias", E, dtype="fp32"),),
+                  writes=(act("topk.idx", M, k, dtype="int32"), act("topk.weight", M, k, dtype="fp32")),
+                  diagnostics=("margin",), flops=route_flops(M, E), math="fp32",
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  note="sigmoid + selection bias + top-k + renormalise (TRT-LLM-gen MoE routing kernel)")
+
+
+def split_router(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
+    """Rank r computes x2 @ [W_r[:, E/P slice] | W_ld[:, L/P slice]]; one collective kernel gathers
+    both and runs sigmoid + bias + top-k on the full logits. Per-rank weight bytes fall from
+    (E + L) D 2 to (E + L) D 2 / P: 64 MB -> 4 MB for Kimi K3 at TP16."""
+    cfg, M, D, E, L, P, k = d.cfg, d.M, d.D, d.cfg.num_experts, d.L, d.P, d.cfg.top_k
+    if E % P or L % P:
+        raise UserError(f"split_router needs --tp {P} to divide the {E} experts and the latent {L}.")
+    shards = (act("router.logits_shard", M, E // P, dtype="fp32"), act("latent.z_shard", M, L // P))
+    w = packed((("router.w", "col"), ("latent.w_down", "col")), D, (E + L) // P)
+    return [
+        Kernel(key="router_split", name="skinny_gemm_router_latent_down_shard", kind="gemm", op=lin.linear_split,
+               consts=(("widths", (E // P, L // P)),), reads=(act("x2", M, D),), weights=(w,), writes=shards,
+               flops=lin.gemm_flops(M, D, (E + L) // P), fusions=("split_router",), replaces=("router", "latent_down"),
+               pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+               note="router logits and latent down-projection, both column-sharded over ranks "
+                    "(local-inference-lab vllm #343; TokenSpeed #1038 packs them into one projection)"),
+        Kernel(key="router_gather_topk", name="allgather_sigmoid_bias_topk", kind="collective", scope="ranks",
+               op=allgather_topk, consts=(("cfg", cfg),), reads=shards,
+               weights=(weight("router.bias", E, dtype="fp32"),),
+               writes=(act("latent.z", M, L), act("topk.idx", M, k, dtype="int32"), act("topk.weight", M, k, dtype="fp32")),
+               diagnostics=("margin",), flops=route_flops(M, E), math="fp32",
+               collective=Collective("all_gather", sum(t.nbytes for t in shards), P, in_kernel=True),
+               fusions=("split_router",), replaces=("topk",), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+               note="one collective kernel: all-gather the logit and latent shards, exact top-k on the full "
+                    "logits (b12x issue #225: top-16 kernel 6.2-7.0 us)"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# gated MLP: the shared expert and the dense FFN of layer 0
+# ---------------------------------------------------------------------------------------
+
+def _gate_up(prefix: str, D: int, F: int) -> Tensor:
+    return packed(((f"{prefix}.w_gate", "col"), (f"{prefix}.w_up", "col")), D, 2 * F)
+
+
+def gated_mlp(d: Dims, prefix: str, F: int, what: str, stream: str = "main", deps: tuple[str, ...] = (),
+              launch: Launch = PLAIN) -> list[Kernel]:
+    """gate+up GEMM (column shard) -> activation-and-multiply kernel -> down GEMM (row shard, partial sum)."""
+    M, D, cfg = d.M, d.D, d.cfg
+    on = dict(stream=stream, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes)
+    return [
+        Kernel(key=f"{prefix}_gate_up", name=f"gemm_{prefix}_gate_up", kind="gemm", op=lin.linear,
+               reads=(act("x2", M, D),), weights=(_gate_up(prefix, D, F),), writes=(act(f"{prefix}.gu", M, 2 * F),),
+               flops=lin.gemm_flops(M, D, 2 * F), deps=deps, **on, note=f"{what} gate+up, column shard"),
+        Kernel(key=f"{prefix}_act", name=f"{cfg.hidden_act}_and_mul", kind="pointwise", op=ex.glu_split,
+               consts=(("cfg", cfg),), reads=(act(f"{prefix}.gu", M, 2 * F),), writes=(act(f"{prefix}.h", M, F),),
+               flops=ex.glu_flops(M, F, cfg.hidden_act), **on,
+               note="activation and multiply, a separate elementwise kernel"),
+        down_proj(d, prefix, F, f"{what} down, row shard; its partial sum is reduced later", stream, launch),
+    ]
+
+
+def gate_up_act(d: Dims, prefix: str, F: int, stream: str = "main", deps: tuple[str, ...] = (),
+                launch: Launch = PLAIN) -> Kernel:
+    """The gate+up GEMM with the activation in its epilogue (glu_epilogue): 2 kernels -> 1."""
+    M, D, cfg = d.M, d.D, d.cfg
+    return Kernel(key=f"{prefix}_gate_up_act", name=f"skinny_gemm_{prefix}_gate_up_{cfg.hidden_act}", kind="gemm",
+                  op=ex.linear_glu, consts=(("cfg", cfg),), reads=(act("x2", M, D),), weights=(_gate_up(prefix, D, F),),
+                  writes=(act(f"{prefix}.h", M, F),), stream=stream, deps=deps,
+                  flops=lin.gemm_flops(M, D, 2 * F) + ex.glu_flops(M, F, cfg.hidden_act), fusions=("glu_epilogue",),
+                  replaces=(f"{prefix}_gate_up", f"{prefix}_act"), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  note="activation in the GEMM epilogue: the [M, 2S/P] gate/up output is never written"
+                  if prefix == "shared" else "activation in the GEMM epilogue")
+
+
+def down_proj(d: Dims, prefix: str, F: int, note: str, stream: str = "main", launch: Launch = PLAIN) -> Kernel:
+    M, D = d.M, d.D
+    return Kernel(key=f"{prefix}_down", name=f"gemm_{prefix}_down", kind="gemm", op=lin.linear, stream=stream,
+                  reads=(act(f"{prefix}.h", M, F),), weights=(weight(f"{prefix}.w_down", F, D, shard="row"),),
+                  writes=(act(f"{prefix}.partial", M, D),), flops=lin.gemm_flops(M, F, D),
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, note=note)
+
+
+# ---------------------------------------------------------------------------------------
+# routed experts
+# ---------------------------------------------------------------------------------------
+
+def fc1(d: Dims, pad: bool = True, deps: tuple[str, ...] = (), fusions: tuple[str, ...] = (),
+        launch: Launch = PLAIN) -> Kernel:
+    cfg, M, L, F, k = d.cfg, d.M, d.L, d.F_r, d.cfg.top_k
+    Fp, U = expert_shard(d, pad), expected_experts(d)
+    src = "latent.z" if cfg.latent_dim else "x2"
+    return Kernel(key="fc1", name="moe_fc1_gate_up_act", kind="moe", op=ex.expert_fc1, consts=(("cfg", cfg),),
+                  deps=deps, reads=(act(src, M, L), act("topk.idx", M, k, dtype="int32")),
+                  weights=(_experts(d, ("w_gate", "w_up"), pad),), writes=(act("moe.h", M, k, F),),
+                  flops=lin.gemm_flops(M * k, L, 2 * F) + ex.glu_flops(M * k, F, cfg.hidden_act), math=expert_math(d),
+                  group_rows=M * k, fusions=fusions, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  note=f"grouped GEMM over the U(M) = {U} touched experts' TP shards ({Fp} intermediate rows per rank"
+                       + (", padded by the stock loader" if Fp != F else "") + "), activation in the epilogue")
+
+
+def fc2(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
+    M, L, F, k = d.M, d.L, d.F_r, d.cfg.top_k
+    return Kernel(key="fc2", name="moe_fc2_down", kind="moe", op=ex.expert_fc2,
+                  reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32")),
+                  weights=(_experts(d, ("w_down",), pad),), writes=(act("moe.slots", M, k, L),),
+                  flops=lin.gemm_flops(M * k, F, L), math=expert_math(d), group_rows=M * k, pdl=launch.pdl,
+                  prefetch_bytes=launch.prefetch_bytes,
+                  note="grouped down GEMM, one output row per (token, slot); intermediate padded like FC1")
+
+
+def finalize(d: Dims, launch: Launch = PLAIN) -> Kernel:
+    M, L, k = d.M, d.L, d.cfg.top_k
+    return Kernel(key="finalize", name="moe_finalize", kind="pointwise", op=ex.expert_finalize,
+                  reads=(act("moe.slots", M, k, L), act("topk.weight", M, k, dtype="fp32")),
+                  writes=(act("moe.partial", M, L),), flops=ex.finalize_flops(M, k, L),
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  note="unpermute + routing-weighted sum over the k slots (not deferred; PR #53152 defers it)")
+
+
+def fc2_finalize(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
+    """FC2 with the routing weight and scatter-add in its epilogue (moe_finalize): 2 kernels -> 1."""
+    M, L, F, k = d.M, d.L, d.F_r, d.cfg.top_k
+    return Kernel(key="fc2_finalize", name="moe_fc2_down_finalize", kind="moe", op=ex.expert_fc2_finalize,
+                  reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32"),
+                         act("topk.weight", M, k, dtype="fp32")),
+                  weights=(_experts(d, ("w_down",), pad),), writes=(act("moe.partial", M, L),),
+                  flops=lin.gemm_flops(M * k, F, L) + ex.finalize_flops(M, k, L), math=expert_math(d),
+                  group_rows=M * k, fusions=("moe_finalize",) + (() if pad else ("unpadded_experts",)), replaces=("fc2", "finalize"),
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  note="routing weight and scatter-add in the FC2 epilogue: the [M, k, L] slot outputs are never written")
+
+
+# ---------------------------------------------------------------------------------------
+# the MoE tail
+# ---------------------------------------------------------------------------------------
+
+def latent_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
+    """concat [routed latent partial | shared partial] -> one all-reduce -> RMSNorm(latent) ->
+    replicated up-projection -> add shared: the unfused tail (TRT-LLM PR #18505 baseline)."""
+    cfg, M, D, L = d.cfg, d.M, d.D, d.L
+    shared = (act("shared.partial", M, D),) if cfg.num_shared_experts else ()
+    width = L + (D if shared else 0)
+    latent = act("tail.sum", M, L, window=(1, 0, L))
+    normed = act("latent.normed", M, L)
+    on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes)
+    norm_kernel = (
+        Kernel(key="latent_norm", name="rmsnorm_latent", kind="pointwise", op=norm.rms_norm,
+               consts=(("eps", cfg.rms_norm_eps),), reads=(latent,), weights=(weight("latent.norm", L),),
+               writes=(normed,), flops=norm.rms_norm_flops(M, L), **on,
+               note="RMSNorm of the reduced latent sum; reads the latent slice in place (no split kernel)")
+        if cfg.latent_norm else
+        Kernel(key="latent_norm", name="copy_latent", kind="pointwise", op=pointwise.add, reads=(latent,),
+               writes=(normed,), **on, note="the reduced latent sum, unnormalised (latent_norm off)"))
+    return [
+        Kernel(key="tail_concat", name="concat_latent_shared", kind="pointwise", op=pointwise.concat,
+               reads=(act("moe.partial", M, L),) + shared, writes=(act("tail.cat", M, width),), **on,
+               note="copy both partial sums into one buffer so one all-reduce carries them (V-LMR tier 2 / TRT-LLM #18505)"),
+        all_reduce_kernel(d, "moe_all_reduce", "tail.cat", "tail.sum", width, launch=launch,
+                          note="one all-reduce of [M, L + D] (TRT-LLM #18505: 13.2 us at GB300 TEP8, M=8)"),
+        norm_kernel,
+        Kernel(key="latent_up", name="gemm_routed_expert_up_proj", kind="gemm", op=lin.linear, reads=(normed,),
+               weights=(weight("latent.w_up", L, D),), writes=(act("latent.up", M, D),), flops=lin.gemm_flops(M, L, D),
+               **on, note="replicated up-projection 7168x3584 on every rank (V-LMR tier 1/2)"),
+        Kernel(key="tail_add", name="add_shared_output", kind="pointwise", op=pointwise.add,
+               reads=(act("latent.up", M, D),) + ((act("tail.sum", M, D, window=(1, L, L + D)),) if shared else ()),
+               writes=(act("moe_out", M, D),), flops=M * D, **on,
+               note="add the reduced shared-expert output (unweighted)"),
+    ]
+
+
+def classic_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
+    """Classic MoE (DeepSeek-V3): routed partial + shared partial, then one all-reduce of [M, D]."""
+    M, D = d.M, d.D
+    shared = (act("shared.partial", M, D),) if d.cfg.num_shared_experts else ()
+    return [
+        Kernel(key="tail_add", name="add_shared_partial", kind="pointwise", op=pointwise.add,
+               reads=(act("moe.partial", M, D),) + shared, writes=(act("moe.sum_partial", M, D),), flops=M * D,
+               pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+               note="routed + shared partial sums before the all-reduce"),
+        all_reduce_kernel(d, "moe_all_reduce", "moe.sum_partial", "moe_out", D, launch=launch,
+                          note="TP all-reduce of the MoE output"),
+    ]
+
+
+def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
+    """(a) AR(latent partial) + RMSNorm + RS(shared partial); (b) u_r = normed @ W_up[:, D/P slice] +
+    shared slice, all-gathered (multicast) into every rank's output: 5 standard kernels -> 2, and
+    the replicated 7168x3584 up-projection (51 MB) becomes a 1/P shard per rank."""
+    cfg, M, D, L, P = d.cfg, d.M, d.D, d.L, d.P
+    # RS of [M, D] moves (P-1)/P of it, the same bytes as a one-shot AR of [M, D/P]: priced as one AR.
+    ar_bytes = act("moe.partial", M, L).nbytes + act("shared.partial", M, D // P).nbytes
+    on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes)
+    return [
+        Kernel(key="tail_ar_norm_rs", name="latent_tail_allreduce_rmsnorm_reducescatter", kind="collective",
+               scope="ranks", op=ex.allreduce_rmsnorm_reducescatter, consts=(("eps", cfg.rms_norm_eps),),
+               reads=(act("moe.partial", M, L), act("shared.partial", M, D)), weights=(weight("latent.norm", L),),
+               writes=(act("latent.normed", M, L), act("shared.slice", M, D // P)), flops=norm.rms_norm_flops(M, L),
+               collective=Collective("all_reduce", ar_bytes, P, in_kernel=True), fusions=("latent_tail",),
+               deps=("shared_down",), replaces=("tail_concat", "moe_all_reduce", "latent_norm"), **on,
+               note="one collective kernel: AR(latent) + RMSNorm + RS(shared) (V-TAIL tier 0 kernel a)"),
+        Kernel(key="tail_up_add_gather", name="latent_up_shard_add_allgather", kind="gemm_collective", scope="ranks",
+               op=ex.linear_add_allgather, reads=(act("latent.normed", M, L), act("shared.slice", M, D // P)),
+               weights=(weight("latent.w_up", L, D // P, shard="col"),), writes=(act("moe_out", M, D),),
+               flops=lin.gemm_flops(M, L, D // P),
+               collective=Collective("all_gather", act("u", M, D // P).nbytes, P, in_kernel=True),
+               fusions=("latent_tail",), replaces=("latent_up", "tail_add"), **on,
+               note="sharded up-projection, epilogue adds the shared slice and multicast-stores into every "
+                    "rank's output (V-TAIL tier 0 kernels b + c; NVLS)"),
+    ]
