@@ -107,11 +107,6 @@ DEQUANT_OPS = 2  # CUDA-core instructions per FP4 weight element dequantised in 
 FP4_DTYPES = frozenset({"mxfp4", "nvfp4", "fp4"})
 
 
-def hbm_efficiency(kind: str, hw: HardwareProfile) -> float:
-    """eta: the achievable fraction of datasheet HBM bandwidth, one per GPU (section docstring)."""
-    return hw.hbm_efficiency
-
-
 def fixed_us(kind: str, hw: HardwareProfile) -> float:
     """Per-kernel latency PDL cannot hide; collectives carry theirs in alpha instead."""
     if kind == "collective":
@@ -119,9 +114,12 @@ def fixed_us(kind: str, hw: HardwareProfile) -> float:
     return hw.kernel_fixed_us + (hw.gemm_fixed_us if kind in GEMM_KINDS else 0.0)
 
 
-def moe_block_m(rows: int, experts: int) -> int:
-    """vLLM's moe_align_block_size: BLOCK_M = 16, or 64 once experts average more than 16 rows."""
-    return 64 if rows / max(experts, 1) > 16 else 16
+def padded_grouped_flops(rows: int, experts: int, k_dim: int, n_dim: int) -> int:
+    """2 x K x N over whole BLOCK_M-row tiles per expert: vLLM's moe_align_block_size pads each expert's
+    share of the rows to BLOCK_M = 16, or 64 once experts average more than 16 rows."""
+    per_expert = rows / max(experts, 1)
+    block = 64 if per_expert > 16 else 16
+    return 2 * experts * math.ceil(per_expert / block) * block * k_dim * n_dim
 
 
 def grouped_gemm_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float]:
@@ -130,9 +128,7 @@ def grouped_gemm_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, floa
         return 0.0, kernel.flops / (hw.peak_flops(kernel.math) * hw.compute_efficiency) * 1e6
     w = kernel.weights[0]
     experts, k_dim, n_dim = w.shape[0], w.shape[-2], w.shape[-1]
-    per_expert = kernel.group_rows / max(experts, 1)
-    block = moe_block_m(kernel.group_rows, experts)
-    padded = 2 * experts * math.ceil(per_expert / block) * block * k_dim * n_dim
+    padded = padded_grouped_flops(kernel.group_rows, experts, k_dim, n_dim)
     extra = max(0, kernel.flops - 2 * kernel.group_rows * k_dim * n_dim)  # epilogue work beyond the GEMM
     math_us = (padded + extra) / (hw.peak_flops(kernel.math) * hw.compute_efficiency) * 1e6
     if w.dtype in FP4_DTYPES and hw.fp4_runs_as != "fp4":
@@ -147,7 +143,7 @@ def launch_gap_us(pdl: bool, hw: HardwareProfile) -> float:
 
 def achievable_bandwidth(nbytes: float, kind: str, hw: HardwareProfile) -> float:
     """BW_achieved(S) = S / (t_fixed + S / (eta BW)) in B/s: small kernels never reach peak."""
-    stream = hbm_efficiency(kind, hw) * hw.hbm_bandwidth
+    stream = hw.hbm_efficiency * hw.hbm_bandwidth
     seconds = fixed_us(kind, hw) * 1e-6 + nbytes / stream
     return nbytes / seconds if seconds > 0 else 0.0
 
@@ -156,7 +152,7 @@ def stream_bandwidth(kernel: Kernel, hw: HardwareProfile) -> float:
     """eta BW, or less when the kernel has only `ctas` independent work items: each CTA streams at most
     `cta_bandwidth` on its own (latency-bound), so 6 CTAs (one per KDA head at TP16, batch 1) reach
     6 x 35 GB/s = 0.21 TB/s, not 6.08 TB/s (GB300)."""
-    full = hbm_efficiency(kernel.kind, hw) * hw.hbm_bandwidth
+    full = hw.hbm_efficiency * hw.hbm_bandwidth
     return full if kernel.ctas is None else min(full, kernel.ctas * hw.cta_bandwidth)
 
 

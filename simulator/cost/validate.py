@@ -113,13 +113,10 @@ def mla_splits(batch: int, cached: int, sms: int = SM_COUNT, tile: int = MLA_TIL
 
 
 def moe_padded_flops(row: Mapping[str, Any]) -> int:
-    """2 x rows x K x N over the BLOCK_M-padded row blocks of a grouped GEMM (vLLM's moe_align_block_size):
-    U experts share M k rows; BLOCK_M is 16, or 64 once experts average more than 16 rows."""
+    """The grouped GEMM's tile math as the cost model counts it: U experts share M k rows."""
     from simulator.config import load_model
-    rows = row["M"] * load_model(row["model"]).top_k
-    per_expert = max(1.0, rows / max(row["U"], 1))
-    block = 64 if per_expert > 16 else 16
-    return 2 * row["U"] * math.ceil(per_expert / block) * block * row["K"] * row["N"]
+    from simulator.cost.pricing import padded_grouped_flops
+    return padded_grouped_flops(row["M"] * load_model(row["model"]).top_k, row["U"], row["K"], row["N"])
 
 
 def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, float]:
