@@ -21,6 +21,7 @@ from simulator.config import ModelConfig
 from simulator.ops import experts as ex
 from simulator.ops import kda as kda_ops
 from simulator.ops import mla as mla_ops
+from simulator.ops.linear import MXFP4Weight
 from simulator.ops.norm import attn_res_mix_reference, rms_norm_reference
 from simulator.ops.pointwise import sigmoid
 from simulator.ops.router import route_reference
@@ -98,10 +99,19 @@ def mla_reference(cfg: ModelConfig, shape: DecodeShape, W, x: np.ndarray, state:
     return o @ W("mla.w_o"), {"mla.cache": new_cache, "mla.lengths": lengths + T}
 
 
+def _experts(w: LayerWeights):
+    """e -> expert e's (w_gate, w_up, w_down) in float64: packed MXFP4 parts multiplied by dequantizing
+    256-row chunks (no 88 MB float64 copy of a full-size part), or float64 arrays."""
+    if not w.packs_experts:
+        return lambda e: w.expert(e, F64)
+    return lambda e: tuple(MXFP4Weight(*q, form="reference") for q in w.expert_packed(e))
+
+
 def moe_reference(cfg: ModelConfig, w: LayerWeights, W, x2: np.ndarray, diag: dict) -> np.ndarray:
     routing = route_reference(x2 @ W("router.w"), W("router.bias"), cfg)
     diag["topk_idx"], diag["margin"] = routing.topk_idx, routing.margin
-    expert = lambda e: w.expert(e, F64)  # noqa: E731
+    w.materialize(experts=np.unique(routing.topk_idx))  # generated on all cores, each from its own stream
+    expert = _experts(w)
     if cfg.latent_dim:
         z = x2 @ W("latent.w_down")  # [M, L]
         y = ex.routed_experts_reference(z, routing.topk_idx, routing.topk_weight, expert, cfg)

@@ -47,10 +47,11 @@ def glu(g: Array, u: Array, cfg: ModelConfig) -> Array:
 
 
 def mlp_reference(x: Array, w_gate: Array, w_up: Array, w_down: Array, cfg: ModelConfig) -> Array:
-    """Gated MLP in float64, cast back.   x [M, Din] -> [M, Dout]"""
+    """Gated MLP in float64, cast back.   x [M, Din] -> [M, Dout]
+    A float32 weight is promoted by the product itself; a packed one multiplies in float64."""
     x64 = x.astype(np.float64)
-    h = glu(x64 @ w_gate.astype(np.float64), x64 @ w_up.astype(np.float64), cfg)  # [M, F]
-    return (h @ w_down.astype(np.float64)).astype(x.dtype)
+    h = glu(x64 @ w_gate, x64 @ w_up, cfg)  # [M, F]
+    return (h @ w_down).astype(x.dtype)
 
 
 # ===================================================================== reference
