@@ -41,7 +41,6 @@ Array = npt.NDArray[np.floating]
 FAST = {"reassoc", "contract", "nsz"}  # reassociation lets LLVM vectorise the dot products; no nnan/ninf
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 E8M0 = np.ldexp(1.0, np.arange(256) - 127)  # scale of E8M0 bits e: 2^(e - 127) (255 = NaN, never written)
-E2M1_F32 = E2M1.astype(np.float32)
 with np.errstate(over="ignore"):
     E8M0_F32 = E8M0.astype(np.float32)  # bits 255 overflow float32; mxfp4_matmul never looks them up
 
@@ -52,44 +51,58 @@ def numba_enabled() -> bool:
 
 
 # ===================================================================== MXFP4 x activations
+PARALLEL_BYTES = 4 << 20  # a kernel reading less runs on one thread: waking the pool costs more than it
+# saves, and when another process holds a core the pool's barrier waits for a time slice (ms) per call
+E2M1_PAIRS = np.stack([E2M1[np.arange(256) & 15], E2M1[np.arange(256) >> 4]], axis=1).astype(np.float32)
+E2M1_PAIRS = E2M1_PAIRS.view(np.uint64)[:, 0].copy()  # byte p -> (e2m1(low nibble), e2m1(high nibble)) as 2 x f32
+
+
 def mxfp4_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np.uint8]) -> Array:
     """y = x @ W for W^T stored as MXFP4 codes [N, K/2] and E8M0 scale bits [N, K/32].   [M, K] -> [M, N]
 
-    Each output column decodes its row of W^T into two K/2-wide float32 scratch rows (even and odd
-    elements, L1-resident: the registers / shared memory of a GPU tile), then dots them with every
-    token row (split the same way once per call) in x's dtype. E2M1 values times a power of two are
-    exact in float32 (for scales below 2^126, i.e. E8M0 bits < 253: anything larger goes through
-    the element-wise kernel in x's dtype), so only the summation order differs from
-    `x @ dequantize(W^T).T`."""
+    Each output column decodes its row of W^T into a K-wide float32 scratch row (L1-resident: the
+    registers / shared memory of a GPU tile): one 8-byte table load per code byte gives both nibbles'
+    E2M1 values, one multiply per element applies the block scale, then the row is dotted with every
+    token row in x's dtype. E2M1 values times a power of two are exact in float32 (for scales below
+    2^126, i.e. E8M0 bits < 253: anything larger goes through the element-wise kernel in x's dtype),
+    so only the summation order differs from `x @ dequantize(W^T).T`."""
     if scale_bits.size and scale_bits.max() >= 253:
         return mxfp4_matmul_slice(x, packed, scale_bits, 0)
     x = np.ascontiguousarray(x)
-    x_even, x_odd = np.ascontiguousarray(x[:, 0::2]), np.ascontiguousarray(x[:, 1::2])  # [M, K/2] each
     out = np.empty((x.shape[0], packed.shape[0]), x.dtype)
-    chunks = min(packed.shape[0], 4 * numba.get_num_threads())
-    _mxfp4_matmul(x_even, x_odd, packed, scale_bits, E2M1_F32, E8M0_F32, chunks, out)
+    if packed.nbytes < PARALLEL_BYTES:
+        _mxfp4_rows(x, packed, scale_bits, E2M1_PAIRS, E8M0_F32, out, 0, packed.shape[0])
+    else:
+        _mxfp4_matmul_parallel(x, packed, scale_bits, E2M1_PAIRS, E8M0_F32, out, 4 * numba.get_num_threads())
     return out
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
-def _mxfp4_matmul(x_even, x_odd, packed, scale_bits, lut, scale_lut, chunks, out):  # type: ignore[no-untyped-def]
-    M, H = x_even.shape
+@njit(parallel=True, cache=True)
+def _mxfp4_matmul_parallel(x, packed, scale_bits, pairs, scale_lut, out, chunks):  # type: ignore[no-untyped-def]
     N = packed.shape[0]
     for c in prange(chunks):
-        lo = np.empty(H, np.float32)  # decoded W^T[n, 0::2] and W^T[n, 1::2], scale applied
-        hi = np.empty(H, np.float32)
-        for n in range(c * N // chunks, (c + 1) * N // chunks):
-            for b in range(H // 16):
-                s = scale_lut[scale_bits[n, b]]
-                for j in range(16 * b, 16 * b + 16):
-                    p = packed[n, j]
-                    lo[j] = lut[p & 15] * s
-                    hi[j] = lut[p >> 4] * s
-            for m in range(M):
-                acc = x_even[m, 0] - x_even[m, 0]
-                for j in range(H):
-                    acc += x_even[m, j] * lo[j] + x_odd[m, j] * hi[j]
-                out[m, n] = acc
+        _mxfp4_rows(x, packed, scale_bits, pairs, scale_lut, out, c * N // chunks, (c + 1) * N // chunks)
+
+
+@njit(cache=True, fastmath=FAST)
+def _mxfp4_rows(x, packed, scale_bits, pairs, scale_lut, out, n0, n1):  # type: ignore[no-untyped-def]
+    """Output columns n0 .. n1-1 of `mxfp4_matmul`, on one thread."""
+    M, K = x.shape
+    w_pairs = np.empty(K // 2, np.uint64)
+    w = w_pairs.view(np.float32)  # [K] W^T[n, :] decoded, in order (the low nibble is the even element)
+    for n in range(n0, n1):
+        for j in range(K // 2):
+            w_pairs[j] = pairs[packed[n, j]]
+        for b in range(K // 32):
+            s = scale_lut[scale_bits[n, b]]
+            base = 32 * b
+            for i in range(32):
+                w[base + i] *= s
+        for m in range(M):
+            acc = x[m, 0] - x[m, 0]
+            for i in range(K):
+                acc += x[m, i] * w[i]
+            out[m, n] = acc
 
 
 def mxfp4_matmul_slice(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np.uint8], k0: int) -> Array:
@@ -99,15 +112,25 @@ def mxfp4_matmul_slice(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.
     out = np.empty((x.shape[0], packed.shape[0]), x.dtype)
     with np.errstate(over="ignore"):
         scale_lut = E8M0.astype(x.dtype)
-    _mxfp4_matmul_slice(x, packed, scale_bits, scale_lut, k0, out)
+    if packed.shape[0] * x.shape[1] < 2 * PARALLEL_BYTES:  # half a byte per weight read
+        _mxfp4_slice_rows(x, packed, scale_bits, scale_lut, k0, out, 0, packed.shape[0])
+    else:
+        _mxfp4_slice_parallel(x, packed, scale_bits, scale_lut, k0, out, 4 * numba.get_num_threads())
     return out
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
-def _mxfp4_matmul_slice(x, packed, scale_bits, scale_lut, k0, out):  # type: ignore[no-untyped-def]
+@njit(parallel=True, cache=True)
+def _mxfp4_slice_parallel(x, packed, scale_bits, scale_lut, k0, out, chunks):  # type: ignore[no-untyped-def]
+    N = packed.shape[0]
+    for c in prange(chunks):
+        _mxfp4_slice_rows(x, packed, scale_bits, scale_lut, k0, out, c * N // chunks, (c + 1) * N // chunks)
+
+
+@njit(cache=True, fastmath=FAST)
+def _mxfp4_slice_rows(x, packed, scale_bits, scale_lut, k0, out, n0, n1):  # type: ignore[no-untyped-def]
     M, K = x.shape
-    for n in prange(packed.shape[0]):
-        w = np.empty(K, x.dtype)
+    w = np.empty(K, x.dtype)
+    for n in range(n0, n1):
         for i in range(K):
             k = k0 + i
             w[i] = e2m1_value((packed[n, k >> 1] >> (4 * (k & 1))) & 15, scale_lut[scale_bits[n, k >> 5]])
@@ -140,8 +163,8 @@ def mxfp4_quantize_t(w: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.uint8],
     exp = np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - 2  # float32, as mxfp4_quantize computes it
     exp = np.clip(exp, -127, 127)
     scale = np.exp2(exp).astype(np.float32)  # [N, K/32]
-    packed = np.zeros((w.shape[1], w.shape[0] // 2), np.uint8)  # [N, K/2]
-    _pack_codes_t(w, scale, packed)
+    packed = np.empty((w.shape[1], w.shape[0] // 2), np.uint8)  # [N, K/2]
+    _pack_codes_t(w, np.ascontiguousarray(scale.T), packed)
     return packed, (exp + 127).astype(np.uint8)
 
 
@@ -159,29 +182,28 @@ def _block_amax_t(w):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _pack_codes_t(w, scale, packed):  # type: ignore[no-untyped-def]
+def _pack_codes_t(w, scale_t, packed):  # type: ignore[no-untyped-def]
+    """Codes of W / scale, one block of 32 rows of W at a time: the rows are coded along N (contiguous,
+    vectorised), then the [32, N] tile is transposed into two nibbles per byte of W^T."""
     K, N = w.shape
-    for i in range(K):
-        b, shift = i // 32, 4 * (i & 1)
+    tile = np.empty((32, N), np.uint8)
+    for b in range(K // 32):
+        for i in range(32):
+            for n in range(N):
+                tile[i, n] = e2m1_code(w[32 * b + i, n] / scale_t[b, n])
         for n in range(N):
-            packed[n, i // 2] |= e2m1_code(w[i, n] / scale[n, b]) << shift
+            for j in range(16):
+                packed[n, 16 * b + j] = tile[2 * j, n] | (tile[2 * j + 1, n] << 4)
 
 
-E2M1_MIDPOINTS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])  # between consecutive magnitudes
-
-
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def e2m1_code(v):  # type: ignore[no-untyped-def]
     """Nearest E2M1 code of a float (ties to the even code, saturating at 6); bit 3 is the sign.
-    The magnitude code counts the midpoints below |v|; at a tie it moves up only onto an even code."""
+    The magnitude code counts the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 below |v|; at a tie
+    (a midpoint itself) it moves up only onto an even code, hence > and >= alternating."""
     a = abs(v)
-    c = 0
-    for i in range(7):
-        t = E2M1_MIDPOINTS[i]
-        c += (a > t) if i % 2 == 0 else (a >= t)
-    if v < 0 or (v == 0 and np.signbit(v)):
-        c |= 8
-    return np.uint8(c)
+    c = (a > 0.25) + (a >= 0.75) + (a > 1.25) + (a >= 1.75) + (a > 2.5) + (a >= 3.5) + (a > 5.0)
+    return np.uint8(c + 8 * np.signbit(v))
 
 
 def mxfp4_dequantize_t(packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np.uint8], dtype: type) -> Array:
@@ -191,15 +213,25 @@ def mxfp4_dequantize_t(packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np
     out = np.empty((n, 2 * half), dtype)
     with np.errstate(over="ignore"):  # E8M0 bits above 2^128 are inf in float32 and never written
         scale_lut = E8M0.astype(dtype)
-    _dequantize_t(packed, scale_bits, E2M1.astype(dtype), scale_lut, out)
+    lut = E2M1.astype(dtype)
+    if packed.nbytes < PARALLEL_BYTES:
+        _dequantize_rows(packed, scale_bits, lut, scale_lut, out, 0, n)
+    else:
+        _dequantize_parallel(packed, scale_bits, lut, scale_lut, out, 4 * numba.get_num_threads())
     return out.T
 
 
 @njit(parallel=True, cache=True)
-def _dequantize_t(packed, scale_bits, lut, scale_lut, out):  # type: ignore[no-untyped-def]
-    N, half = packed.shape
-    for n in prange(N):
-        for i in range(half):
+def _dequantize_parallel(packed, scale_bits, lut, scale_lut, out, chunks):  # type: ignore[no-untyped-def]
+    N = packed.shape[0]
+    for c in prange(chunks):
+        _dequantize_rows(packed, scale_bits, lut, scale_lut, out, c * N // chunks, (c + 1) * N // chunks)
+
+
+@njit(cache=True)
+def _dequantize_rows(packed, scale_bits, lut, scale_lut, out, n0, n1):  # type: ignore[no-untyped-def]
+    for n in range(n0, n1):
+        for i in range(packed.shape[1]):
             p, s = packed[n, i], scale_lut[scale_bits[n, i >> 4]]
             out[n, 2 * i] = lut[p & 15] * s
             out[n, 2 * i + 1] = lut[p >> 4] * s
@@ -207,23 +239,83 @@ def _dequantize_t(packed, scale_bits, lut, scale_lut, out):  # type: ignore[no-u
 
 # ===================================================================== bf16 storage
 def bf16_to(bits: npt.NDArray[np.uint16], dtype: type) -> Array:
-    """bfloat16 bit patterns (a 1-D or 2-D view, any strides) -> a new C-ordered array of dtype. Exact."""
+    """bfloat16 bit patterns (a 1-D or 2-D view, any strides) -> a new C-ordered array of dtype. Exact:
+    a bfloat16 is the top half of a float32."""
     bits2 = bits.reshape(1, -1) if bits.ndim == 1 else bits
     out = np.empty(bits2.shape, dtype)
-    _bf16_widen(bits2, out)
+    if bits.nbytes < PARALLEL_BYTES:
+        _bf16_rows(bits2, out, 0, bits2.shape[0])
+    else:
+        _bf16_widen_parallel(bits2, out, 4 * numba.get_num_threads())
     return out.reshape(bits.shape)
 
 
 @njit(parallel=True, cache=True)
-def _bf16_widen(bits, out):  # type: ignore[no-untyped-def]
-    R, C = bits.shape
-    for r in prange(R):
-        row = np.empty(C, np.uint32)
-        row_f32 = row.view(np.float32)  # bf16 is the top half of a float32
+def _bf16_widen_parallel(bits, out, chunks):  # type: ignore[no-untyped-def]
+    R = bits.shape[0]
+    for c in prange(chunks):
+        _bf16_rows(bits, out, c * R // chunks, (c + 1) * R // chunks)
+
+
+@njit(cache=True)
+def _bf16_rows(bits, out, r0, r1):  # type: ignore[no-untyped-def]
+    C = bits.shape[1]
+    row = np.empty(C, np.uint32)
+    row_f32 = row.view(np.float32)
+    for r in range(r0, r1):
         for c in range(C):
             row[c] = np.uint32(bits[r, c]) << 16
         for c in range(C):
             out[r, c] = row_f32[c]
+
+
+def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16]) -> Array:
+    """y = x @ W for W [K, N] held as bfloat16 bits (any strides: a column shard is a strided view), in
+    x's dtype.   [M, K] -> [M, N]
+
+    Reads 2 B per weight once; the widen-then-GEMM form writes and re-reads 4 (float32) or 8 (float64).
+    Each thread owns a tile of BF16_TILE output columns: for every k it widens W[k, tile] (the top half of
+    a float32) and adds x[:, k] times it into the [M, tile] accumulators, so y sums over k in order."""
+    x = np.ascontiguousarray(x)
+    out = np.empty((x.shape[0], bits.shape[1]), x.dtype)
+    tiles = -(-bits.shape[1] // BF16_TILE)
+    if bits.shape[0] * bits.shape[1] * 2 < PARALLEL_BYTES or tiles == 1:
+        _bf16_matmul_tiles(x, bits, out, 0, tiles)
+    else:
+        _bf16_matmul_parallel(x, bits, out, min(tiles, 4 * numba.get_num_threads()))
+    return out
+
+
+BF16_TILE = 512  # output columns per tile: [M, 512] float64 accumulators are 4 KB a token row
+
+
+@njit(parallel=True, cache=True)
+def _bf16_matmul_parallel(x, bits, out, chunks):  # type: ignore[no-untyped-def]
+    tiles = -(-bits.shape[1] // BF16_TILE)
+    for c in prange(chunks):
+        _bf16_matmul_tiles(x, bits, out, c * tiles // chunks, (c + 1) * tiles // chunks)
+
+
+@njit(cache=True, fastmath=FAST)
+def _bf16_matmul_tiles(x, bits, out, t0, t1):  # type: ignore[no-untyped-def]
+    M, K = x.shape
+    N = bits.shape[1]
+    w_bits = np.empty(BF16_TILE, np.uint32)
+    w = w_bits.view(np.float32)
+    acc = np.empty((M, BF16_TILE), x.dtype)
+    for t in range(t0, t1):
+        n0 = t * BF16_TILE
+        width = min(BF16_TILE, N - n0)
+        acc[:] = 0
+        for k in range(K):
+            src = bits[k, n0:n0 + width]
+            for j in range(width):
+                w_bits[j] = np.uint32(src[j]) << 16
+            for m in range(M):
+                xk, row = x[m, k], acc[m]  # a 1-D row: LLVM then vectorises the update (2x)
+                for j in range(width):
+                    row[j] += xk * w[j]
+        out[:, n0:n0 + width] = acc[:, :width]
 
 
 # ===================================================================== norms and the AttnRes mix

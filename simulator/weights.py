@@ -21,6 +21,7 @@ Layout: activations are rows, weights are `[in, out]`, so y = x @ w. Column-para
 from __future__ import annotations
 
 import os
+import time
 import zlib
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -56,7 +57,7 @@ def _quantize(w: Array, fmt: str) -> Array:
     return round_bf16(w)
 
 
-def _widen(w: np.ndarray, dtype: type) -> Array:
+def widen(w: np.ndarray, dtype: type) -> Array:
     """A float copy of a held weight (or a shard view of it); bf16 bits are widened exactly."""
     if w.dtype == ml_dtypes.bfloat16 and fast.numba_enabled():
         return fast.bf16_to(w.view(np.uint16), dtype)
@@ -110,6 +111,7 @@ class LayerWeights:
     _experts: BoundedCache = field(init=False, repr=False)
     _copies: BoundedCache = field(init=False, repr=False)
     expert_generations: int = 0  # expert parts generated (more than the touched parts x 3 means evictions)
+    generate_s: float = 0.0  # wall seconds spent drawing and packing weights (benchmarks take it out)
 
     def __post_init__(self) -> None:
         self._experts = BoundedCache(self.expert_cache_bytes)
@@ -127,16 +129,16 @@ class LayerWeights:
         held = self._held_weight(name)
         if held.dtype == dtype:
             return held
-        return self._copies.get((name, np.dtype(dtype).name), lambda: _widen(held, dtype), _array_bytes)
+        return self._copies.get((name, np.dtype(dtype).name), lambda: widen(held, dtype), _array_bytes)
 
-    def shard(self, name: str, dtype: type, how: str, rank: int, tp: int) -> Array:
+    def shard(self, name: str, dtype: type | None, how: str, rank: int, tp: int) -> Array:
         """Rank r's shard ("col", "row" or "full") in `dtype`: only the shard is converted (each rank
-        reads its own once), a view when the held dtype is already `dtype`."""
-        if how == "full":
-            return self.get(name, dtype)
+        reads its own once); a view of the held weight when `dtype` is None or the held dtype."""
         held = self._held_weight(name)
-        part = column_shard(held, rank, tp) if how == "col" else row_shard(held, rank, tp)
-        return part if held.dtype == dtype else _widen(part, dtype)
+        if how == "full" and dtype is not None:
+            return self.get(name, dtype)
+        part = column_shard(held, rank, tp) if how == "col" else row_shard(held, rank, tp) if how == "row" else held
+        return part if dtype is None or held.dtype == dtype else widen(part, dtype)
 
     def expert(self, e: int, dtype: type = np.float32) -> tuple[Array, Array, Array]:
         """Routed expert e: (w_gate [Din, F], w_up [Din, F], w_down [F, Din]) as float arrays."""
@@ -150,8 +152,11 @@ class LayerWeights:
     def expert_part(self, e: int, part: str) -> Packed:
         """One part of routed expert e as MXFP4 W^T: codes [N, K/2] and E8M0 scale bits [N, K/32]."""
         def make() -> Packed:
+            t0 = time.perf_counter()
+            q = self._make_packed(f"expert.{e}.{part}")
             self.expert_generations += 1
-            return self._make_packed(f"expert.{e}.{part}")
+            self.generate_s += time.perf_counter() - t0
+            return q
         return self._experts.get((e, part), make, _packed_bytes)
 
     def expert_packed(self, e: int) -> tuple[Packed, Packed, Packed]:
@@ -178,9 +183,11 @@ class LayerWeights:
         part_bytes = self.cfg.expert_in_dim * self.cfg.moe_intermediate * 17 // 32  # codes + scales
         room = max(0, self._experts.limit - self._experts.nbytes) // part_bytes  # the rest: made on use
         parts = parts[:room] if self.packs_experts else []
+        t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
             made = list(pool.map(lambda n: self._make_held(n), names))
             packed = list(pool.map(lambda q: self._make_packed(f"expert.{q[0]}.{q[1]}"), parts))
+        self.generate_s += time.perf_counter() - t0
         self._held.update(zip(names, made))
         for key, q in zip(parts, packed):
             self._experts.get(key, lambda q=q: q, _packed_bytes)
@@ -189,7 +196,9 @@ class LayerWeights:
     # ------------------------------------------------------------------ generation
     def _held_weight(self, name: str) -> np.ndarray:
         if name not in self._held:
+            t0 = time.perf_counter()
             self._held[name] = self._make_held(name)
+            self.generate_s += time.perf_counter() - t0
         return self._held[name]
 
     def _make_held(self, name: str) -> np.ndarray:

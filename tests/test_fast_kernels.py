@@ -11,7 +11,7 @@ import pytest
 from simulator import fast
 from simulator.dtypes import mxfp4_dequantize, mxfp4_quantize
 from simulator.ops import norm
-from simulator.ops.linear import MXFP4Weight, mxfp4_linear_reference
+from simulator.ops.linear import BF16Weight, MXFP4Weight, mxfp4_linear_reference
 from simulator.ops.router import route_fused, route_reference
 from simulator.weights import LayerWeights, column_shard, row_shard
 
@@ -54,10 +54,11 @@ def test_mxfp4_matmul_fused_matches_reference(m, k, n, dtype):
     jitted = fast.mxfp4_matmul(x, q.packed, bits)
     assert jitted.shape == (m, n) and jitted.dtype == dtype
     assert_close(jitted, ref, dtype)
-    x_even, x_odd = np.ascontiguousarray(x[:, 0::2]), np.ascontiguousarray(x[:, 1::2])
-    py = np.empty_like(jitted)
-    fast._mxfp4_matmul.py_func(x_even, x_odd, q.packed, bits, fast.E2M1_F32, fast.E8M0_F32, 2, py)
+    py, parallel = np.empty_like(jitted), np.empty_like(jitted)
+    fast._mxfp4_rows.py_func(x, q.packed, bits, fast.E2M1_PAIRS, fast.E8M0_F32, py, 0, n)
+    fast._mxfp4_matmul_parallel(x, q.packed, bits, fast.E2M1_PAIRS, fast.E8M0_F32, parallel, 3)
     assert_close(jitted, py, dtype)
+    assert_close(parallel, py, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
@@ -170,3 +171,27 @@ def test_backend_switch(monkeypatch):
     assert not fast.numba_enabled()
     monkeypatch.setenv("MOE_SIM_KERNELS", "numba")
     assert fast.numba_enabled()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("m, k, n", [(1, 7, 5), (3, 64, 600), (40, 33, 1100)], ids=["M1-K7-N5", "M3-K64-N600", "M40-K33-N1100"])
+def test_bf16_matmul_matches_widened_gemm(m, k, n, dtype):
+    """Reading bf16 bits (a strided column shard, several 512-wide tiles) == widen then GEMM."""
+    rng = np.random.default_rng(m + k + n)
+    w = rng.standard_normal((k, 2 * n)).astype(ml_dtypes.bfloat16)
+    bits = w.view(np.uint16)[:, n // 2:n // 2 + n]  # [K, N], row stride 2N
+    x = rng.standard_normal((m, k)).astype(dtype)
+    ref = x @ w[:, n // 2:n // 2 + n].astype(dtype)
+    got = fast.bf16_matmul(x, bits)
+    assert got.shape == (m, n) and got.dtype == dtype
+    assert_close(got, ref, dtype)
+    tiles = -(-n // fast.BF16_TILE)
+    py, parallel = np.empty_like(got), np.empty_like(got)
+    fast._bf16_matmul_tiles.py_func(x, bits, py, 0, tiles)
+    fast._bf16_matmul_parallel(x, bits, parallel, 2)
+    assert_close(py, ref, dtype)
+    assert_close(parallel, ref, dtype)
+    held = BF16Weight(bits, np.dtype(dtype))  # as the executor hands it: skinny x reads bits, wide x widens
+    assert_close(x @ held, ref, dtype)
+    np.testing.assert_array_equal(np.asarray(held), w[:, n // 2:n // 2 + n].astype(dtype))
+    np.testing.assert_array_equal(held.reshape(-1), np.asarray(held).reshape(-1))

@@ -47,7 +47,7 @@ def linear_reference(x: Array, w: Array) -> Array:
 
 def linear(x: Array, w: Array) -> Array:
     """The GEMM in x's dtype (float32: BF16 inputs with FP32 accumulation).   [M, K] @ [K, N] -> [M, N]"""
-    return x @ w.astype(x.dtype, copy=False)
+    return x @ (w if w.dtype == x.dtype else w.astype(x.dtype))
 
 
 # ===================================================================== MXFP4 weights
@@ -117,6 +117,43 @@ class MXFP4Weight:
     def __array__(self, dtype: type | None = None, copy: bool | None = None) -> Array:
         full = fast.mxfp4_dequantize_t(self.codes, self.scale_bits, dtype or np.float32)  # [K_full, N]
         return full[self.k0:self.k0 + self.shape[0]]
+
+
+@dataclass(frozen=True)
+class BF16Weight:
+    """A bf16 weight [K, N] (its 2-byte bits, a view of the held weight or a packed copy) that stands
+    for a float array of `dtype`: `x @ W` reads the bits once (`fast.bf16_matmul`) for the skinny decode
+    GEMM, where widening first would write and re-read 4 or 8 bytes a weight; anything else (`reshape`,
+    ufuncs, `np.asarray`) gets the widened array."""
+
+    bits: npt.NDArray[np.uint16]
+    dtype: np.dtype
+    SKINNY = 32  # token rows up to which reading bf16 beats widening + BLAS on this CPU (compute-bound above)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.bits.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.bits.ndim
+
+    def __array__(self, dtype: type | None = None, copy: bool | None = None) -> Array:
+        return fast.bf16_to(self.bits, dtype or self.dtype)
+
+    def astype(self, dtype: type, copy: bool = True) -> Array:
+        return np.asarray(self, dtype)
+
+    def reshape(self, *shape: int) -> Array:
+        return np.asarray(self).reshape(*shape)
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: object, **kwargs: object) -> object:
+        x = inputs[0]
+        if ufunc is np.matmul and method == "__call__" and inputs[1] is self and not kwargs:
+            x = np.asarray(x)
+            if x.ndim == 2 and x.shape[0] <= self.SKINNY and x.dtype == self.dtype:
+                return fast.bf16_matmul(x, self.bits)
+        return getattr(ufunc, method)(*(np.asarray(i) if isinstance(i, BF16Weight) else i for i in inputs), **kwargs)
 
 
 REFERENCE_CHUNK = 256  # K rows dequantized at a time: [N, 256] float64 = 6 MB for N = 3072, cache-resident
