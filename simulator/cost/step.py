@@ -56,6 +56,48 @@ def build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, laye
     return standard.build(cfg, tp, shape, layer_type, index)
 
 
+def layer_us(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
+             fusions: frozenset[str] | None = None) -> tuple[float, int]:
+    """(makespan in µs, kernel count) of one layer's plan on one GPU, shared by every shape that builds
+    the same plan (`plan_shape`): a sweep's points differ in hardware, acceptance length or context far
+    more often than in the kernels of a KDA layer."""
+    return _layer_us(cfg, hw, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions)
+
+
+@lru_cache(maxsize=8192)
+def _layer_us(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
+              fusions: frozenset[str] | None) -> tuple[float, int]:
+    plan = build_plan(cfg, variant, tp, shape, layer_type, fusions)
+    return makespan_us(plan, hw), len(plan)
+
+
+def plan_shape(cfg: ModelConfig, shape: DecodeShape, layer_type: str) -> DecodeShape:
+    """The shape with what a layer's kernels do not read set to one value: the context reaches only an MLA
+    layer (its cache), the routing only a layer with routed experts, and the draft correlation only a
+    verify of more than one token per sequence (tests/test_cost_model.py builds both and compares)."""
+    mla = cfg.attn_kinds[representative_layer(cfg, layer_type)] == "mla"
+    routing = shape.routing if layer_type != "dense" else UNIFORM
+    if shape.tokens_per_seq == 1:
+        routing = RoutingStats(routing.skew, 0.0)
+    return DecodeShape(shape.batch, shape.tokens_per_seq, shape.context if mla else 0, routing)
+
+
+@lru_cache(maxsize=8192)
+def head_us(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, variant: str,
+            pdl: bool) -> tuple[float, int]:
+    """(makespan in µs, kernel count) of the model head."""
+    plan = head_plan(cfg, tp, shape, variant, pdl)
+    return makespan_us(plan, hw), len(plan)
+
+
+@lru_cache(maxsize=8192)
+def draft_us(drafter: ModelConfig, hw: HardwareProfile, tp: int, batch: int, draft_tokens: int, context: int,
+             drafting: str, taps: int) -> tuple[float, int]:
+    """(µs, kernel count) of all drafting forwards of one step."""
+    plans, repeats = drafter_plans(drafter, tp, batch, draft_tokens, context, drafting, taps)
+    return repeats * sum(makespan_us(p, hw) for p in plans), repeats * sum(len(p) for p in plans)
+
+
 def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape,
                    layer_type: str, fusions: frozenset[str] | None = None) -> Timeline:
     return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions), hw)
@@ -105,6 +147,7 @@ def validate_speculation(draft_tokens: int, acceptance_length: float | None) -> 
     return float(acceptance_length)
 
 
+@lru_cache(maxsize=64)  # a sweep asks for the same drafter at every point: parse its JSON once
 def load_drafter(name_or_path: str) -> tuple[ModelConfig, str, int]:
     from simulator.config import load_model
     cfg = load_model(name_or_path)
@@ -121,19 +164,18 @@ def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, 
     breakdown, per_layer, kernels = {}, {}, 0
     for layer_type, count in cfg.layer_counts().items():
         if count:
-            plan = build_plan(cfg, variant, tp, shape, layer_type, fusions)
-            per_layer[layer_type] = makespan_us(plan, hw)
+            per_layer[layer_type], n = layer_us(cfg, hw, variant, tp, shape, layer_type, fusions)
             breakdown[f"{layer_type}_layers"] = count * per_layer[layer_type]
-            kernels += count * len(plan)
-    head = head_plan(cfg, tp, shape, variant, variant == "specialized" and (fusions is None or "pdl_prefetch" in fusions))
-    breakdown["head"] = makespan_us(head, hw)
-    kernels += len(head)
+            kernels += count * n
+    pdl = variant == "specialized" and (fusions is None or "pdl_prefetch" in fusions)
+    breakdown["head"], n = head_us(cfg, hw, tp, shape, variant, pdl)
+    kernels += n
     if draft_tokens:
         dcfg, drafting, taps = load_drafter(drafter)
         if (dcfg.hidden_size, dcfg.vocab_size) != (cfg.hidden_size, cfg.vocab_size):
             raise UserError(f"drafter '{dcfg.name}' (hidden {dcfg.hidden_size}, vocab {dcfg.vocab_size}) does not match "
                             f"model '{cfg.name}' (hidden {cfg.hidden_size}, vocab {cfg.vocab_size}); pass --drafter.")
-        plans, repeats = drafter_plans(dcfg, tp, batch, draft_tokens, context, drafting, taps)
-        breakdown["draft"] = repeats * sum(makespan_us(p, hw) for p in plans)
-        kernels += repeats * sum(len(p) for p in plans)
+        breakdown["draft"], n = draft_us(dcfg, hw, tp, batch, draft_tokens, context, drafting, taps)
+        kernels += n
     return StepEstimate(variant, sum(breakdown.values()), accept, batch, breakdown, per_layer, kernels)
+

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -220,8 +221,10 @@ def expected_unique_experts(tokens: float, num_experts: int, top_k: int, skew: f
     return float(np.sum(1.0 - (1.0 - q) ** tokens))
 
 
+@lru_cache(maxsize=256)  # 100 bisection steps over E experts: a sweep asks for the same few (E, k, s) again
 def inclusion_probabilities(num_experts: int, top_k: int, skew: float) -> npt.NDArray[np.float64]:
-    """q_e = 1 - exp(-lam p_e) with sum q = k, p_e ~ rank^-s: solved for lam by bisection on log lam."""
+    """q_e = 1 - exp(-lam p_e) with sum q = k, p_e ~ rank^-s: solved for lam by bisection on log lam.
+    Read-only (it is shared by every caller)."""
     p = np.arange(1, num_experts + 1, dtype=np.float64) ** -skew
     p /= p.sum()
     lo, hi = math.log(top_k), math.log(1e12)
@@ -231,4 +234,6 @@ def inclusion_probabilities(num_experts: int, top_k: int, skew: float) -> npt.ND
             lo = mid
         else:
             hi = mid
-    return -np.expm1(-math.exp(0.5 * (lo + hi)) * p)
+    q = -np.expm1(-math.exp(0.5 * (lo + hi)) * p)
+    q.flags.writeable = False
+    return q
