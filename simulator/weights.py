@@ -131,6 +131,10 @@ class LayerWeights:
             return held
         return self._copies.get((name, np.dtype(dtype).name), lambda: widen(held, dtype), _array_bytes)
 
+    def held(self, name: str) -> np.ndarray:
+        """The weight as held (bf16, FP32): read it, do not write it."""
+        return self._held_weight(name)
+
     def shard(self, name: str, dtype: type | None, how: str, rank: int, tp: int) -> Array:
         """Rank r's shard ("col", "row" or "full") in `dtype`: only the shard is converted (each rank
         reads its own once); a view of the held weight when `dtype` is None or the held dtype."""
@@ -204,7 +208,7 @@ class LayerWeights:
     def _make_held(self, name: str) -> np.ndarray:
         """The weight in its checkpoint container: a bf16 value keeps its 2 bytes only."""
         w = self._make(name)
-        if w.dtype == np.float32 and weight_spec(self.cfg, name)[1] not in FP32_KINDS:
+        if w.dtype != ml_dtypes.bfloat16 and weight_spec(self.cfg, name)[1] not in FP32_KINDS:
             return w.astype(ml_dtypes.bfloat16)
         return w
 
@@ -215,25 +219,36 @@ class LayerWeights:
         return fast.mxfp4_quantize_t(_normal(self.seed, self.layer, name, shape, shape[0] ** -0.5))
 
     def _make(self, name: str) -> Array:
+        """The weight's values: FP32 kinds and experts as float32 containers, the rest as bfloat16."""
         shape, kind = weight_spec(self.cfg, name)
-        d = self.cfg.hidden_size
-        if kind == "norm":
-            w = 1.0 + _normal(self.seed, self.layer, name, shape, 0.1)
-        elif kind == "res_proj":
-            w = _normal(self.seed, self.layer, name, shape, d ** -0.5)
-        elif kind == "conv":
-            w = _normal(self.seed, self.layer, name, shape, shape[-1] ** -0.5)
-        elif kind == "dt_bias":
-            w = _normal(self.seed, self.layer, name, shape, 0.5)
-        elif kind == "a_log":  # exp(A_log) in [1, 16]: gates neither saturated nor flat
-            w = np.log(_rng(self.seed, self.layer, name).uniform(1.0, 16.0, shape)).astype(np.float32)
-            return w  # FP32 in the checkpoint
-        elif kind == "bias":
-            w = _normal(self.seed, self.layer, name, shape, 0.05)
-            return w  # FP32 correction bias
+        if kind == "a_log":  # exp(A_log) in [1, 16]: gates neither saturated nor flat
+            return np.log(_rng(self.seed, self.layer, name).uniform(1.0, 16.0, shape)).astype(np.float32)
+        if kind == "bias":
+            return _normal(self.seed, self.layer, name, shape, 0.05)  # FP32 correction bias
+        if kind == "expert":
+            return _quantize(_normal(self.seed, self.layer, name, shape, shape[0] ** -0.5), self.cfg.expert_dtype)
+        if kind in ("norm", "dt_bias"):
+            std = 0.1 if kind == "norm" else 0.5
+        elif kind in ("res_proj", "conv"):
+            std = (self.cfg.hidden_size if kind == "res_proj" else shape[-1]) ** -0.5
         else:
-            w = _normal(self.seed, self.layer, name, shape, shape[0] ** -0.5)
-        return _quantize(w, self.cfg.expert_dtype if kind == "expert" else "bf16")
+            std = shape[0] ** -0.5
+        return _normal_bf16(_rng(self.seed, self.layer, name), shape, std, 1.0 if kind == "norm" else 0.0)
+
+
+DRAW_CHUNK = 1 << 22  # elements drawn at a time: 16 MB of float32 scratch, whatever the weight's size
+
+
+def _normal_bf16(rng: np.random.Generator, shape: tuple[int, ...], std: float, offset: float) -> np.ndarray:
+    """bf16(offset + N(0, std^2)) drawn in row chunks into the bf16 array: the same stream and the same
+    float32 arithmetic as drawing it whole (a Generator fills in order), without the 2.4 GB of float32
+    temporaries the 7168 x 33792 dense FFN weight would take."""
+    out = np.empty(shape, ml_dtypes.bfloat16)
+    rows = max(1, DRAW_CHUNK // max(1, int(np.prod(shape[1:], dtype=np.int64))))
+    for r0 in range(0, shape[0], rows):
+        chunk = rng.standard_normal((min(rows, shape[0] - r0),) + shape[1:], dtype=np.float32) * np.float32(std)
+        out[r0:r0 + rows] = (chunk + offset if offset else chunk).astype(ml_dtypes.bfloat16)
+    return out
 
 
 def weight_spec(cfg: ModelConfig, name: str) -> tuple[tuple[int, ...], str]:

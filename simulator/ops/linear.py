@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from simulator import fast
 from simulator.dtypes import MX_BLOCK, MXFP4, Array, mxfp4_dequantize
+from simulator.weights import widen
 
 
 def gemm_flops(m: int, k: int, n: int) -> int:
@@ -128,6 +129,7 @@ class BF16Weight:
 
     bits: npt.NDArray[np.uint16]
     dtype: np.dtype
+    form: Literal["fused", "reference"] = "fused"
     SKINNY = 32  # token rows up to which reading bf16 beats widening + BLAS on this CPU (compute-bound above)
 
     @property
@@ -139,7 +141,7 @@ class BF16Weight:
         return self.bits.ndim
 
     def __array__(self, dtype: type | None = None, copy: bool | None = None) -> Array:
-        return fast.bf16_to(self.bits, dtype or self.dtype)
+        return widen(self.bits.view(ml_dtypes.bfloat16), dtype or self.dtype)
 
     def astype(self, dtype: type, copy: bool = True) -> Array:
         return np.asarray(self, dtype)
@@ -151,12 +153,28 @@ class BF16Weight:
         x = inputs[0]
         if ufunc is np.matmul and method == "__call__" and inputs[1] is self and not kwargs:
             x = np.asarray(x)
+            if self.form == "reference" and x.ndim == 2:
+                return bf16_linear_chunked(x, self.bits)
             if x.ndim == 2 and x.shape[0] <= self.SKINNY and x.dtype == self.dtype:
                 return fast.bf16_matmul(x, self.bits)
         return getattr(ufunc, method)(*(np.asarray(i) if isinstance(i, BF16Weight) else i for i in inputs), **kwargs)
 
 
 REFERENCE_CHUNK = 256  # K rows dequantized at a time: [N, 256] float64 = 6 MB for N = 3072, cache-resident
+REFERENCE_CHUNK_BYTES = 8 << 20
+
+
+def bf16_linear_chunked(x: Array, bits: npt.NDArray[np.uint16]) -> Array:
+    """The reference GEMM on a bf16 weight, in float64: y = sum_c x[:, c] @ float64(W[c, :]) over K-chunks
+    of at most 8 MB in float64, so no full float64 copy is made (the 7168 x 33792 dense FFN weight would
+    be 1.9 GB).   [M, K] -> [M, N] float64"""
+    k, n = bits.shape
+    rows = max(1, REFERENCE_CHUNK_BYTES // (8 * n))
+    x64 = x.astype(np.float64)
+    y = np.zeros((x.shape[0], n))
+    for c0 in range(0, k, rows):
+        y += x64[:, c0:c0 + rows] @ widen(bits[c0:c0 + rows].view(ml_dtypes.bfloat16), np.float64)
+    return y
 
 
 def mxfp4_linear_chunked(x: Array, w: MXFP4Weight) -> Array:
