@@ -150,15 +150,19 @@ def _weight(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, 
     for name, _ in parts:
         weight_spec(weights.cfg, name)  # KeyError for a name the specification does not hold
     held = [weights.shard(name, None, shard, rank.r, rank.tp) for name, shard in parts]
-    value = held[0] if len(held) == 1 else _pack(held, t.pack_axis)
-    if kernel.kind in GEMM_KINDS and value.ndim == 2 and value.dtype == ml_dtypes.bfloat16 and fast.numba_enabled():
-        value = BF16Weight(value.view(np.uint16), np.dtype(prec.dtype))  # x @ W reads the 2-byte bits
+    if kernel.kind in GEMM_KINDS and fast.numba_enabled() and _bf16_columns(held, t.pack_axis):
+        value = BF16Weight(tuple(h.view(np.uint16) for h in held), np.dtype(prec.dtype))  # x @ W reads the bits
     elif len(held) > 1 or parts[0][1] != "full":
-        value = widen(value, prec.dtype)
+        value = widen(held[0] if len(held) == 1 else _pack(held, t.pack_axis), prec.dtype)
     else:
         value = weights.get(parts[0][0], prec.dtype)  # a replicated weight: one copy the ranks share
     _check(kernel, t, value, "is handed weight")
     return value
+
+
+def _bf16_columns(held: list[np.ndarray], axis: int) -> bool:
+    """bf16 matrices packed side by side (or one): a GEMM operand `BF16Weight` can multiply in place."""
+    return all(h.ndim == 2 and h.dtype == ml_dtypes.bfloat16 for h in held) and (len(held) == 1 or axis in (1, -1))
 
 
 def _pack(held: list[np.ndarray], axis: int) -> np.ndarray:

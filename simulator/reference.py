@@ -105,7 +105,7 @@ def _weight(w: LayerWeights, name: str):
     chunks (no float64 copy of a 1.9 GB weight), anything else as a float64 array."""
     held = w.held(name)
     if held.ndim == 2 and held.dtype == ml_dtypes.bfloat16:
-        return BF16Weight(held.view(np.uint16), np.dtype(F64), form="reference")
+        return BF16Weight((held.view(np.uint16),), np.dtype(F64), form="reference")
     return w.get(name, F64)
 
 

@@ -191,7 +191,8 @@ def test_bf16_matmul_matches_widened_gemm(m, k, n, dtype):
     fast._bf16_matmul_parallel(x, bits, parallel, 2)
     assert_close(py, ref, dtype)
     assert_close(parallel, ref, dtype)
-    held = BF16Weight(bits, np.dtype(dtype))  # as the executor hands it: skinny x reads bits, wide x widens
+    held = BF16Weight((bits[:, :n // 3], bits[:, n // 3:]), np.dtype(dtype))  # two packed blocks, as the executor
+    # hands a packed projection: skinny x reads the bits, wide x widens
     assert_close(x @ held, ref, dtype)
     np.testing.assert_array_equal(np.asarray(held), w[:, n // 2:n // 2 + n].astype(dtype))
     np.testing.assert_array_equal(held.reshape(-1), np.asarray(held).reshape(-1))

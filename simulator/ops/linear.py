@@ -122,26 +122,27 @@ class MXFP4Weight:
 
 @dataclass(frozen=True)
 class BF16Weight:
-    """A bf16 weight [K, N] (its 2-byte bits, a view of the held weight or a packed copy) that stands
-    for a float array of `dtype`: `x @ W` reads the bits once (`fast.bf16_matmul`) for the skinny decode
-    GEMM, where widening first would write and re-read 4 or 8 bytes a weight; anything else (`reshape`,
-    ufuncs, `np.asarray`) gets the widened array."""
+    """A bf16 weight [K, N] held as the 2-byte bits of its column blocks (views of the held weights: a
+    packed projection is its parts side by side, never copied together) that stands for a float array of
+    `dtype`: `x @ W` reads the bits once (`fast.bf16_matmul`, per block) for the skinny decode GEMM, where
+    widening first would write and re-read 4 or 8 bytes a weight; anything else (`reshape`, ufuncs,
+    `np.asarray`) gets the widened array."""
 
-    bits: npt.NDArray[np.uint16]
+    blocks: tuple[npt.NDArray[np.uint16], ...]  # [K, N_i] each, sum N_i = N
     dtype: np.dtype
     form: Literal["fused", "reference"] = "fused"
     SKINNY = 32  # token rows up to which reading bf16 beats widening + BLAS on this CPU (compute-bound above)
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return self.bits.shape
+    def shape(self) -> tuple[int, int]:
+        return (self.blocks[0].shape[0], sum(b.shape[1] for b in self.blocks))
 
     @property
     def ndim(self) -> int:
-        return self.bits.ndim
+        return 2
 
     def __array__(self, dtype: type | None = None, copy: bool | None = None) -> Array:
-        return widen(self.bits.view(ml_dtypes.bfloat16), dtype or self.dtype)
+        return np.concatenate([widen(b.view(ml_dtypes.bfloat16), dtype or self.dtype) for b in self.blocks], axis=1)
 
     def astype(self, dtype: type, copy: bool = True) -> Array:
         return np.asarray(self, dtype)
@@ -154,9 +155,9 @@ class BF16Weight:
         if ufunc is np.matmul and method == "__call__" and inputs[1] is self and not kwargs:
             x = np.asarray(x)
             if self.form == "reference" and x.ndim == 2:
-                return bf16_linear_chunked(x, self.bits)
+                return np.concatenate([bf16_linear_chunked(x, b) for b in self.blocks], axis=1)
             if x.ndim == 2 and x.shape[0] <= self.SKINNY and x.dtype == self.dtype:
-                return fast.bf16_matmul(x, self.bits)
+                return np.concatenate([fast.bf16_matmul(x, b) for b in self.blocks], axis=1)
         return getattr(ufunc, method)(*(np.asarray(i) if isinstance(i, BF16Weight) else i for i in inputs), **kwargs)
 
 
