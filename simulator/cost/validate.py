@@ -84,7 +84,10 @@ def group_of(row: Mapping[str, Any]) -> str:
     g = f"{row['family']}/{row['impl']}"
     if row["family"] == "gemm":  # a short K (<= 1024) cannot hide its prologue / epilogue behind the K loop
         return g + ("/short_k" if row["K"] <= SHORT_K else "/long_k")
-    return g + f"/{row['plan_key']}" if row["family"] == "moe" else g
+    if row["family"] != "moe":
+        return g
+    g += f"/{row['plan_key']}"  # the suite's W4A16 kernel compiles one tile config per BLOCK_M (TILE_CONFIG)
+    return g + f"/block_m{moe_block(row)}" if row["impl"] == "triton_w4a16" else g
 
 
 def wire_bytes(row: Mapping[str, Any], algorithm: str) -> float:
