@@ -16,7 +16,8 @@
 // launch right away (griddepcontrol.launch_dependents): the most PDL can give. Buffers ping-pong, so every
 // launch reads what the previous one wrote.
 //
-// Build and run: nvcc -O3 -arch=sm_90a -o pdl_floors pdl_floors.cu && ./pdl_floors > out.jsonl
+// Build and run: nvcc -O3 -arch=sm_90a -o pdl_floors pdl_floors.cu && ./pdl_floors [chain] [replays] [kinds...]
+// (copy_<KiB> sweeps a streaming copy's size: ./pdl_floors 64 30 copy_64 copy_1024 copy_8192 copy_32768)
 
 #include <cuda_runtime.h>
 #include <cstdio>
@@ -123,6 +124,9 @@ void launch(const char* kind, bool pdl, cudaStream_t s, const float* in, float* 
     else if (!strcmp(kind, "copy")) {
         int n4 = (1 << 20) / 16; cfg.gridDim = dim3(264);
         CK(cudaLaunchKernelEx(&cfg, k_copy, (const float4*)in, (float4*)out, n4));
+    } else if (!strncmp(kind, "copy_", 5)) {  // copy_<KiB>: a streaming copy of that size, grid sized to it
+        int n4 = atoi(kind + 5) * 1024 / 16; cfg.gridDim = dim3(std::min(132 * 8, std::max(1, n4 / THREADS)));
+        CK(cudaLaunchKernelEx(&cfg, k_copy, (const float4*)in, (float4*)out, n4));
     } else if (!strcmp(kind, "rmsnorm")) { cfg.gridDim = dim3(M); CK(cudaLaunchKernelEx(&cfg, k_rmsnorm, in, out)); }
     else if (!strcmp(kind, "topk")) { cfg.gridDim = dim3(M); CK(cudaLaunchKernelEx(&cfg, k_topk, in, out)); }
     else if (!strcmp(kind, "finalize")) {
@@ -154,7 +158,7 @@ double per_launch_us(const char* kind, bool pdl, int chain, const Bufs& bf, int 
 
 int main(int argc, char** argv) {
     int chain = argc > 1 ? atoi(argv[1]) : 64, replays = argc > 2 ? atoi(argv[2]) : 30;
-    Bufs bf; bf.n = (size_t)(1 << 20);  // >= M * D and >= 1 MiB of floats
+    Bufs bf; bf.n = (size_t)(32 << 20);  // >= M * D and >= the largest copy (128 MiB of floats)
     CK(cudaMalloc(&bf.a, bf.n * sizeof(float))); CK(cudaMalloc(&bf.b, bf.n * sizeof(float)));
     CK(cudaMalloc(&bf.slots, (size_t)M * K * D * sizeof(float))); CK(cudaMalloc(&bf.w, M * K * sizeof(float)));
     std::vector<float> h(bf.n);
@@ -163,7 +167,8 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(bf.b, h.data(), bf.n * sizeof(float), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(bf.slots, h.data(), (size_t)M * K * D * sizeof(float), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(bf.w, h.data(), M * K * sizeof(float), cudaMemcpyHostToDevice));
-    const char* kinds[] = {"empty", "copy", "rmsnorm", "topk", "finalize"};
+    std::vector<const char*> kinds = {"empty", "copy", "rmsnorm", "topk", "finalize"};
+    if (argc > 3) kinds.assign(argv + 3, argv + argc);  // e.g. copy_64 copy_8192: sizes in KiB
     for (const char* k : kinds) {
         double plain = per_launch_us(k, false, chain, bf, replays);
         double pdl = per_launch_us(k, true, chain, bf, replays);
