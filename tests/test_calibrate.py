@@ -24,7 +24,7 @@ def gb300_fit():
 
 def test_fitted_constants_are_the_ones_the_toml_says(gb300_fit):
     _, hw, _ = gb300_fit
-    assert cal.fitted_names(hw) == ("alpha_in_kernel_us", "alpha_nvls_us", "gemm_fixed_us", "launch_gap_us")
+    assert cal.fitted_names(hw) == ("alpha_in_kernel_us", "alpha_nvls_us", "launch_gap_us", "pdl_dependent_hidden_us")
     assert cal.fitted_names(load_hardware("h200")) == ()  # its fits name H200 measurements, not published.md
 
 
@@ -79,3 +79,13 @@ def test_calibrate_cli_json_and_bad_hardware():
     bad = runner.invoke(app, ["calibrate", "--hardware", "h200"])
     assert bad.exit_code == 2 and "no constant fitted to the published figures" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_published_figures_want_pdl_to_hide_what_it_does_not_on_h200():
+    """The H200's measured PDL saving for kernels that wait first (0.34 us) would put the GB300 fit further
+    from the published figures than hiding the whole boundary: the fitted value is a claim about Blackwell
+    that a GB300 PDL chain can test (docs/cost-model.md 1.4)."""
+    cfg, hw = load_model("kimi-k3"), load_hardware("gb300")
+    measured_h200 = load_hardware("h200").pdl_dependent_hidden_us
+    assert hw.pdl_dependent_hidden_us >= hw.launch_gap_us > measured_h200
+    assert cal.loss(cfg, replace(hw, pdl_dependent_hidden_us=measured_h200)) > cal.loss(cfg, hw)

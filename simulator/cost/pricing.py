@@ -4,8 +4,11 @@ Dimension legend: S bytes the kernel moves through HBM on one rank (weights + ac
 written, `Kernel.hbm_bytes`), F its FLOPs, BW peak HBM bandwidth, eta the achievable fraction of BW
 (streaming kernels vs grouped MoE GEMMs), R the dense peak FLOP/s of the kernel's math format.
 
-    t_launch = gap | gap_pdl                       idle time at the kernel boundary (the timeline adds it)
-    t_fixed  = kernel_fixed (+ gemm_fixed for gemm, moe, gemm_collective kernels)
+    t_launch = gap                                 idle time at the kernel boundary (the timeline adds it);
+               under PDL gap - what the kernel can overlap: all of it for a kernel with its weights (or
+               its cache) to load first, pdl_dependent_hidden for one that must wait (launch_gap_us())
+    t_fixed  = the kernel family's floor: kernel_fixed for a streaming kernel, floor_reduction / _topk /
+               _finalize / _attention for the others (+ gemm_fixed for gemm, moe, gemm_collective kernels)
                (+ U x moe_expert for a grouped GEMM over U experts: one group of tiles to schedule each)
     t_mem    = S / (eta BW)                         a grouped MoE GEMM streams like a dense one
     t_math   = F / (eta_c R)                        eta_c: no GEMM runs at the datasheet peak (H200: 0.73)
@@ -177,9 +180,20 @@ def grouped_gemm_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, floa
     return experts * hw.moe_expert_us, math_us
 
 
-def launch_gap_us(pdl: bool, hw: HardwareProfile) -> float:
-    """Idle time at a kernel boundary in CUDA-graph replay (H200 run: 1.62 µs, 0 with PDL)."""
-    return hw.launch_gap_pdl_us if pdl else hw.launch_gap_us
+def launch_gap_us(kernel: Kernel, hw: HardwareProfile) -> float:
+    """Idle time before the kernel in CUDA-graph replay. Without PDL: the launch gap. With PDL the kernel is
+    launched early and hides the boundary only as far as it has independent work to start before its wait:
+    the weights the plan prefetches, and an attention kernel's cache or state (H200: a kernel that streams 8 MiB before its wait hides the whole
+    boundary, one that waits first only `pdl_dependent_hidden_us`, 0.34 µs; calibration/h200/pdl):
+
+        gap_pdl = max(launch_gap_pdl, gap - pdl_dependent_hidden - W_prefetch / (eta BW))"""
+    if not kernel.pdl:
+        return hw.launch_gap_us
+    independent = min(kernel.prefetch_bytes, kernel.weight_bytes)
+    if kernel.kind == "attention" and kernel.prefetch_bytes:  # its KV cache / recurrent state is no input either
+        independent = kernel.hbm_bytes
+    independent_us = independent / (hw.hbm_efficiency * hw.hbm_bandwidth) * 1e6
+    return max(hw.launch_gap_pdl_us, hw.launch_gap_us - hw.pdl_dependent_hidden_us - independent_us)
 
 
 def achievable_bandwidth(nbytes: float, kind: str, hw: HardwareProfile) -> float:
@@ -212,7 +226,7 @@ def kernel_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float, flo
     _check_collective(kernel)
     comm = collective_cost(kernel.collective, hw).time_us if kernel.collective else 0.0
     experts_us, math_us = grouped_gemm_terms(kernel, hw)
-    return (launch_gap_us(kernel.pdl, hw), fixed_us(kernel, hw) + experts_us + serial_us(kernel, hw),
+    return (launch_gap_us(kernel, hw), fixed_us(kernel, hw) + experts_us + serial_us(kernel, hw),
             math_us, comm, stream_bandwidth(kernel, hw))
 
 

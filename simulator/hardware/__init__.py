@@ -67,7 +67,8 @@ class HardwareProfile:
     nvlink_bandwidth: float  # B/s per direction per GPU
     nvlink_domain: int  # GPUs that share one NVLink fabric
     launch_gap_us: float  # idle time at a kernel boundary in CUDA-graph replay, no PDL
-    launch_gap_pdl_us: float  # same, kernel launched with programmatic dependent launch
+    launch_gap_pdl_us: float  # same, kernel launched with PDL that has independent work (weights) to start on
+    pdl_dependent_hidden_us: float  # what PDL hides of the gap for a kernel whose every input is its predecessor's
     kernel_fixed_us: float  # per-kernel cost PDL cannot hide (first-byte latency, tail): a streaming kernel's floor
     floor_reduction_us: float  # the same for a row reduction (RMSNorm and its fusions)
     floor_topk_us: float  # the same for a routing top-k (sigmoid + bias + top-k over the experts)
@@ -115,7 +116,7 @@ UNITS: dict[str, str] = {
     "hbm_capacity": "B", "hbm_bandwidth": "B/s",
     "fp4_flops": "FLOP/s", "fp8_flops": "FLOP/s", "bf16_flops": "FLOP/s", "fp32_flops": "FLOP/s",
     "sm_count": "count", "l2_bytes": "B", "nvlink_bandwidth": "B/s", "nvlink_domain": "GPUs",
-    "launch_gap_us": "us", "launch_gap_pdl_us": "us", "kernel_fixed_us": "us", "gemm_fixed_us": "us",
+    "launch_gap_us": "us", "launch_gap_pdl_us": "us", "pdl_dependent_hidden_us": "us", "kernel_fixed_us": "us", "gemm_fixed_us": "us",
     "floor_reduction_us": "us", "floor_topk_us": "us", "floor_finalize_us": "us", "floor_attention_us": "us",
     "hbm_efficiency": "fraction", "moe_expert_us": "us", "compute_efficiency": "fraction",
     "alpha_one_shot_us": "us", "alpha_in_kernel_us": "us", "cta_bandwidth": "B/s", "serial_step_us": "us", "alpha_two_shot_us": "us", "alpha_ring_us": "us", "alpha_ring_step_us": "us",
