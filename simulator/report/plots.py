@@ -383,6 +383,17 @@ def _lines(ax: Axes, rows: Sequence[Row], x: str, y: str, group: str | None, by_
             label = ", ".join(t for t in (v, _group_text(group, g) if group else None) if t)
             if pts:
                 ax.plot(*zip(*pts), color=color, marker=marker, linestyle=line, markersize=4.5, label=label or None)
+                _band(ax, [r for r in rows if (not group or r[group] == g) and (v is None or r["variant"] == v)],
+                      x, y, color)
+
+
+def _band(ax: Axes, rows: Sequence[Row], x: str, y: str, color: str) -> None:
+    """The rows' interval of y (columns y_low, y_high: docs/cost-model.md section 8) as a shaded band."""
+    pts = _sorted_by_x([(r[x], (r[f"{y}_low"], r[f"{y}_high"])) for r in rows
+                        if r.get(f"{y}_low") is not None and r.get(f"{y}_high") is not None])
+    if pts:
+        xs, ends = zip(*pts)
+        ax.fill_between(xs, [e[0] for e in ends], [e[1] for e in ends], color=color, alpha=0.15, linewidth=0)
 
 
 # ============================================================================ waterfall

@@ -1,0 +1,409 @@
+"""Every prediction with its uncertainty: seeded draws of the constants and the kernel-family errors,
+each draw scheduled on the timeline again.
+
+Two sources of error, each a parameter z ~ N(0, 1) before any conditioning:
+
+- **Constants** with a sourced range in the hardware profile (`fitted_to`, `range`): value + z (high - low) / 4,
+  clipped to the range (a range read as +-2 sd about its value). Sampled once per draw and shared by every
+  kernel that reads them (the launch gap moves all 2,000 boundaries of a step together). A constant
+  without a range (datasheet bandwidths and FLOP rates) is taken as known.
+- **Family factors**: one per kernel family (gemm, moe, small, kda, mla, collective), exp(Q(Phi(z))) with
+  Q the quantiles of that family's H200 residuals log(measured / law) on the *fitted* half of
+  `moe-sim validate`'s grids, each group's residuals widened by sqrt(n / (n - p)) (n points, p fitted
+  constants: in-sample residuals understate out-of-sample ones). A kernel's work phases (fixed, bytes,
+  math) take its family's factor, its collective phase the collective factor. Sampled once per draw
+  per family: every kernel of a family moves together, which is wider than independent errors that
+  would partly cancel over a layer (see docs/cost-model.md section 8 for why no per-kernel part).
+  Other GPUs take the H200 residuals as the same *relative* spread.
+
+Where the profile's constants were fitted to the published figures (GB300), the draws are conditioned on
+those figures: with J the Jacobian of log(figure) in z (central differences at z = +-1) and R the squared
+RMS of the fit's own residuals on them, the draws come from the Gaussian update
+
+    Sigma = I - J^T (J J^T + R)^-1 J        (prior I; the mean stays at the fitted values, z = 0)
+
+so a combination of constants and family errors that would miss the published figures is not drawn.
+Draws: Latin hypercube normal scores (seeded) times a square root of Sigma. Every draw prices each
+kernel with `kernel_terms` on the drawn profile and runs the timeline again, so a draw that moves the
+critical path (a collective outgrowing its overlapped GEMM) is scheduled as it would run.
+
+    interval = [q_(1-L)/2, q_(1+L)/2] of the draws       (L = 0.9 by default)
+
+Dimension legend: N draws, K parameters, F published figures, n kernels of a plan.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from simulator.cost.fastsim import simulate
+from simulator.cost.timeline import _arrays
+from simulator.errors import UserError
+from simulator.hardware import HardwareProfile
+from simulator.plans import VARIANTS
+from simulator.plans.kernel import Kernel, Plan
+
+Array = npt.NDArray[np.float64]
+FAMILIES = ("gemm", "moe", "small", "kda", "mla", "collective")
+RESIDUALS_FILE = Path(__file__).with_name("residuals_h200.json")
+DEFAULT_DRAWS = 400
+DEFAULT_LEVEL = 0.9
+DEFAULT_SEED = 0
+_NORMAL = NormalDist()
+
+
+# ---------------------------------------------------------------------------------------------------
+# the family residuals (derived from moe-sim validate, cached in residuals_h200.json)
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Residuals:
+    """log(measured / law) per family: the fitted half (widened, sorted) and the held-back half."""
+
+    source: str
+    fitted: Mapping[str, tuple[float, ...]]
+    held_back: Mapping[str, tuple[float, ...]]
+
+    def quantile(self, family: str, p: Array) -> Array:
+        """Q(p) of a family's widened fitted residuals (plotting positions (i + 0.5) / n)."""
+        r = np.asarray(self.fitted[family])
+        return np.interp(p, (np.arange(r.size) + 0.5) / r.size, r)
+
+
+def derive_residuals(folder: str | Path, hw: HardwareProfile) -> dict[str, Any]:
+    """The residuals document from the measurements, exactly as `moe-sim validate` splits and refits them."""
+    from simulator.cost import validate as v
+    from simulator.cost.measured import price_row
+    points = []
+    for row in v.read_measurements(folder):
+        priced = price_row(row, hw)
+        points.append(v.Point(row, row["measured_us"], priced["model_us"], None, False, feats=v.features(row, priced)))
+    v.split_halves(points)
+    fits = v.refit(points, hw)
+    fitted: dict[str, list[float]] = {}
+    held: dict[str, list[float]] = {}
+    for p in points:
+        fam, fit = p.row["family"], fits[v.group_of(p.row)]
+        free = sum(1 for regime in fit.regimes for c in regime if c > 0)
+        r = math.log(p.measured / p.refit)
+        if p.held_back:
+            held.setdefault(fam, []).append(round(r, 5))
+        elif fit.n > free:  # a group with no degree of freedom left says nothing about its scatter
+            fitted.setdefault(fam, []).append(round(r * math.sqrt(fit.n / (fit.n - free)), 5))
+    return {"source": f"moe-sim validate --measurements {folder} --hardware {hw.name.lower()}",
+            "metric": "log(measured / refit law) per launch; fitted half widened by sqrt(n / (n - p)) per group",
+            "fitted": {f: sorted(r) for f, r in sorted(fitted.items())},
+            "held_back": {f: r for f, r in sorted(held.items())}}
+
+
+@lru_cache(maxsize=1)
+def load_residuals(path: Path = RESIDUALS_FILE) -> Residuals:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    return Residuals(doc["source"], {f: tuple(r) for f, r in doc["fitted"].items()},
+                     {f: tuple(r) for f, r in doc["held_back"].items()})
+
+
+def coverage(res: Residuals, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
+    """Share of held-back points inside law x exp([q_lo, q_hi]) of their family's fitted residuals."""
+    lo_p, hi_p = (1 - level) / 2, (1 + level) / 2
+    by_family, inside_all, n_all = {}, 0, 0
+    for fam, held in res.held_back.items():
+        if fam not in res.fitted:
+            continue
+        lo, hi = res.quantile(fam, np.array([lo_p, hi_p]))
+        inside = sum(lo <= r <= hi for r in held)
+        by_family[fam] = {"n": len(held), "covered": inside, "coverage": round(inside / len(held), 4),
+                          "interval_pct": [round(100 * math.expm1(lo), 2), round(100 * math.expm1(hi), 2)]}
+        inside_all, n_all = inside_all + inside, n_all + len(held)
+    return {"level": level, "n": n_all, "coverage": round(inside_all / n_all, 4), "by_family": by_family,
+            "method": "family residual quantiles from the fitted half of each grid, checked on the held-back half"}
+
+
+def kernel_families(kernel: Kernel) -> tuple[str | None, str | None]:
+    """(family of the work phases, family of the collective phase) of a plan kernel, as validate measures them."""
+    comm = "collective" if kernel.collective is not None else None
+    kind = kernel.kind
+    if kind == "collective":
+        return None, comm
+    if kind in ("gemm", "gemm_collective") or (kind == "router" and kernel.weights):
+        return "gemm", comm
+    if kind == "moe":
+        return "moe", comm
+    if kind == "attention":
+        tag = kernel.key + " " + (getattr(kernel.op, "__name__", "") or "")
+        return ("kda" if "kda" in tag else "mla" if "mla" in tag else None), comm
+    return "small", comm
+
+
+# ---------------------------------------------------------------------------------------------------
+# parameters and draws
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Parameter:
+    """One uncertain quantity: a ranged constant of the profile, or a family's residual factor."""
+
+    name: str
+    kind: str  # "constant" | "family" | "structure" (a variant's whole-layer error, sd in `value`)
+    value: float = 0.0  # constants: the profile's value
+    low: float = 0.0
+    high: float = 0.0
+    bounded: bool = True  # draws stay inside [low, high]; False for a constant the draws are conditioned on
+
+    @property
+    def label(self) -> str:
+        if self.kind == "structure":
+            return f"{self.name} layer structure (published residuals)"
+        return self.name if self.kind == "constant" else f"{self.name} kernels (H200 residual)"
+
+    @property
+    def sd(self) -> float:
+        """A constant's sourced range read as +-2 sd about its value (a family's z is its own scale)."""
+        return (self.high - self.low) / 4.0 if self.kind == "constant" else 1.0
+
+    def at(self, z: Array, res: Residuals) -> Array:
+        """The constant's value, or the family's multiplicative factor, at normal scores z."""
+        if self.kind == "constant":
+            return self.value + z * self.sd
+        if self.kind == "structure":
+            return np.exp(z * self.value)
+        return np.exp(res.quantile(self.name, _cdf(z)))
+
+    def admits(self, z: Array) -> Array:
+        """Whether normal scores z keep a constant inside its sourced range (families: always)."""
+        if self.kind != "constant":
+            return np.ones(np.shape(z), dtype=bool)
+        x = self.value + z * self.sd
+        return (x >= self.low) & (x <= self.high) if self.bounded else x > 0
+
+
+def _cdf(z: Array) -> Array:
+    return np.array([_NORMAL.cdf(float(x)) for x in np.ravel(z)]).reshape(np.shape(z))
+
+
+def parameters(hw: HardwareProfile, res: Residuals, conditioned: tuple[str, ...] = ()) -> tuple[Parameter, ...]:
+    """The profile's ranged constants, then the family factors. A constant fitted to the figures the draws
+    are conditioned on (`conditioned`) is bounded by them, not by its range: its fit sits where the figures
+    put it, on a range edge when figures and sources disagree (docs/cost-model.md section 6.2)."""
+    consts = [Parameter(n, "constant", float(getattr(hw, n)), f.low, f.high, n not in conditioned)
+              for n, f in sorted(hw.fits.items()) if f.high > f.low]
+    return tuple(consts) + tuple(Parameter(f, "family") for f in FAMILIES if f in res.fitted)
+
+
+def structure_parameters(sd: float) -> tuple[Parameter, ...]:
+    """One whole-layer error per variant, log-normal with the published figures' residual RMS as its sd:
+    what the kernel-level parameters cannot explain (overlap rules, kernels the plans leave out)."""
+    return tuple(Parameter(v, "structure", sd) for v in VARIANTS)
+
+
+def published_sd(cfg: Any) -> float:
+    """RMS of log(model / published) over the GB300 figures the constants were fitted to."""
+    from simulator.cost.calibrate import FITTED, model_value
+    from simulator.hardware import load_hardware
+    gb300 = load_hardware("gb300")
+    return math.sqrt(float(np.mean([math.log(model_value(f, cfg, gb300) / f.published) ** 2 for f in FITTED])))
+
+
+@dataclass(frozen=True)
+class Sample:
+    """N draws: a profile and a factor per family for each, and the normal scores they came from."""
+
+    params: tuple[Parameter, ...]
+    z: Array  # [N, K]
+    profiles: tuple[HardwareProfile, ...]
+    factors: Array  # [N, len(FAMILIES) + 1]; the last column is 1 (kernels of no family)
+    structure: Array  # [N, len(VARIANTS)]: each variant's whole-layer factor
+
+    @property
+    def n(self) -> int:
+        return self.z.shape[0]
+
+
+def realise(hw: HardwareProfile, params: tuple[Parameter, ...], z: Array, res: Residuals) -> Sample:
+    """Profiles and family factors at normal scores z [N, K]."""
+    values = {p.name: p.at(z[:, k], res) for k, p in enumerate(params)}
+    consts = [p.name for p in params if p.kind == "constant"]
+    profiles = tuple(replace(hw, **{c: float(values[c][i]) for c in consts}) for i in range(z.shape[0]))
+    factors = np.ones((z.shape[0], len(FAMILIES) + 1))
+    structure = np.ones((z.shape[0], len(VARIANTS)))
+    for k, p in enumerate(params):
+        if p.kind == "family":
+            factors[:, FAMILIES.index(p.name)] = values[p.name]
+        elif p.kind == "structure":
+            structure[:, VARIANTS.index(p.name)] = values[p.name]
+    return Sample(params, z, profiles, factors, structure)
+
+
+def lhs_normal(n: int, k: int, rng: np.random.Generator) -> Array:
+    """Latin hypercube normal scores [n, k]: each column hits each of n equal-probability strata once."""
+    u = (np.argsort(rng.random((k, n)), axis=1).T + rng.random((n, k))) / n
+    return np.array([[_NORMAL.inv_cdf(float(x)) for x in row] for row in u])
+
+
+def sqrt_psd(cov: Array) -> Array:
+    """A matrix square root S with S S^T = cov (eigendecomposition: cov may be singular)."""
+    w, v = np.linalg.eigh(cov)
+    return v * np.sqrt(np.clip(w, 0.0, None))
+
+
+# ---------------------------------------------------------------------------------------------------
+# pricing a plan under every draw
+# ---------------------------------------------------------------------------------------------------
+
+def plan_draws(plan: Plan, sample: Sample) -> Array:
+    """Makespan of `plan` under each draw [N]: every kernel re-priced on the drawn profile, its phases
+    scaled by its families' factors, the timeline run again."""
+    index = {f: j for j, f in enumerate(FAMILIES)}
+    none = len(FAMILIES)
+    fams = [kernel_families(k) for k in plan]
+    work = np.array([index.get(w, none) if w else none for w, _ in fams])
+    comm = np.array([index.get(c, none) if c else none for _, c in fams])
+    out = np.empty(sample.n)
+    for d in range(sample.n):
+        a = list(_arrays(plan, sample.profiles[d]))
+        fw, fc = sample.factors[d, work], sample.factors[d, comm]
+        a[3], a[4], a[5], a[7] = a[3] * fw, a[4] * fw, a[5] * fc, a[7] / fw  # fixed, math, comm, bandwidth
+        out[d] = simulate(*a)[1].max()
+    return out * (sample.structure[:, VARIANTS.index(plan.variant)] if plan.variant in VARIANTS else 1.0)
+
+
+def makespan_with(sample: Sample) -> Callable[[Plan, HardwareProfile], Array]:
+    """A drop-in for `timeline.makespan_us` that returns the N draws (for `estimate_step(makespan=...)`)."""
+    def makespan(plan: Plan, hw: HardwareProfile) -> Array:
+        return plan_draws(plan, sample)
+    return makespan
+
+
+# ---------------------------------------------------------------------------------------------------
+# conditioning on the published figures
+# ---------------------------------------------------------------------------------------------------
+
+def figure_values(cfg: Any, sample: Sample, figures: tuple) -> Array:
+    """[N, F] the published figures' model values under each draw, in each figure's metric."""
+    from simulator.cost.step import build_plan, estimate_step
+    from simulator.plans.kernel import DecodeShape
+    cols = []
+    for fig in figures:
+        if fig.metric == "layer_us":
+            plan = build_plan(cfg, fig.variant, fig.tp, DecodeShape(fig.batch, fig.tokens_per_seq, fig.context),
+                              fig.layer or "kda")
+            cols.append(plan_draws(plan, sample))
+            continue
+        step = estimate_step(cfg, sample.profiles[0], fig.variant, fig.tp, fig.batch, fig.context,
+                             makespan=makespan_with(sample))
+        us = np.asarray(step.step_us)
+        cols.append(us / 1000.0 if fig.metric == "step_ms" else fig.batch * step.tokens_per_step / (us * 1e-6))
+    return np.stack(cols, axis=1)
+
+
+def posterior(cfg: Any, hw: HardwareProfile, params: tuple[Parameter, ...], res: Residuals,
+              figures: tuple) -> tuple[Array, Array, dict[str, Any]]:
+    """(mean, covariance) of the normal scores given the published figures, and what they were: the
+    linear-Gaussian update with J from central differences at z = +-1 (module docstring)."""
+    k = len(params)
+    z = np.vstack([np.zeros((1, k)), np.eye(k), -np.eye(k)])
+    y = np.log(figure_values(cfg, realise(hw, params, z, res), figures))  # [2K + 1, F]
+    jac = ((y[1:k + 1] - y[k + 1:]) / 2.0).T  # [F, K]
+    miss = np.log([f.published for f in figures]) - y[0]
+    noise = float(np.mean(miss ** 2))
+    gain = jac.T @ np.linalg.inv(jac @ jac.T + noise * np.eye(len(figures)))  # [K, F]
+    cov = np.eye(k) - gain @ jac
+    return gain @ miss, cov, {"figures": [f.name for f in figures],
+                              "figure_sd_pct": round(100 * math.sqrt(noise), 2)}
+
+
+def draw_scores(mean: Array, cov: Array, params: tuple[Parameter, ...], n: int, seed: int) -> Array:
+    """n normal-score vectors from N(mean, cov) restricted to every constant's sourced range (rejection,
+    so a constant on a range edge is balanced by the others as the conditioning correlates them)."""
+    root, kept = sqrt_psd(cov), []
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        z = mean + lhs_normal(4 * n, len(params), rng) @ root.T
+        ok = np.all([p.admits(z[:, k]) for k, p in enumerate(params)], axis=0)
+        kept.append(z[ok])
+        if sum(len(x) for x in kept) >= n:
+            return np.vstack(kept)[:n]
+    raise UserError("the sourced ranges of the profile's constants leave no room for the draws "
+                    "(fewer than 1 in 800 candidates inside every range).")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the public entry: a sample for a profile, intervals of an array of draws
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class IntervalSpec:
+    """What the user asked for: the interval's level, how many draws, the seed."""
+
+    level: float = DEFAULT_LEVEL
+    draws: int = DEFAULT_DRAWS
+    seed: int = DEFAULT_SEED
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.level <= 0.99:
+            raise UserError(f"--interval = {self.level!r} must be a probability in [0.5, 0.99] (0.9: a 90 % interval).")
+        if not 50 <= self.draws <= 20_000:
+            raise UserError(f"--draws = {self.draws!r} must be an integer in [50, 20000].")
+        if not 0 <= self.seed < 2**63:
+            raise UserError(f"--seed = {self.seed!r} must be an integer in [0, 2^63 - 1].")
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """The draws a report prices under, and how they were made."""
+
+    spec: IntervalSpec
+    sample: Sample
+    cov: Array
+    conditioned: dict[str, Any] | None
+
+    @property
+    def makespan(self) -> Callable[[Plan, HardwareProfile], Array]:
+        """A drop-in for `timeline.makespan_us` returning the N draws (`estimate_step(makespan=...)`)."""
+        return makespan_with(self.sample)
+
+    def interval(self, values: Array, digits: int = 4) -> list[float]:
+        lo, hi = np.quantile(values, [(1 - self.spec.level) / 2, (1 + self.spec.level) / 2])
+        return [round(float(lo), digits), round(float(hi), digits)]
+
+    def describe(self) -> dict[str, Any]:
+        return {"level": self.spec.level, "draws": self.spec.draws, "seed": self.spec.seed,
+                "parameters": [p.label for p in self.sample.params],
+                "conditioned_on_published": self.conditioned,
+                "method": "seeded draws of the profile's ranged constants (shared by every kernel) and one "
+                          "H200 residual factor per kernel family, each draw re-priced and re-scheduled; "
+                          "interval = quantiles of the draws (docs/cost-model.md section 8)"}
+
+
+def uncertainty(hw: HardwareProfile, spec: IntervalSpec, res: Residuals | None = None) -> Uncertainty:
+    """The sample every prediction on `hw` is priced under: the kernel-level parameters (conditioned on the
+    published figures where the profile was fitted to them), then each variant's structural error."""
+    from simulator.config import load_model
+    from simulator.cost.calibrate import FITTED, fitted_names
+    res = res or load_residuals()
+    kimi = load_model("kimi-k3")
+    params = parameters(hw, res, fitted_names(hw))
+    mean, cov, conditioned = np.zeros(len(params)), np.eye(len(params)), None
+    if fitted_names(hw):
+        mean, cov, conditioned = posterior(kimi, hw, params, res, FITTED)
+    structure = structure_parameters(published_sd(kimi))
+    k, m = len(params), len(structure)
+    full_mean, full_cov = np.concatenate([mean, np.zeros(m)]), np.eye(k + m)
+    full_cov[:k, :k] = cov
+    z = draw_scores(full_mean, full_cov, params + structure, spec.draws, spec.seed)
+    return Uncertainty(spec, realise(hw, params + structure, z, res), full_cov, conditioned)
+
+
+@lru_cache(maxsize=16)
+def uncertainty_for(hw: HardwareProfile, spec: IntervalSpec) -> Uncertainty:
+    """`uncertainty`, made once per profile and spec in a process (sweeps price many points on one GPU)."""
+    return uncertainty(hw, spec)
