@@ -120,9 +120,9 @@ def coverage(res: Residuals, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
         if fam not in res.fitted:
             continue
         lo, hi = res.quantile(fam, np.array([lo_p, hi_p]))
-        inside = sum(lo <= r <= hi for r in held)
+        inside = int(sum(lo <= r <= hi for r in held))
         by_family[fam] = {"n": len(held), "covered": inside, "coverage": round(inside / len(held), 4),
-                          "interval_pct": [round(100 * math.expm1(lo), 2), round(100 * math.expm1(hi), 2)]}
+                          "interval_pct": [round(100 * math.expm1(float(lo)), 2), round(100 * math.expm1(float(hi)), 2)]}
         inside_all, n_all = inside_all + inside, n_all + len(held)
     return {"level": level, "n": n_all, "coverage": round(inside_all / n_all, 4), "by_family": by_family,
             "method": "family residual quantiles from the fitted half of each grid, checked on the held-back half"}
@@ -407,3 +407,12 @@ def uncertainty(hw: HardwareProfile, spec: IntervalSpec, res: Residuals | None =
 def uncertainty_for(hw: HardwareProfile, spec: IntervalSpec) -> Uncertainty:
     """`uncertainty`, made once per profile and spec in a process (sweeps price many points on one GPU)."""
     return uncertainty(hw, spec)
+
+
+if __name__ == "__main__":  # python -m simulator.cost.uncertainty: rewrite the cached residuals, print coverage
+    from simulator.hardware import load_hardware
+    RESIDUALS_FILE.write_text(json.dumps(derive_residuals("calibration/h200", load_hardware("h200")), indent=1) + "\n",
+                              encoding="utf-8")
+    load_residuals.cache_clear()
+    print(f"wrote {RESIDUALS_FILE}")
+    print(json.dumps(coverage(load_residuals()), indent=1))

@@ -1,0 +1,183 @@
+"""Intervals (issue 12, simulator/cost/uncertainty.py): the cached residuals equal their source, coverage is
+counted on held-back points, shared parameters move every kernel together, the speedup interval is taken
+draw by draw, seeds reproduce, and the outputs carry the bounds."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from simulator.cli import app
+from simulator.config import load_model
+from simulator.cost import uncertainty as u
+from simulator.cost.calibrate import FITTED
+from simulator.cost.step import build_plan, estimate_step
+from simulator.hardware import load_hardware
+from simulator.plans.kernel import DecodeShape
+
+runner = CliRunner()
+SMALL = u.IntervalSpec(draws=100)
+
+
+@pytest.fixture(scope="module")
+def kimi():
+    return load_model("kimi-k3")
+
+
+@pytest.fixture(scope="module")
+def gb300():
+    return load_hardware("gb300")
+
+
+def test_cached_residuals_equal_their_source():
+    """residuals_h200.json is what `moe-sim validate`'s split and refit give today; regenerate with
+    `python -m simulator.cost.uncertainty` after a change to the measurements or the family laws."""
+    derived = u.derive_residuals("calibration/h200", load_hardware("h200"))
+    cached = json.loads(u.RESIDUALS_FILE.read_text(encoding="utf-8"))
+    assert cached == json.loads(json.dumps(derived)), "stale residuals: run python -m simulator.cost.uncertainty"
+
+
+def test_coverage_counts_held_back_points_only():
+    """Synthetic residuals: fitted spread [-0.1, 0.1], held-back points placed inside and outside it. The count
+    must follow the held-back list (a coverage computed on the fitted points would be ~90 % here)."""
+    fitted = tuple(np.linspace(-0.1, 0.1, 201))
+    res = u.Residuals("synthetic", {"gemm": fitted}, {"gemm": (0.0, 0.05, -0.05, 0.5, -0.5)})
+    c = u.coverage(res, 0.9)
+    assert c["by_family"]["gemm"]["covered"] == 3 and c["coverage"] == pytest.approx(0.6)
+
+
+def test_h200_held_back_coverage_is_calibrated():
+    """The 90 % interval built from the fitted half covers 80-97 % of the held-back H200 points."""
+    c = u.coverage(u.load_residuals(), 0.9)
+    assert c["n"] >= 250
+    assert 0.80 <= c["coverage"] <= 0.97, c
+
+
+def test_shared_constant_moves_every_kernel_together(kimi, gb300):
+    """Only the launch gap varies, drawn at random: one gap per draw moves every boundary of the layer at
+    once, so the layer's spread is ~(boundaries) x the gap's spread. Gaps drawn per kernel would add up to
+    only ~sqrt(boundaries) x (under 5 for the 23 kernels here)."""
+    res = u.load_residuals()
+    params = u.parameters(gb300, res)
+    k = [p.name for p in params].index("launch_gap_us")
+    z = np.zeros((100, len(params)))
+    z[:, k] = np.random.default_rng(0).uniform(-0.1, 2.0, 100)  # inside the range [1.3, 2.1]
+    sample = u.realise(gb300, params, z, res)
+    plan = build_plan(kimi, "standard", 16, DecodeShape(1, 1, 512), "kda")
+    times = u.plan_draws(plan, sample)
+    gaps = np.array([p.launch_gap_us for p in sample.profiles])
+    assert np.std(times) / np.std(gaps) > 10
+    assert np.corrcoef(times, gaps)[0, 1] > 0.999
+
+
+def test_family_factor_scales_every_kernel_of_the_family(kimi, gb300):
+    """The gemm factor alone: every GEMM's work grows by the same factor in a draw, so the layer time is
+    linear in it (on one stream with no HBM sharing) and grows by more than any single GEMM could."""
+    res = u.load_residuals()
+    params = u.parameters(gb300, res)
+    k = [p.name for p in params].index("gemm")
+    z = np.zeros((2, len(params)))
+    z[1, k] = 1.5
+    sample = u.realise(gb300, params, z, res)
+    plan = build_plan(kimi, "standard", 16, DecodeShape(1, 1, 512), "kda")
+    times = u.plan_draws(plan, sample)
+    from simulator.cost.timeline import schedule
+    gemms = [s.duration_us for s in schedule(plan, gb300).spans if s.kind == "gemm"]
+    factor = sample.factors[1, u.FAMILIES.index("gemm")]
+    assert factor > 1.05
+    assert times[1] - times[0] > (factor - 1) * max(gemms) * 1.5
+
+
+def test_seed_reproduces_and_changes_the_draws(kimi, gb300):
+    shape = DecodeShape(1, 8, 512)
+    plan = build_plan(kimi, "specialized", 16, shape, "kda")
+    a, b = (u.uncertainty(gb300, SMALL) for _ in range(2))
+    c = u.uncertainty(gb300, u.IntervalSpec(draws=100, seed=7))
+    np.testing.assert_array_equal(u.plan_draws(plan, a.sample), u.plan_draws(plan, b.sample))
+    assert not np.array_equal(a.sample.z, c.sample.z)
+
+
+def test_speedup_interval_is_taken_draw_by_draw(kimi, gb300):
+    """The ratio's interval from per-draw ratios: equal to the quantiles of standard / specialized under the
+    same draws, and narrower than the ratio of the two intervals' ends (their errors are shared)."""
+    from simulator.report.summary import layer_report
+    shape = DecodeShape(1, 8, 512)
+    doc = layer_report(kimi, gb300, 16, shape, "kda", "both", None, SMALL)
+    unc = u.uncertainty_for(gb300, SMALL)
+    std, spec = (u.plan_draws(build_plan(kimi, v, 16, shape, "kda"), unc.sample) for v in ("standard", "specialized"))
+    assert doc["speedup_interval"] == unc.interval(std / spec, 4)
+    (s_lo, s_hi), (f_lo, f_hi) = (doc["variants"][v]["layer_us_interval"] for v in ("standard", "specialized"))
+    lo, hi = doc["speedup_interval"]
+    assert hi - lo < s_hi / f_lo - s_lo / f_hi
+
+
+def test_gb300_published_steps_inside_and_width_within_15_percent(kimi, gb300):
+    unc = u.uncertainty_for(gb300, u.IntervalSpec())
+    for fig in FITTED:
+        if fig.metric != "step_ms":
+            continue
+        central = estimate_step(kimi, gb300, fig.variant, 16, 1, 512).step_us / 1000
+        lo, hi = unc.interval(estimate_step(kimi, gb300, fig.variant, 16, 1, 512, makespan=unc.makespan).step_us / 1000)
+        assert lo <= fig.published <= hi, (fig.name, lo, hi)
+        assert lo <= central <= hi
+        assert lo >= 0.85 * central and hi <= 1.15 * central, (fig.name, lo, central, hi)
+
+
+def test_step_json_carries_the_intervals():
+    r = runner.invoke(app, ["step", "--json", "--draws", "100"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    for v in doc["variants"].values():
+        for key, central in (("step_ms_interval", v["step_ms"]), ("tokens_per_s_interval", v["tokens_per_s"])):
+            lo, hi = v[key]
+            assert lo < hi and math.isfinite(lo)
+            assert lo <= central * 1.2 and hi >= central * 0.8
+    lo, hi = doc["speedup_interval"]
+    assert lo < doc["speedup"] < hi
+    assert doc["interval"]["draws"] == 100 and doc["interval"]["conditioned_on_published"]
+    off = json.loads(runner.invoke(app, ["step", "--json", "--no-interval"]).output)
+    assert "speedup_interval" not in off and "step_ms_interval" not in off["variants"]["standard"]
+
+
+def test_layer_json_and_table_carry_the_intervals():
+    doc = json.loads(runner.invoke(app, ["layer", "--json", "--draws", "100", "--hardware", "h200", "--tp", "8"]).output)
+    for v in doc["variants"].values():
+        lo, hi = v["layer_us_interval"]
+        assert lo < v["layer_us"] < hi
+    assert doc["interval"]["conditioned_on_published"] is None  # H200 was not fitted to the published figures
+    table = runner.invoke(app, ["layer", "--draws", "100"])
+    assert table.exit_code == 0 and "90% interval" in table.output
+
+
+def test_sensitivity_ranks_and_plots(tmp_path):
+    r = runner.invoke(app, ["step", "--json", "--draws", "100", "--sensitivity", "--plot", str(tmp_path),
+                            "--hardware", "h200", "--tp", "8"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    for panel in doc["sensitivity"]["variants"].values():
+        shares = [row["share"] for row in panel["ranking"]]
+        assert shares == sorted(shares, reverse=True) and all(0 <= s <= 1 for s in shares)
+        assert 0.3 < panel["sum_of_shares"] <= 1.05  # independent parameters on H200: at most all of it
+    assert (tmp_path / "step-sensitivity.png").stat().st_size > 0
+
+
+def test_scenario_csv_carries_the_bounds(tmp_path):
+    from simulator import sweep
+    from simulator.scenario import load_scenario
+    sc = load_scenario("batch-sweep").reduced()
+    sweep.run(sc, tmp_path)
+    rows = [r for r in sweep.read_csv(tmp_path / "points.csv") if r["status"] == "ok"]
+    assert rows
+    for r in rows:
+        assert r["step_ms_low"] < r["step_ms_high"] and r["speedup_low"] < r["speedup_high"]
+        assert r["tokens_per_s_low"] < r["tokens_per_s_high"]
+
+
+@pytest.mark.parametrize("args", [["--seed", "-1"], ["--interval", "1.5"], ["--interval", "0"], ["--draws", "3"],
+                                  ["--plot", "out"], ["--sensitivity", "--no-interval"]])
+def test_bad_interval_options_are_one_sentence(args):
+    r = runner.invoke(app, ["step", *args])
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and r.output.strip().count("\n") == 0, r.output
