@@ -463,8 +463,11 @@ def validate(
     def body() -> dict:
         if plot_dir is not None:
             output_dir(plot_dir, "--plot")
-        doc = run_validation(measurements, load_hardware(hardware))
+        hw = load_hardware(hardware)
+        doc = run_validation(measurements, hw)
         doc["measurements"] = measurements
+        from simulator.cost.uncertainty import coverage, derive_residuals, residuals_from
+        doc["interval_coverage"] = coverage(residuals_from(derive_residuals(measurements, hw)))
         if plot_dir:
             from simulator.report.validation import plot_validation
             doc["plots"] = [str(p) for p in plot_validation(doc, plot_dir)]

@@ -10,7 +10,6 @@ import pytest
 from typer.testing import CliRunner
 
 from simulator.cli import app
-from simulator.config import load_model
 from simulator.cost import uncertainty as u
 from simulator.cost.calibrate import FITTED
 from simulator.cost.step import build_plan, estimate_step
@@ -19,11 +18,6 @@ from simulator.plans.kernel import DecodeShape
 
 runner = CliRunner()
 SMALL = u.IntervalSpec(draws=100)
-
-
-@pytest.fixture(scope="module")
-def kimi():
-    return load_model("kimi-k3")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +49,7 @@ def test_h200_held_back_coverage_is_calibrated():
     assert 0.80 <= c["coverage"] <= 0.97, c
 
 
-def test_shared_constant_moves_every_kernel_together(kimi, gb300):
+def test_shared_constant_moves_every_kernel_together(k3, gb300):
     """Only the launch gap varies, drawn at random: one gap per draw moves every boundary of the layer at
     once, so the layer's spread is ~(boundaries) x the gap's spread. Gaps drawn per kernel would add up to
     only ~sqrt(boundaries) x (under 5 for the 23 kernels here)."""
@@ -65,14 +59,14 @@ def test_shared_constant_moves_every_kernel_together(kimi, gb300):
     z = np.zeros((100, len(params)))
     z[:, k] = np.random.default_rng(0).uniform(-0.1, 2.0, 100)  # inside the range [1.3, 2.1]
     sample = u.realise(gb300, params, z, res)
-    plan = build_plan(kimi, "standard", 16, DecodeShape(1, 1, 512), "kda")
+    plan = build_plan(k3, "standard", 16, DecodeShape(1, 1, 512), "kda")
     times = u.plan_draws(plan, sample)
     gaps = np.array([p.launch_gap_us for p in sample.profiles])
     assert np.std(times) / np.std(gaps) > 10
     assert np.corrcoef(times, gaps)[0, 1] > 0.999
 
 
-def test_family_factor_scales_every_kernel_of_the_family(kimi, gb300):
+def test_family_factor_scales_every_kernel_of_the_family(k3, gb300):
     """The gemm factor alone: every GEMM's work grows by the same factor in a draw, so the layer time is
     linear in it (on one stream with no HBM sharing) and grows by more than any single GEMM could."""
     res = u.load_residuals()
@@ -81,7 +75,7 @@ def test_family_factor_scales_every_kernel_of_the_family(kimi, gb300):
     z = np.zeros((2, len(params)))
     z[1, k] = 1.5
     sample = u.realise(gb300, params, z, res)
-    plan = build_plan(kimi, "standard", 16, DecodeShape(1, 1, 512), "kda")
+    plan = build_plan(k3, "standard", 16, DecodeShape(1, 1, 512), "kda")
     times = u.plan_draws(plan, sample)
     from simulator.cost.timeline import schedule
     gemms = [s.duration_us for s in schedule(plan, gb300).spans if s.kind == "gemm"]
@@ -90,36 +84,36 @@ def test_family_factor_scales_every_kernel_of_the_family(kimi, gb300):
     assert times[1] - times[0] > (factor - 1) * max(gemms) * 1.5
 
 
-def test_seed_reproduces_and_changes_the_draws(kimi, gb300):
+def test_seed_reproduces_and_changes_the_draws(k3, gb300):
     shape = DecodeShape(1, 8, 512)
-    plan = build_plan(kimi, "specialized", 16, shape, "kda")
+    plan = build_plan(k3, "specialized", 16, shape, "kda")
     a, b = (u.uncertainty(gb300, SMALL) for _ in range(2))
     c = u.uncertainty(gb300, u.IntervalSpec(draws=100, seed=7))
     np.testing.assert_array_equal(u.plan_draws(plan, a.sample), u.plan_draws(plan, b.sample))
     assert not np.array_equal(a.sample.z, c.sample.z)
 
 
-def test_speedup_interval_is_taken_draw_by_draw(kimi, gb300):
+def test_speedup_interval_is_taken_draw_by_draw(k3, gb300):
     """The ratio's interval from per-draw ratios: equal to the quantiles of standard / specialized under the
     same draws, and narrower than the ratio of the two intervals' ends (their errors are shared)."""
     from simulator.report.summary import layer_report
     shape = DecodeShape(1, 8, 512)
-    doc = layer_report(kimi, gb300, 16, shape, "kda", "both", None, SMALL)
+    doc = layer_report(k3, gb300, 16, shape, "kda", "both", None, SMALL)
     unc = u.uncertainty_for(gb300, SMALL)
-    std, spec = (u.plan_draws(build_plan(kimi, v, 16, shape, "kda"), unc.sample) for v in ("standard", "specialized"))
+    std, spec = (u.plan_draws(build_plan(k3, v, 16, shape, "kda"), unc.sample) for v in ("standard", "specialized"))
     assert doc["speedup_interval"] == unc.interval(std / spec, 4)
     (s_lo, s_hi), (f_lo, f_hi) = (doc["variants"][v]["layer_us_interval"] for v in ("standard", "specialized"))
     lo, hi = doc["speedup_interval"]
     assert hi - lo < s_hi / f_lo - s_lo / f_hi
 
 
-def test_gb300_published_steps_inside_and_width_within_15_percent(kimi, gb300):
+def test_gb300_published_steps_inside_and_width_within_15_percent(k3, gb300):
     unc = u.uncertainty_for(gb300, u.IntervalSpec())
     for fig in FITTED:
         if fig.metric != "step_ms":
             continue
-        central = estimate_step(kimi, gb300, fig.variant, 16, 1, 512).step_us / 1000
-        lo, hi = unc.interval(estimate_step(kimi, gb300, fig.variant, 16, 1, 512, makespan=unc.makespan).step_us / 1000)
+        central = estimate_step(k3, gb300, fig.variant, 16, 1, 512).step_us / 1000
+        lo, hi = unc.interval(estimate_step(k3, gb300, fig.variant, 16, 1, 512, makespan=unc.makespan).step_us / 1000)
         assert lo <= fig.published <= hi, (fig.name, lo, hi)
         assert lo <= central <= hi
         assert lo >= 0.85 * central and hi <= 1.15 * central, (fig.name, lo, central, hi)
@@ -181,3 +175,18 @@ def test_bad_interval_options_are_one_sentence(args):
     r = runner.invoke(app, ["step", *args])
     assert r.exit_code == 2, r.output
     assert "Traceback" not in r.output and r.output.strip().count("\n") == 0, r.output
+
+
+def test_cost_model_doc_quotes_the_tool():
+    """docs/cost-model.md section 8 quotes its numbers through the walkthrough's markers; each must be what
+    the tool prints now (`python docs/update_numbers.py` rewrites them)."""
+    from pathlib import Path
+
+    from test_walkthrough import MARKER, _json, _walk
+    text = (Path(__file__).resolve().parent.parent / "docs" / "cost-model.md").read_text(encoding="utf-8")
+    markers = list(MARKER.finditer(text))
+    assert len(markers) >= 15
+    for m in markers:
+        args, path, fmt = (part.strip() for part in m.group(1).split("|"))
+        shown = format(_walk(_json(args), path), fmt)
+        assert m.group(2) == shown, f"marker '{m.group(1)}': the tool gives {shown}, the text says {m.group(2)!r}"

@@ -105,11 +105,14 @@ def derive_residuals(folder: str | Path, hw: HardwareProfile) -> dict[str, Any]:
             "held_back": {f: r for f, r in sorted(held.items())}}
 
 
-@lru_cache(maxsize=1)
-def load_residuals(path: Path = RESIDUALS_FILE) -> Residuals:
-    doc = json.loads(path.read_text(encoding="utf-8"))
+def residuals_from(doc: Mapping[str, Any]) -> Residuals:
     return Residuals(doc["source"], {f: tuple(r) for f, r in doc["fitted"].items()},
                      {f: tuple(r) for f, r in doc["held_back"].items()})
+
+
+@lru_cache(maxsize=1)
+def load_residuals(path: Path = RESIDUALS_FILE) -> Residuals:
+    return residuals_from(json.loads(path.read_text(encoding="utf-8")))
 
 
 def coverage(res: Residuals, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
