@@ -27,7 +27,7 @@ from simulator.cost.step import estimate_step
 from simulator.cost.uncertainty import IntervalSpec, uncertainty_for
 from simulator.hardware import HardwareProfile
 from simulator.ops.experts import UNIFORM, RoutingStats
-from simulator.report.summary import variants_of
+from simulator.plans import VARIANTS
 
 
 def ranking(times: np.ndarray, z: np.ndarray, labels: list[str]) -> list[dict[str, Any]]:
@@ -53,7 +53,7 @@ def step_sensitivity(cfg: ModelConfig, hw: HardwareProfile, spec: IntervalSpec, 
     out: dict[str, Any] = {"metric": "share of the step time's variance over the interval's draws explained by "
                                      "each parameter alone (squared correlation; first-order Sobol for a near-linear "
                                      "step time)", "variants": {}}
-    for v in variants_of(variant):
+    for v in VARIANTS if variant == "both" else (variant,):
         args = (cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions, routing)
         times = estimate_step(*args, makespan=unc.makespan).step_us / 1000
         rows = ranking(times, unc.sample.z, labels)
