@@ -1,10 +1,10 @@
 """Every prediction with its uncertainty: seeded draws of the constants and the kernel-family errors,
 each draw scheduled on the timeline again.
 
-Two sources of error, each a parameter z ~ N(0, 1) before any conditioning:
+Three sources of error, each a parameter z ~ N(0, 1) before any conditioning:
 
-- **Constants** with a sourced range in the hardware profile (`fitted_to`, `range`): value + z (high - low) / 4,
-  clipped to the range (a range read as +-2 sd about its value). Sampled once per draw and shared by every
+- **Constants** with a sourced range in the hardware profile (`fitted_to`, `range`): value + z (high - low) / 4
+  (a range read as +-2 sd about its value). Sampled once per draw and shared by every
   kernel that reads them (the launch gap moves all 2,000 boundaries of a step together). A constant
   without a range (datasheet bandwidths and FLOP rates) is taken as known.
 - **Family factors**: one per kernel family (gemm, moe, small, kda, mla, collective), exp(Q(Phi(z))) with
@@ -15,19 +15,22 @@ Two sources of error, each a parameter z ~ N(0, 1) before any conditioning:
   per family: every kernel of a family moves together, which is wider than independent errors that
   would partly cancel over a layer (see docs/cost-model.md section 8 for why no per-kernel part).
   Other GPUs take the H200 residuals as the same *relative* spread.
+- **Structure**: one factor per variant, log-normal with the RMS of the GB300 fit's residuals on the
+  published figures as its sd: what no kernel-level parameter explains.
 
-Where the profile's constants were fitted to the published figures (GB300), the draws are conditioned on
-those figures: with J the Jacobian of log(figure) in z (central differences at z = +-1) and R the squared
-RMS of the fit's own residuals on them, the draws come from the Gaussian update
+Constants with a range are drawn inside it (rejection). Where the profile's constants were fitted to the
+published figures (GB300), the draws are conditioned on those figures instead: with J the Jacobian of
+log(figure) in z (central differences at z = +-1) and R the squared RMS of the fit's residuals,
 
-    Sigma = I - J^T (J J^T + R)^-1 J        (prior I; the mean stays at the fitted values, z = 0)
+    proposal  N(J^T (J J^T + R)^-1 (log published - log model),  I - J^T (J J^T + R)^-1 J)
+    weight    prior(z) x exp(-|log published - log figures(z)|^2 / 2R) / proposal(z)
 
-so a combination of constants and family errors that would miss the published figures is not drawn.
-Draws: Latin hypercube normal scores (seeded) times a square root of Sigma. Every draw prices each
+(importance sampling: the linear-Gaussian update proposes, each draw's four figures priced exactly weigh).
+Draws: Latin hypercube normal scores (seeded) times a square root of the covariance. Every draw prices each
 kernel with `kernel_terms` on the drawn profile and runs the timeline again, so a draw that moves the
 critical path (a collective outgrowing its overlapped GEMM) is scheduled as it would run.
 
-    interval = [q_(1-L)/2, q_(1+L)/2] of the draws       (L = 0.9 by default)
+    interval = [q_(1-L)/2, q_(1+L)/2] of the (weighted) draws       (L = 0.9 by default)
 
 Dimension legend: N draws, K parameters, F published figures, n kernels of a plan.
 """
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from statistics import NormalDist
@@ -45,8 +48,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import numpy.typing as npt
 
+from numba import njit
+
 from simulator.cost.fastsim import simulate
-from simulator.cost.timeline import _arrays
+from simulator.cost.pricing import kernel_terms
+from simulator.cost.timeline import _arrays, plan_scalars
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.plans import VARIANTS
@@ -223,8 +229,12 @@ class Sample:
     params: tuple[Parameter, ...]
     z: Array  # [N, K]
     profiles: tuple[HardwareProfile, ...]
+    stacked: HardwareProfile  # one profile whose drawn constants are arrays [N] (vectorised pricing)
     factors: Array  # [N, len(FAMILIES) + 1]; the last column is 1 (kernels of no family)
     structure: Array  # [N, len(VARIANTS)]: each variant's whole-layer factor
+    timelines: dict = field(default_factory=dict, compare=False, repr=False)  # id(plan) -> (plan, makespans
+    # before the structural factor): plans are cached and immutable, and the conditioning prices the figures'
+    # plans, which a default `step` prices again
 
     @property
     def n(self) -> int:
@@ -236,6 +246,7 @@ def realise(hw: HardwareProfile, params: tuple[Parameter, ...], z: Array, res: R
     values = {p.name: p.at(z[:, k], res) for k, p in enumerate(params)}
     consts = [p.name for p in params if p.kind == "constant"]
     profiles = tuple(replace(hw, **{c: float(values[c][i]) for c in consts}) for i in range(z.shape[0]))
+    stacked = replace(hw, **{c: np.asarray(values[c], dtype=np.float64) for c in consts})
     factors = np.ones((z.shape[0], len(FAMILIES) + 1))
     structure = np.ones((z.shape[0], len(VARIANTS)))
     for k, p in enumerate(params):
@@ -243,7 +254,7 @@ def realise(hw: HardwareProfile, params: tuple[Parameter, ...], z: Array, res: R
             factors[:, FAMILIES.index(p.name)] = values[p.name]
         elif p.kind == "structure":
             structure[:, VARIANTS.index(p.name)] = values[p.name]
-    return Sample(params, z, profiles, factors, structure)
+    return Sample(params, z, profiles, stacked, factors, structure)
 
 
 def lhs_normal(n: int, k: int, rng: np.random.Generator) -> Array:
@@ -265,18 +276,48 @@ def sqrt_psd(cov: Array) -> Array:
 def plan_draws(plan: Plan, sample: Sample) -> Array:
     """Makespan of `plan` under each draw [N]: every kernel re-priced on the drawn profile, its phases
     scaled by its families' factors, the timeline run again."""
+    seen = sample.timelines.get(id(plan))
+    if seen is None or seen[0] is not plan:
+        seen = sample.timelines[id(plan)] = (plan, _schedule_draws(plan, sample))
+    return seen[1] * (sample.structure[:, VARIANTS.index(plan.variant)] if plan.variant in VARIANTS else 1.0)
+
+
+def _schedule_draws(plan: Plan, sample: Sample) -> Array:
+    """Makespans [N] of `plan` under the sample's profiles and family factors (no structural factor)."""
+    layout = _arrays(plan, sample.profiles[0])  # pred, deps, bytes and prefetch targets: the same in every draw
+    terms = np.stack([kernel_draws(k, sample) for k in plan], axis=2)  # [5, N, n]
+    launch, fixed, math_us, comm, stream = terms
     index = {f: j for j, f in enumerate(FAMILIES)}
     none = len(FAMILIES)
     fams = [kernel_families(k) for k in plan]
-    work = np.array([index.get(w, none) if w else none for w, _ in fams])
-    comm = np.array([index.get(c, none) if c else none for _, c in fams])
-    out = np.empty(sample.n)
-    for d in range(sample.n):
-        a = list(_arrays(plan, sample.profiles[d]))
-        fw, fc = sample.factors[d, work], sample.factors[d, comm]
-        a[3], a[4], a[5], a[7] = a[3] * fw, a[4] * fw, a[5] * fc, a[7] / fw  # fixed, math, comm, bandwidth
-        out[d] = simulate(*a)[1].max()
-    return out * (sample.structure[:, VARIANTS.index(plan.variant)] if plan.variant in VARIANTS else 1.0)
+    fw = sample.factors[:, [index.get(w, none) if w else none for w, _ in fams]]  # [N, n]
+    fc = sample.factors[:, [index.get(c, none) if c else none for _, c in fams]]
+    gap_dep, gap_pdl, capacity = (np.broadcast_to(np.asarray(x, dtype=np.float64), (sample.n,)).copy()
+                                  for x in plan_scalars(sample.stacked))
+    return simulate_draws(layout[0], layout[1], launch, fixed * fw, math_us * fw, comm * fc, layout[6],
+                          stream * 1e-6 / fw, layout[8], gap_dep, gap_pdl, capacity)
+
+
+def kernel_draws(kernel: Kernel, sample: Sample) -> Array:
+    """`kernel_terms` under every draw [5, N]: one call on a profile whose drawn constants are arrays, or, where
+    the pricing branches on a drawn constant (the cheaper collective algorithm, a min of bandwidths: numpy
+    refuses to branch on an array), one call per draw."""
+    try:
+        terms = kernel_terms(kernel, sample.stacked)
+        return np.stack([np.broadcast_to(np.asarray(t, dtype=np.float64), (sample.n,)) for t in terms])
+    except (TypeError, ValueError):
+        return np.array([kernel_terms(kernel, hw) for hw in sample.profiles], dtype=np.float64).T
+
+
+@njit(cache=True)
+def simulate_draws(pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep, gap_pdl, capacity):
+    """`fastsim.simulate` once per draw (rows of the [N, n] arrays); the makespans [N]."""
+    out = np.empty(gap_pred.shape[0])
+    for d in range(gap_pred.shape[0]):
+        end = simulate(pred, deps, gap_pred[d], fixed[d], math[d], comm[d], nbytes, bw[d], can_pf, gap_dep[d],
+                       gap_pdl[d], capacity[d])[1]
+        out[d] = end.max()
+    return out
 
 
 def makespan_with(sample: Sample) -> Callable[[Plan, HardwareProfile], Array]:
@@ -362,12 +403,13 @@ class IntervalSpec:
 
 @dataclass(frozen=True)
 class Uncertainty:
-    """The draws a report prices under, and how they were made."""
+    """The draws a report prices under, their weights, and how they were made."""
 
     spec: IntervalSpec
     sample: Sample
     cov: Array
     conditioned: dict[str, Any] | None
+    weights: Array  # [N], summing to 1: uniform, or the importance weights of the conditioning
 
     @property
     def makespan(self) -> Callable[[Plan, HardwareProfile], Array]:
@@ -375,16 +417,55 @@ class Uncertainty:
         return makespan_with(self.sample)
 
     def interval(self, values: Array, digits: int = 4) -> list[float]:
-        lo, hi = np.quantile(values, [(1 - self.spec.level) / 2, (1 + self.spec.level) / 2])
+        lo, hi = weighted_quantile(values, self.weights, [(1 - self.spec.level) / 2, (1 + self.spec.level) / 2])
         return [round(float(lo), digits), round(float(hi), digits)]
 
     def describe(self) -> dict[str, Any]:
         return {"level": self.spec.level, "draws": self.spec.draws, "seed": self.spec.seed,
+                "effective_draws": round(float(1.0 / np.sum(self.weights ** 2)), 1),
                 "parameters": [p.label for p in self.sample.params],
                 "conditioned_on_published": self.conditioned,
-                "method": "seeded draws of the profile's ranged constants (shared by every kernel) and one "
-                          "H200 residual factor per kernel family, each draw re-priced and re-scheduled; "
-                          "interval = quantiles of the draws (docs/cost-model.md section 8)"}
+                "method": "seeded draws of the profile's ranged constants (shared by every kernel), one H200 "
+                          "residual factor per kernel family and one structural factor per variant, each draw "
+                          "re-priced and re-scheduled; interval = (weighted) quantiles of the draws "
+                          "(docs/cost-model.md section 8)"}
+
+
+def weighted_quantile(values: Array, weights: Array, probs: list[float]) -> Array:
+    """Quantiles of weighted draws: each draw's weight centred on its place in the sorted order."""
+    order = np.argsort(values)
+    v, w = np.asarray(values)[order], np.asarray(weights)[order]
+    position = np.cumsum(w) - w / 2
+    return np.interp(probs, position / w.sum(), v)
+
+
+def importance_weights(cfg: Any, sample: Sample, proposal: tuple[Array, Array], k: int, figures: tuple,
+                       noise: float) -> Array:
+    """Exact conditioning on the figures: weight = prior x likelihood / proposal over the K kernel-level
+    scores (the range truncation is the same in all three and cancels). The likelihood prices each draw's
+    figures without the structural factor, which is the noise (sd^2 = `noise`)."""
+    plain = replace(sample, structure=np.ones_like(sample.structure))
+    miss = np.log([f.published for f in figures]) - np.log(figure_values(cfg, plain, figures))  # [N, F]
+    z = sample.z[:, :k]
+    d = z - proposal[0]
+    log_w = (-0.5 * np.sum(miss ** 2, axis=1) / noise - 0.5 * np.sum(z ** 2, axis=1)
+             + 0.5 * np.einsum("nk,nk->n", d, np.linalg.solve(proposal[1], d.T).T))
+    w = np.exp(log_w - log_w.max())
+    return w / w.sum()
+
+
+def conditioned_sample(cfg: Any, hw: HardwareProfile, params: tuple[Parameter, ...], structure: tuple[Parameter, ...],
+                       res: Residuals, spec: IntervalSpec, figures: tuple) -> tuple[Sample, Array, Array, dict]:
+    """(sample, weights, proposal covariance, what it was conditioned on): N draws from the linear-Gaussian
+    update (the proposal), weighted to the exact conditioning (`importance_weights`)."""
+    mean, cov, info = posterior(cfg, hw, params, res, figures)
+    k, m = len(params), len(structure)
+    full_mean, full_cov = np.concatenate([mean, np.zeros(m)]), np.eye(k + m)
+    full_cov[:k, :k] = cov
+    z = draw_scores(full_mean, full_cov, params + structure, spec.draws, spec.seed)
+    sample = realise(hw, params + structure, z, res)
+    weights = importance_weights(cfg, sample, (mean, cov), k, figures, (info["figure_sd_pct"] / 100) ** 2)
+    return sample, weights, full_cov, info
 
 
 def uncertainty(hw: HardwareProfile, spec: IntervalSpec, res: Residuals | None = None) -> Uncertainty:
@@ -395,15 +476,14 @@ def uncertainty(hw: HardwareProfile, spec: IntervalSpec, res: Residuals | None =
     res = res or load_residuals()
     kimi = load_model("kimi-k3")
     params = parameters(hw, res, fitted_names(hw))
-    mean, cov, conditioned = np.zeros(len(params)), np.eye(len(params)), None
-    if fitted_names(hw):
-        mean, cov, conditioned = posterior(kimi, hw, params, res, FITTED)
     structure = structure_parameters(published_sd(kimi))
-    k, m = len(params), len(structure)
-    full_mean, full_cov = np.concatenate([mean, np.zeros(m)]), np.eye(k + m)
-    full_cov[:k, :k] = cov
-    z = draw_scores(full_mean, full_cov, params + structure, spec.draws, spec.seed)
-    return Uncertainty(spec, realise(hw, params + structure, z, res), full_cov, conditioned)
+    if fitted_names(hw):
+        sample, weights, cov, info = conditioned_sample(kimi, hw, params, structure, res, spec, FITTED)
+        return Uncertainty(spec, sample, cov, info, weights)
+    k = len(params) + len(structure)
+    z = draw_scores(np.zeros(k), np.eye(k), params + structure, spec.draws, spec.seed)
+    return Uncertainty(spec, realise(hw, params + structure, z, res), np.eye(k), None,
+                       np.full(spec.draws, 1.0 / spec.draws))
 
 
 @lru_cache(maxsize=16)
