@@ -150,7 +150,9 @@ def kernel_families(kernel: Kernel) -> tuple[str | None, str | None]:
     if kind == "attention":
         tag = kernel.key + " " + (getattr(kernel.op, "__name__", "") or "")
         return ("kda" if "kda" in tag else "mla" if "mla" in tag else None), comm
-    return "small", comm
+    if kind in ("pointwise", "router"):  # a router without weights is the top-k: a small kernel
+        return "small", comm
+    return None, comm  # a kind validate never measured: no residual factor (its constants still vary)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -354,9 +356,11 @@ def posterior(cfg: Any, hw: HardwareProfile, params: tuple[Parameter, ...], res:
     """(mean, covariance) of the normal scores given the published figures, and what they were: the
     linear-Gaussian update with J from central differences at z = +-1 (module docstring)."""
     k = len(params)
-    z = np.vstack([np.zeros((1, k)), np.eye(k), -np.eye(k)])
+    # one sd down, or a forward difference where that would make a constant negative
+    down = np.array([0.0 if p.kind == "constant" and p.value - p.sd <= 0 else 1.0 for p in params])
+    z = np.vstack([np.zeros((1, k)), np.eye(k), -np.diag(down)])
     y = np.log(figure_values(cfg, realise(hw, params, z, res), figures))  # [2K + 1, F]
-    jac = ((y[1:k + 1] - y[k + 1:]) / 2.0).T  # [F, K]
+    jac = ((y[1:k + 1] - y[k + 1:]) / (1.0 + down)[:, None]).T  # [F, K]
     miss = np.log([f.published for f in figures]) - y[0]
     noise = float(np.mean(miss ** 2))
     gain = jac.T @ np.linalg.inv(jac @ jac.T + noise * np.eye(len(figures)))  # [K, F]
