@@ -142,20 +142,23 @@ def test_layer_json_and_table_carry_the_intervals():
     for v in doc["variants"].values():
         lo, hi = v["layer_us_interval"]
         assert lo < v["layer_us"] < hi
+        for k in v["kernels"]:  # each kernel's own span under the draws
+            assert 0 < k["duration_us_interval"][0] <= k["duration_us_interval"][1]
+        assert sum(k["duration_us_interval"][1] for k in v["kernels"]) > hi * 0.5
     assert doc["interval"]["conditioned_on_published"] is None  # H200 was not fitted to the published figures
     table = runner.invoke(app, ["layer", "--draws", "100"])
     assert table.exit_code == 0 and "90% interval" in table.output
 
 
 def test_sensitivity_ranks_and_plots(tmp_path):
-    r = runner.invoke(app, ["step", "--json", "--draws", "100", "--sensitivity", "--plot", str(tmp_path),
-                            "--hardware", "h200", "--tp", "8"])
+    r = runner.invoke(app, ["step", "--json", "--sensitivity", "--plot", str(tmp_path), "--hardware", "h200", "--tp", "8"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     for panel in doc["sensitivity"]["variants"].values():
         shares = [row["share"] for row in panel["ranking"]]
         assert shares == sorted(shares, reverse=True) and all(0 <= s <= 1 for s in shares)
-        assert 0.3 < panel["sum_of_shares"] <= 1.05  # independent parameters on H200: at most all of it
+        # independent parameters on H200: about all of the variance at most (+ sampling noise ~K / N)
+        assert 0.3 < panel["sum_of_shares"] <= 1.15
     assert (tmp_path / "step-sensitivity.png").stat().st_size > 0
 
 

@@ -12,8 +12,8 @@ parameter k, the step time T is regressed on its normal score z_k across those N
 No extra pricing: the ranking reads the draws the interval came from. Where the draws were conditioned on
 the published figures (GB300) the parameters are correlated (a longer launch gap goes with a shorter GEMM
 fixed cost), and a parameter's share includes what it explains through its partners, so the shares may
-add up to more than 1 (`sum_of_shares`); with independent parameters they add up to at most 1, the rest
-being interactions and the curvature of the residual quantiles.
+add up to more than 1 (`sum_of_shares`); with independent parameters they add up to about 1 at most (plus
+sampling noise of ~K / N), the rest being interactions and the curvature of the residual quantiles.
 
 Dimension legend: K parameters, N draws.
 """

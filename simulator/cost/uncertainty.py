@@ -278,14 +278,26 @@ def sqrt_psd(cov: Array) -> Array:
 def plan_draws(plan: Plan, sample: Sample) -> Array:
     """Makespan of `plan` under each draw [N]: every kernel re-priced on the drawn profile, its phases
     scaled by its families' factors, the timeline run again."""
+    return _scheduled(plan, sample)[0] * (sample.structure[:, VARIANTS.index(plan.variant)]
+                                          if plan.variant in VARIANTS else 1.0)
+
+
+def kernel_duration_draws(plan: Plan, sample: Sample) -> Array:
+    """[N, n] each kernel's span on the timeline (start to end, stretched by shared bandwidth) under each
+    draw: the kernel-level parameters only (the structural factor belongs to a whole layer)."""
+    return _scheduled(plan, sample)[1]
+
+
+def _scheduled(plan: Plan, sample: Sample) -> tuple[Array, Array]:
     seen = sample.timelines.get(id(plan))
     if seen is None or seen[0] is not plan:
         seen = sample.timelines[id(plan)] = (plan, _schedule_draws(plan, sample))
-    return seen[1] * (sample.structure[:, VARIANTS.index(plan.variant)] if plan.variant in VARIANTS else 1.0)
+    return seen[1]
 
 
-def _schedule_draws(plan: Plan, sample: Sample) -> Array:
-    """Makespans [N] of `plan` under the sample's profiles and family factors (no structural factor)."""
+def _schedule_draws(plan: Plan, sample: Sample) -> tuple[Array, Array]:
+    """(makespans [N], kernel spans [N, n]) of `plan` under the sample's profiles and family factors (no
+    structural factor)."""
     layout = _arrays(plan, sample.profiles[0])  # pred, deps, bytes and prefetch targets: the same in every draw
     terms = np.stack([kernel_draws(k, sample) for k in plan], axis=2)  # [5, N, n]
     launch, fixed, math_us, comm, stream = terms
@@ -313,13 +325,15 @@ def kernel_draws(kernel: Kernel, sample: Sample) -> Array:
 
 @njit(cache=True)
 def simulate_draws(pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep, gap_pdl, capacity):
-    """`fastsim.simulate` once per draw (rows of the [N, n] arrays); the makespans [N]."""
+    """`fastsim.simulate` once per draw (rows of the [N, n] arrays): (makespans [N], kernel spans [N, n])."""
     out = np.empty(gap_pred.shape[0])
+    spans = np.empty(gap_pred.shape)
     for d in range(gap_pred.shape[0]):
-        end = simulate(pred, deps, gap_pred[d], fixed[d], math[d], comm[d], nbytes, bw[d], can_pf, gap_dep[d],
-                       gap_pdl[d], capacity[d])[1]
+        start, end, _, _, _ = simulate(pred, deps, gap_pred[d], fixed[d], math[d], comm[d], nbytes, bw[d], can_pf,
+                                       gap_dep[d], gap_pdl[d], capacity[d])
         out[d] = end.max()
-    return out
+        spans[d] = end - start
+    return out, spans
 
 
 def makespan_with(sample: Sample) -> Callable[[Plan, HardwareProfile], Array]:

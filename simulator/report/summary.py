@@ -11,7 +11,7 @@ from simulator.config import ModelConfig
 from simulator.cost.memory import memory_per_gpu
 from simulator.cost.step import StepEstimate, build_plan, estimate_step, representative_layer
 from simulator.cost.timeline import Span, Timeline, schedule
-from simulator.cost.uncertainty import IntervalSpec, Uncertainty, plan_draws, uncertainty_for
+from simulator.cost.uncertainty import IntervalSpec, Uncertainty, kernel_duration_draws, plan_draws, uncertainty_for
 from simulator.hardware import HardwareProfile
 from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans.head import head_plan
@@ -67,9 +67,13 @@ def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeSh
         doc["speedup"] = round(tls["standard"].layer_us / tls["specialized"].layer_us, 4)
     if interval is not None:
         unc = uncertainty_for(hw, interval)
-        draws = {v: plan_draws(build_plan(cfg, v, tp, shape, layer_type, fusions), unc.sample) for v in tls}
+        plans = {v: build_plan(cfg, v, tp, shape, layer_type, fusions) for v in tls}
+        draws = {v: plan_draws(p, unc.sample) for v, p in plans.items()}
         for v, d in draws.items():
             doc["variants"][v]["layer_us_interval"] = unc.interval(d, 3)
+            spans = kernel_duration_draws(plans[v], unc.sample)
+            for i, row in enumerate(doc["variants"][v]["kernels"]):
+                row["duration_us_interval"] = unc.interval(spans[:, i], 3)
         _interval_keys(doc, unc, draws)
     return doc
 
