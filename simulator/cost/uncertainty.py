@@ -442,6 +442,8 @@ class Uncertainty:
         return {"level": self.spec.level, "draws": self.spec.draws, "seed": self.spec.seed,
                 "effective_draws": round(float(1.0 / np.sum(self.weights ** 2)), 1),
                 "parameters": [p.label for p in self.sample.params],
+                "parameter_counts": {kind: sum(p.kind == kind for p in self.sample.params)
+                                     for kind in ("constant", "family", "structure")},
                 "conditioned_on_published": self.conditioned,
                 "method": "seeded draws of the profile's ranged constants (shared by every kernel), one H200 "
                           "residual factor per kernel family and one structural factor per variant, each draw "

@@ -115,10 +115,12 @@ def _interval_note(con: Console, doc: dict[str, Any]) -> None:
     if "interval" not in doc:
         return
     i = doc["interval"]
-    cond = (f"; conditioned on the {len(i['conditioned_on_published']['figures'])} published figures "
-            f"the constants were fitted to") if i["conditioned_on_published"] else ""
-    con.print(f"interval: {i['level']:.0%} of {i['draws']} seeded draws (seed {i['seed']}) of {len(i['parameters'])} "
-              f"uncertain constants, kernel-family and layer errors{cond} (docs/cost-model.md section 8)")
+    n = i["parameter_counts"]
+    cond = (f"; conditioned on the {len(i['conditioned_on_published']['figures'])} published figures the constants "
+            f"were fitted to ({i['effective_draws']:.0f} effective draws)") if i["conditioned_on_published"] else ""
+    con.print(f"interval: {i['level']:.0%} of {i['draws']} seeded draws (seed {i['seed']}) of {n['constant']} ranged "
+              f"constants, {n['family']} kernel-family factors and {n['structure']} layer-structure factors{cond} "
+              "(docs/cost-model.md section 8)")
 
 
 def print_step(doc: dict[str, Any]) -> None:
