@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any, Callable
 
 from simulator.config import ModelConfig
 from simulator.cost.timeline import Timeline, makespan_us, schedule
@@ -115,18 +116,21 @@ def load_drafter(name_or_path: str) -> tuple[ModelConfig, str, int]:
 
 def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, batch: int, context: int,
                   draft_tokens: int = 0, acceptance_length: float | None = None, drafter: str = "dspark-k3",
-                  fusions: frozenset[str] | None = None, routing: RoutingStats = UNIFORM) -> StepEstimate:
+                  fusions: frozenset[str] | None = None, routing: RoutingStats = UNIFORM,
+                  makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> StepEstimate:
+    """The step of one variant. `makespan` prices one plan: `makespan_us`, or a function returning an array
+    of uncertainty draws (cost/uncertainty.py), in which case every time in the estimate is that array."""
     accept = validate_speculation(draft_tokens, acceptance_length)
     shape = DecodeShape(batch, 1 + draft_tokens, context, routing)
     breakdown, per_layer, kernels = {}, {}, 0
     for layer_type, count in cfg.layer_counts().items():
         if count:
             plan = build_plan(cfg, variant, tp, shape, layer_type, fusions)
-            per_layer[layer_type] = makespan_us(plan, hw)
+            per_layer[layer_type] = makespan(plan, hw)
             breakdown[f"{layer_type}_layers"] = count * per_layer[layer_type]
             kernels += count * len(plan)
     head = head_plan(cfg, tp, shape, variant, variant == "specialized" and (fusions is None or "pdl_prefetch" in fusions))
-    breakdown["head"] = makespan_us(head, hw)
+    breakdown["head"] = makespan(head, hw)
     kernels += len(head)
     if draft_tokens:
         dcfg, drafting, taps = load_drafter(drafter)
@@ -134,6 +138,6 @@ def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, 
             raise UserError(f"drafter '{dcfg.name}' (hidden {dcfg.hidden_size}, vocab {dcfg.vocab_size}) does not match "
                             f"model '{cfg.name}' (hidden {cfg.hidden_size}, vocab {cfg.vocab_size}); pass --drafter.")
         plans, repeats = drafter_plans(dcfg, tp, batch, draft_tokens, context, drafting, taps)
-        breakdown["draft"] = repeats * sum(makespan_us(p, hw) for p in plans)
+        breakdown["draft"] = repeats * sum(makespan(p, hw) for p in plans)
         kernels += repeats * sum(len(p) for p in plans)
     return StepEstimate(variant, sum(breakdown.values()), accept, batch, breakdown, per_layer, kernels)
