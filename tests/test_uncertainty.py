@@ -219,3 +219,16 @@ def test_vectorised_pricing_equals_one_draw_at_a_time(k3, hardware):
             a[3], a[4], a[5], a[7] = a[3] * fw, a[4] * fw, a[5] * fc, a[7] / fw
             want.append(simulate(*a)[1].max() * s.structure[d, u.VARIANTS.index(plan.variant)])
         np.testing.assert_allclose(u.plan_draws(plan, s), want, rtol=1e-12, err_msg=f"{plan.variant} {plan.layer}")
+
+
+def test_only_collectives_fall_back_to_one_draw_at_a_time(k3, gb300):
+    """Pricing under drawn constants stays vectorised: only a collective's choice of the cheaper algorithm
+    branches on a drawn constant. A pricing change that makes any other kernel branch (Python max/min on
+    drawn constants) silently falls back to one call per draw and costs `step` most of a second."""
+    from simulator.cost.pricing import kernel_terms
+    s = u.uncertainty(gb300, u.IntervalSpec(draws=50, seed=1)).sample
+    for v in ("standard", "specialized"):
+        for t in ("kda", "mla", "dense"):
+            for k in build_plan(k3, v, 16, DecodeShape(1, 8, 512), t):
+                if k.collective is None:
+                    kernel_terms(k, s.stacked)  # raises on an array branch

@@ -193,7 +193,8 @@ def launch_gap_us(kernel: Kernel, hw: HardwareProfile) -> float:
     if kernel.kind == "attention" and kernel.prefetch_bytes:  # its KV cache / recurrent state is no input either
         independent = kernel.hbm_bytes
     independent_us = independent / (hw.hbm_efficiency * hw.hbm_bandwidth) * 1e6
-    return max(hw.launch_gap_pdl_us, hw.launch_gap_us - hw.pdl_dependent_hidden_us - independent_us)
+    gap = np.maximum(hw.launch_gap_pdl_us, hw.launch_gap_us - hw.pdl_dependent_hidden_us - independent_us)
+    return float(gap) if np.ndim(gap) == 0 else gap  # arrays when the constants are drawn (uncertainty.py)
 
 
 def achievable_bandwidth(nbytes: float, kind: str, hw: HardwareProfile) -> float:
