@@ -1,7 +1,7 @@
 """Re-quote the walkthrough's numbers after a cost-model change: every `<span title="ARGS | PATH | FORMAT">`
 marker gets the value the tool prints now (the convention tests/test_walkthrough.py checks).
 
-    python docs/update_numbers.py            # rewrite docs/walkthrough.md in place, list what changed
+    python docs/update_numbers.py            # rewrite docs/walkthrough.md and docs/cost-model.md in place
     python docs/update_numbers.py --check    # list what would change, exit 1 if anything would
 
 Only the numbers inside markers change: read the listed lines afterwards, since the prose around a number
@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from simulator.cli import app
 
 DOC = Path(__file__).resolve().parent / "walkthrough.md"
+DOCS = (DOC, DOC.parent / "cost-model.md")  # cost-model.md quotes through markers in section 8 (intervals)
 sys.path.insert(0, str(DOC.parent.parent / "tests"))
 from test_walkthrough import MARKER, _walk  # noqa: E402  (one definition of the marker convention)
 
@@ -55,11 +56,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
-    new, changes = requote(DOC.read_text(encoding="utf-8"))
-    print("\n".join(changes) or "every quoted number is current")
-    if not args.check and changes:
-        DOC.write_text(new, encoding="utf-8")
-    return 1 if args.check and changes else 0
+    changed = False
+    for doc in DOCS:
+        new, changes = requote(doc.read_text(encoding="utf-8"))
+        print(f"{doc.name}: " + ("\n".join(changes) or "every quoted number is current"))
+        if not args.check and changes:
+            doc.write_text(new, encoding="utf-8")
+        changed |= bool(changes)
+    return 1 if args.check and changed else 0
 
 
 if __name__ == "__main__":

@@ -109,6 +109,20 @@ def check(
 
 HardwareOpt = Annotated[str, typer.Option("--hardware", help="GPU profile name (see `moe-sim list hardware`) or path to a .toml profile.")]
 VariantOpt = Annotated[VariantChoice, typer.Option("--variant", help="Which plan(s) to price.")]
+IntervalOpt = Annotated[float, typer.Option("--interval", help=(
+    "Probability of the interval printed beside each time (0.9: the 5th to 95th percentile of the draws; "
+    "docs/cost-model.md section 8)."))]
+DrawsOpt = Annotated[int, typer.Option("--draws", help="Seeded draws of the constants and kernel-family errors behind the interval.")]
+IntervalSeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the interval's draws (same seed, same interval).")]
+NoIntervalOpt = Annotated[bool, typer.Option("--no-interval", help="Central values only (skip the draws).")]
+
+
+def _interval_spec(level: float, draws: int, seed: int, off: bool) -> Any:
+    from simulator.cost.uncertainty import IntervalSpec
+    spec = IntervalSpec(level, draws, seed)  # checked even when off: a bad option is an error either way
+    return None if off else spec
+
+
 DisableOpt = Annotated[Optional[list[str]], typer.Option("--disable-fusion", help="Turn one fusion of the specialized plan off (repeatable).")]
 EnableOpt = Annotated[Optional[list[str]], typer.Option("--enable-fusion", help="Turn a what-if fusion on (repeatable), e.g. unpadded_experts.")]
 
@@ -144,6 +158,10 @@ def layer(
     expert_skew: SkewOpt = 0.0,
     draft_correlation: CorrelationOpt = 0.0,
     plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also write timeline, kernel-bar and roofline charts (PNG + SVG) to this folder.")] = None,
+    interval: IntervalOpt = 0.9,
+    draws: DrawsOpt = 400,
+    seed: IntervalSeedOpt = 0,
+    no_interval: NoIntervalOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Per-kernel cost and timeline of one decoder layer, standard and specialized side by side.
@@ -167,7 +185,8 @@ def layer(
         cfg, hw = load_model(model), load_hardware(hardware)
         routing = RoutingStats(expert_skew, draft_correlation)
         shape, fusions = DecodeShape(batch, tokens_per_seq, context, routing), _fusions(variant, disable_fusion, enable_fusion)
-        doc = layer_report(cfg, hw, tp, shape, layer_type.value, variant.value, fusions)
+        spec = _interval_spec(interval, draws, seed, no_interval)
+        doc = layer_report(cfg, hw, tp, shape, layer_type.value, variant.value, fusions, spec)
         if plot_dir is not None:
             from simulator.report.scenario_plots import layer_plots
             doc["plots"] = [str(p) for p in layer_plots(doc, cfg, hw, tp, shape, layer_type.value, variant.value,
@@ -198,6 +217,14 @@ def step(
     routing_bracket: Annotated[bool, typer.Option("--routing-bracket", help=(
         "Also price the step under uniform routing and under concentrated routing (your --expert-skew / "
         "--draft-correlation, or s = 1.2 with correlation 0.5): the bracket routing statistics span."))] = False,
+    interval: IntervalOpt = 0.9,
+    draws: DrawsOpt = 400,
+    seed: IntervalSeedOpt = 0,
+    no_interval: NoIntervalOpt = False,
+    sensitivity: Annotated[bool, typer.Option("--sensitivity", help=(
+        "Rank the uncertain constants and kernel-family errors by their share of the step time's variance "
+        "(one at a time, each at its 5th and 95th percentile)."))] = False,
+    plot_dir: Annotated[Optional[str], typer.Option("--plot", help="With --sensitivity: write the tornado chart (PNG + SVG) to this folder.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Whole decode step: time, aggregate tokens/s, tokens/s per user and a breakdown.
@@ -215,10 +242,26 @@ def step(
     def body() -> dict:
         from simulator.ops.experts import RoutingStats
         check_flags(tp=tp, batch=batch, context=context, draft_tokens=draft_tokens, acceptance_length=acceptance_length)
+        spec = _interval_spec(interval, draws, seed, no_interval)
+        if plot_dir is not None:
+            if not sensitivity:
+                raise UserError("--plot draws the tornado chart of --sensitivity: pass --sensitivity too.")
+            output_dir(plot_dir, "--plot")
+        if sensitivity and spec is None:
+            raise UserError("--sensitivity ranks what widens the interval: drop --no-interval.")
         fusions = _fusions(variant, disable_fusion, enable_fusion)
         cfg, hw = load_model(model), load_hardware(hardware)
-        return step_report(cfg, hw, tp, batch, context, draft_tokens, acceptance_length, variant.value, drafter,
-                           fusions, RoutingStats(expert_skew, draft_correlation), routing_bracket)
+        routing = RoutingStats(expert_skew, draft_correlation)
+        doc = step_report(cfg, hw, tp, batch, context, draft_tokens, acceptance_length, variant.value, drafter,
+                          fusions, routing, routing_bracket, spec)
+        if sensitivity:
+            from simulator.cost.sensitivity import step_sensitivity
+            doc["sensitivity"] = step_sensitivity(cfg, hw, spec, tp, batch, context, draft_tokens, acceptance_length,
+                                                  variant.value, drafter, fusions, routing)
+            if plot_dir is not None:
+                from simulator.report.uncertainty_plots import plot_tornado
+                doc["plots"] = [str(p) for p in plot_tornado(doc, plot_dir)]
+        return doc
 
     from simulator.report.tables import print_step
     _emit(_guard(body), as_json, print_step)
@@ -420,8 +463,11 @@ def validate(
     def body() -> dict:
         if plot_dir is not None:
             output_dir(plot_dir, "--plot")
-        doc = run_validation(measurements, load_hardware(hardware))
+        hw = load_hardware(hardware)
+        doc = run_validation(measurements, hw)
         doc["measurements"] = measurements
+        from simulator.cost.uncertainty import coverage, derive_residuals, residuals_from
+        doc["interval_coverage"] = coverage(residuals_from(derive_residuals(measurements, hw)))
         if plot_dir:
             from simulator.report.validation import plot_validation
             doc["plots"] = [str(p) for p in plot_validation(doc, plot_dir)]

@@ -35,18 +35,33 @@ from simulator.scenario import point_model as _model
 
 CONFIG_COLUMNS = list(DEFAULTS)
 OWN_FILES = ("points.csv", "summary.json")
+# the 90 % interval of every row (docs/cost-model.md section 8); fewer draws than the CLI's 400, since a
+# sweep prices many points and its bands only need to show their width
+SWEEP_INTERVAL_DRAWS = 100
+
+
+def _bounds(name: str, interval: list[float] | None) -> dict[str, Any]:
+    """`<name>_low`, `<name>_high` columns from a report's `[low, high]` (none when it has no interval)."""
+    return {} if interval is None else {f"{name}_low": interval[0], f"{name}_high": interval[1]}
+
+
+def _interval_spec() -> Any:
+    from simulator.cost.uncertainty import IntervalSpec
+    return IntervalSpec(draws=SWEEP_INTERVAL_DRAWS)
 
 
 def _step_rows(point: dict[str, Any]) -> list[dict[str, Any]]:
     from simulator.report.summary import step_report
     doc = step_report(_model(point["model"], point["precision"]), _hardware(point["hardware"]), point["tp"],
                       point["batch"], point["context"], point["draft_tokens"], point["acceptance_length"],
-                      point["variant"], point["drafter"], _fusions(point), _routing(point))
+                      point["variant"], point["drafter"], _fusions(point), _routing(point), interval=_interval_spec())
     rows = []
     for variant, v in doc["variants"].items():
         row = {"variant": variant, "step_ms": v["step_ms"], "tokens_per_s": v["tokens_per_s"],
                "tokens_per_s_per_user": v["tokens_per_s_per_user"], "kernels_per_step": v["kernels_per_step"],
                "speedup": doc.get("speedup"), "acceptance_length": doc["acceptance_length"]}
+        row |= (_bounds("step_ms", v.get("step_ms_interval")) | _bounds("tokens_per_s", v.get("tokens_per_s_interval"))
+                | _bounds("speedup", doc.get("speedup_interval")))
         row |= {f"{k}_ms": x for k, x in v["breakdown_ms"].items()}
         rows.append(row | _memory_columns(doc["memory_gb"]))
     return rows
@@ -55,9 +70,10 @@ def _step_rows(point: dict[str, Any]) -> list[dict[str, Any]]:
 def _layer_rows(point: dict[str, Any]) -> list[dict[str, Any]]:
     from simulator.report.summary import layer_report
     doc = layer_report(_model(point["model"], point["precision"]), _hardware(point["hardware"]), point["tp"],
-                       _shape(point), point["layer"], point["variant"], _fusions(point))
+                       _shape(point), point["layer"], point["variant"], _fusions(point), _interval_spec())
     return [{"variant": variant, "kernel_count": v["kernel_count"], "layer_us": v["layer_us"],
              "floor_us": v["floor_us"], "hbm_mb": round(v["hbm_bytes"] / 1e6, 3), "speedup": doc.get("speedup")}
+            | _bounds("layer_us", v.get("layer_us_interval")) | _bounds("speedup", doc.get("speedup_interval"))
             | _memory_columns(doc["memory_gb"]) for variant, v in doc["variants"].items()]
 
 

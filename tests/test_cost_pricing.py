@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from simulator.cost.pricing import achievable_bandwidth, price_kernel
+from simulator.cost.pricing import achievable_bandwidth, expected_tiles, price_kernel
 from simulator.hardware import list_hardware, load_hardware
 from simulator.plans.kernel import Collective, Kernel, Tensor
 
@@ -111,7 +112,7 @@ def grouped(tokens: int, experts: int, k: int, n: int, top_k: int = 8, dtype: st
     rows = tokens * top_k
     return Kernel("fc", "moe_gemm", "moe", reads=(Tensor("x", (tokens, k), "bf16"),),
                   writes=(Tensor("y", (rows, n), "bf16"),), weights=(Tensor("w", (experts, k, n), dtype),),
-                  flops=2 * rows * k * n, group_rows=rows)
+                  flops=2 * rows * k * n, group_rows=rows, group_tokens=tokens)
 
 
 def test_grouped_gemm_pays_per_expert_and_streams_like_a_dense_gemm() -> None:
@@ -125,12 +126,35 @@ def test_grouped_gemm_pays_per_expert_and_streams_like_a_dense_gemm() -> None:
 
 
 def test_grouped_gemm_math_counts_whole_tiles_per_expert() -> None:
-    """moe_align_block_size: 1 row per expert still runs a 16-row tile (64 once experts average > 16 rows)."""
+    """moe_align_block_size: 1 row per expert still runs a 16-row tile (64 once experts average > 16 rows),
+    and random routing spreads the rows, so the grid runs more tiles than rows / BLOCK_M."""
     hw = load_hardware("gb300")
-    sparse = price_kernel(grouped(2, 16, 7168, 512), hw)  # 16 rows over 16 experts: 16 x padded
-    assert sparse.math_us == pytest.approx(16 * 2 * 16 * 7168 * 512 / (hw.bf16_flops * hw.compute_efficiency) * 1e6)
-    dense_rows = price_kernel(grouped(256, 16, 7168, 512), hw)  # 128 rows per expert: 64-row tiles, no padding
-    assert dense_rows.math_us == pytest.approx(2 * 2048 * 7168 * 512 / (hw.bf16_flops * hw.compute_efficiency) * 1e6)
+    per_tile_us = 2 * 7168 * 512 / (hw.bf16_flops * hw.compute_efficiency) * 1e6
+    sparse = price_kernel(grouped(2, 16, 7168, 512), hw)  # 16 rows over 16 experts, 1 each: 16 x padded
+    assert sparse.math_us == pytest.approx(16 * 16 * per_tile_us)
+    dense_rows = price_kernel(grouped(256, 16, 7168, 512), hw)  # 128 rows per expert on average
+    tiles, block = expected_tiles(256, 2048, 16)
+    assert block == 64 and dense_rows.math_us == pytest.approx(tiles * 64 * per_tile_us)
+    assert 2048 * per_tile_us < dense_rows.math_us < 3 * 16 * 64 * per_tile_us  # 2 to 3 tiles per expert
+    every = price_kernel(grouped(256, 8, 7168, 512), hw)  # every token picks all 8 experts: exactly 256 rows each
+    assert every.math_us == pytest.approx(2048 * per_tile_us)
+
+
+@pytest.mark.parametrize("tokens, top_k, experts", [(64, 16, 896), (8, 16, 896), (128, 8, 256), (64, 16, 64)])
+def test_expected_tiles_matches_random_routing(tokens: int, top_k: int, experts: int) -> None:
+    """Monte Carlo of the grid moe_align_block_size builds: each token picks top_k distinct experts at random;
+    count the touched experts and their whole BLOCK_M tiles. expected_tiles, given the mean U, agrees."""
+    rng = np.random.default_rng(0)
+    touched, tiles = [], []
+    for _ in range(400):
+        picks = np.argsort(rng.random((tokens, experts)), axis=1)[:, :top_k].ravel()
+        counts = np.bincount(picks, minlength=experts)
+        counts = counts[counts > 0]
+        block = 64 if tokens * top_k / len(counts) > 16 else 16
+        touched.append(len(counts))
+        tiles.append(np.sum(-(-counts // block)))
+    got, _ = expected_tiles(tokens, tokens * top_k, round(np.mean(touched)))
+    assert got == pytest.approx(np.mean(tiles), rel=0.02)
 
 
 def test_fp4_weights_are_dequantised_on_hopper_not_on_blackwell() -> None:

@@ -17,6 +17,9 @@ KINDS = ("gemm", "moe", "attention", "pointwise", "router", "collective", "gemm_
 ONE_TOKEN = 7168 * 2
 
 
+ALL = 1 << 40  # prefetch every weight byte (the plans' ALL_WEIGHTS)
+
+
 def stream_kernel(key: str, mbytes: float, kind: str = "gemm", **extra) -> Kernel:
     """A memory-bound kernel loading `mbytes` MB of bf16 weights (plus a tiny activation)."""
     n = max(1, int(mbytes * 1e6 / 2 / 7168))
@@ -55,13 +58,18 @@ def test_a_serial_chain_is_the_sum_of_gaps_and_durations(name: str) -> None:
     assert all(later.start_us >= earlier.end_us for earlier, later in zip(spans, spans[1:]))
 
 
-def test_pdl_shortens_each_boundary() -> None:
+def test_pdl_hides_a_boundary_as_far_as_the_kernel_has_independent_work() -> None:
+    """H200 (calibration/h200/pdl): a kernel that waits on its predecessor first hides only
+    pdl_dependent_hidden_us of the gap; one that loads its weights first hides all of it."""
     hw = load_hardware("h200")
     plain = run(stream_kernel("a", 10), stream_kernel("b", 10))
-    pdl = run(stream_kernel("a", 10, pdl=True), stream_kernel("b", 10, pdl=True))
-    saved = 2 * (hw.launch_gap_us - hw.launch_gap_pdl_us)
-    assert pdl.layer_us == pytest.approx(plain.layer_us - saved)
-    assert pdl.span("b").launch_us < plain.span("b").launch_us
+    waits = run(stream_kernel("a", 10, pdl=True), stream_kernel("b", 10, pdl=True))
+    loads = run(stream_kernel("a", 10, pdl=True, prefetch_bytes=ALL), stream_kernel("b", 10, pdl=True, prefetch_bytes=ALL))
+    assert waits.layer_us == pytest.approx(plain.layer_us - 2 * hw.pdl_dependent_hidden_us)
+    assert loads.span("b").launch_us == pytest.approx(hw.launch_gap_pdl_us)
+    assert loads.layer_us < waits.layer_us - (hw.launch_gap_us - hw.pdl_dependent_hidden_us)
+    tiny = run(stream_kernel("a", 10), stream_kernel("b", 0.01, pdl=True, prefetch_bytes=ALL))
+    assert tiny.span("b").launch_us == pytest.approx(hw.launch_gap_us - hw.pdl_dependent_hidden_us, abs=0.01)
 
 
 def test_prefetch_under_a_collective_shortens_the_layer() -> None:

@@ -86,6 +86,7 @@ N_SWEEP = (256, 512, 896, 1536, 2112, 3216, 3584, 6288, 7168, 10240, 20480)  # K
 MOE_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MOE_U_AT_64 = (16, 64, 128, 256, 512, 613, 896)
 MOE_M_AT_U128 = (8, 32, 128, 256)
+MOE_BM64_U, MOE_BM64_M = (16, 32, 64), (128, 256, 512, 1024)  # > 16 rows per expert: the BLOCK_M = 64 kernel
 SMALL_M = (1, 8, 64, 256)
 KDA_B = (1, 4, 16, 64, 256)
 MLA_B = (1, 8, 32, 64)
@@ -164,6 +165,7 @@ def moe_points() -> list[Point]:
         grid = [(m, _expected_u(model, m), "") for m in MOE_M]
         if sweeps:
             grid += [(64, u, "u_sweep") for u in MOE_U_AT_64] + [(m, 128, "m_sweep") for m in MOE_M_AT_U128]
+            grid += [(m, u, "bm64_sweep") for u in MOE_BM64_U for m in MOE_BM64_M]
         for m, u, variant in grid:
             pts.append(Point("moe", impl, "fc1", model, layer, tp, M=m, K=L, N=2 * F, U=u, fmt=fmt, variant=variant))
             pts.append(Point("moe", impl, "fc2", model, layer, tp, M=m, K=F, N=L, U=u, fmt=fmt, variant=variant))

@@ -104,6 +104,7 @@ def main() -> int:
     ap.add_argument("--part", choices=("A1", "A2", "B"))
     ap.add_argument("--family", action="append", help="only these families (repeatable)")
     ap.add_argument("--impl", action="append", help="only these implementations (repeatable)")
+    ap.add_argument("--variant", action="append", help="only points of these variants (repeatable), e.g. bm64_sweep")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--limit", type=int, default=0, help="at most this many points per family (0 = all)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting new points after this long")
@@ -122,7 +123,7 @@ def main() -> int:
     from harness import environment
     args.out.mkdir(parents=True, exist_ok=True)
     chosen = [p for p in pts.points_of(part=args.part) if (not args.family or p.family in args.family)
-              and (not args.impl or p.impl in args.impl)]
+              and (not args.impl or p.impl in args.impl) and (not args.variant or p.variant in args.variant)]
     if args.limit:
         chosen = [p for f in dict.fromkeys(p.family for p in chosen)
                   for p in [q for q in chosen if q.family == f][:args.limit]]

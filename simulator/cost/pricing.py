@@ -4,8 +4,11 @@ Dimension legend: S bytes the kernel moves through HBM on one rank (weights + ac
 written, `Kernel.hbm_bytes`), F its FLOPs, BW peak HBM bandwidth, eta the achievable fraction of BW
 (streaming kernels vs grouped MoE GEMMs), R the dense peak FLOP/s of the kernel's math format.
 
-    t_launch = gap | gap_pdl                       idle time at the kernel boundary (the timeline adds it)
-    t_fixed  = kernel_fixed (+ gemm_fixed for gemm, moe, gemm_collective kernels)
+    t_launch = gap                                 idle time at the kernel boundary (the timeline adds it);
+               under PDL gap - what the kernel can overlap: all of it for a kernel with its weights (or
+               its cache) to load first, pdl_dependent_hidden for one that must wait (launch_gap_us())
+    t_fixed  = the kernel family's floor: kernel_fixed for a streaming kernel, floor_reduction / _topk /
+               _finalize / _attention for the others (+ gemm_fixed for gemm, moe, gemm_collective kernels)
                (+ U x moe_expert for a grouped GEMM over U experts: one group of tiles to schedule each)
     t_mem    = S / (eta BW)                         a grouped MoE GEMM streams like a dense one
     t_math   = F / (eta_c R)                        eta_c: no GEMM runs at the datasheet peak (H200: 0.73)
@@ -35,7 +38,10 @@ A GPU without FP4 tensor cores prices FP4 math at its `fp4_runs_as` format's rat
 
 from __future__ import annotations
 
+import functools
 import math
+
+import numpy as np
 from dataclasses import dataclass
 from typing import Literal
 
@@ -107,19 +113,55 @@ DEQUANT_OPS = 2  # CUDA-core instructions per FP4 weight element dequantised in 
 FP4_DTYPES = frozenset({"mxfp4", "nvfp4", "fp4"})
 
 
-def fixed_us(kind: str, hw: HardwareProfile) -> float:
-    """Per-kernel latency PDL cannot hide; collectives carry theirs in alpha instead."""
-    if kind == "collective":
-        return 0.0
-    return hw.kernel_fixed_us + (hw.gemm_fixed_us if kind in GEMM_KINDS else 0.0)
+def fixed_us(kernel: Kernel, hw: HardwareProfile) -> float:
+    """Per-kernel latency PDL cannot hide: the floor of the kernel's family (a streaming kernel's
+    kernel_fixed_us, a norm's, a top-k's, a finalize's, a split-KV decode's), plus the tensor-core GEMM
+    fixed cost. A collective carries its latency in alpha; one that also computes (an all-gather + top-k
+    kernel) pays its compute floor after the exchange."""
+    if kernel.kind == "collective":
+        return hw.floor_us(kernel.floor) if kernel.floor else 0.0
+    return hw.floor_us(kernel.floor) + (hw.gemm_fixed_us if kernel.kind in GEMM_KINDS else 0.0)
 
 
-def padded_grouped_flops(rows: int, experts: int, k_dim: int, n_dim: int) -> int:
-    """2 x K x N over whole BLOCK_M-row tiles per expert: vLLM's moe_align_block_size pads each expert's
-    share of the rows to BLOCK_M = 16, or 64 once experts average more than 16 rows."""
-    per_expert = rows / max(experts, 1)
-    block = 64 if per_expert > 16 else 16
-    return 2 * experts * math.ceil(per_expert / block) * block * k_dim * n_dim
+@functools.lru_cache(maxsize=4096)
+def expected_tiles(tokens: int, rows: int, experts: int) -> tuple[float, int]:
+    """(expected BLOCK_M-row tiles, BLOCK_M) of a grouped GEMM whose `tokens` x top-k = `rows` routed rows
+    touch `experts` = U experts.
+
+    vLLM's moe_align_block_size pads each expert's rows to whole tiles of BLOCK_M = 16 rows (64 once
+    experts average more than 16). Routing is random, so experts do not get rows / U each: a touched
+    expert holds n ~ Binomial(tokens, q) rows given n >= 1 (each token picks it or not), q set so that
+    the mean is rows / U (uniform routing over E experts gives q = k / E exactly; q = 1 when every token
+    picks every expert). The grid runs U E[ceil(n / BLOCK_M) | n >= 1] tiles: at 16 rows per expert on
+    average ~1.45 U, not U (the H200 W4A16 runs at U = 64 and 128 launch 94 and 184 tiles:
+    benchmarks/gpu/fam_moe.align_blocks)."""
+    u = max(int(experts), 1)
+    m = max(int(tokens), 1)
+    mean = max(rows / u, 1.0)
+    block = 64 if mean > 16 else 16
+    if mean >= m or m == 1:  # every token routes to every touched expert: no spread
+        return float(u * math.ceil(min(mean, m) / block)), block
+    lo, hi = 0.0, 1.0  # conditional mean m q / (1 - (1 - q)^m) rises from 1 to m with q
+    for _ in range(60):
+        q = 0.5 * (lo + hi)
+        lo, hi = (q, hi) if m * q / -math.expm1(m * math.log1p(-q)) < mean else (lo, q)
+    q = 0.5 * (lo + hi)
+    sd = math.sqrt(m * q * (1.0 - q))
+    n = np.arange(max(1, int(m * q - 12 * sd - 1)), min(m, int(m * q + 12 * sd + 2)) + 1, dtype=np.float64)
+    log_pmf = (math.lgamma(m + 1) - _lgamma(n + 1) - _lgamma(m - n + 1)
+               + n * math.log(q) + (m - n) * math.log1p(-q))
+    touched = -math.expm1(m * math.log1p(-q))
+    return u * float(np.sum(np.exp(log_pmf) * np.ceil(n / block))) / touched, block
+
+
+def _lgamma(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.lgamma, otypes=[np.float64])(x)
+
+
+def padded_grouped_flops(tokens: int, rows: int, experts: int, k_dim: int, n_dim: int) -> float:
+    """2 x K x N over the whole BLOCK_M-row tiles the grid runs (expected_tiles)."""
+    tiles, block = expected_tiles(tokens, rows, experts)
+    return 2.0 * tiles * block * k_dim * n_dim
 
 
 def grouped_gemm_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float]:
@@ -128,23 +170,39 @@ def grouped_gemm_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, floa
         return 0.0, kernel.flops / (hw.peak_flops(kernel.math) * hw.compute_efficiency) * 1e6
     w = kernel.weights[0]
     experts, k_dim, n_dim = w.shape[0], w.shape[-2], w.shape[-1]
-    padded = padded_grouped_flops(kernel.group_rows, experts, k_dim, n_dim)
+    tokens = kernel.group_tokens or kernel.group_rows
+    padded = padded_grouped_flops(tokens, kernel.group_rows, experts, k_dim, n_dim)
     extra = max(0, kernel.flops - 2 * kernel.group_rows * k_dim * n_dim)  # epilogue work beyond the GEMM
     math_us = (padded + extra) / (hw.peak_flops(kernel.math) * hw.compute_efficiency) * 1e6
     if w.dtype in FP4_DTYPES and hw.fp4_runs_as != "fp4":
-        math_us += DEQUANT_OPS * experts * k_dim * n_dim / (hw.fp32_flops * hw.compute_efficiency) * 1e6
+        tiles, _ = expected_tiles(tokens, kernel.group_rows, experts)  # each tile's programs dequantise their slab
+        math_us += DEQUANT_OPS * tiles * k_dim * n_dim / (hw.fp32_flops * hw.compute_efficiency) * 1e6
     return experts * hw.moe_expert_us, math_us
 
 
-def launch_gap_us(pdl: bool, hw: HardwareProfile) -> float:
-    """Idle time at a kernel boundary in CUDA-graph replay (H200 run: 1.62 µs, 0 with PDL)."""
-    return hw.launch_gap_pdl_us if pdl else hw.launch_gap_us
+def launch_gap_us(kernel: Kernel, hw: HardwareProfile) -> float:
+    """Idle time before the kernel in CUDA-graph replay. Without PDL: the launch gap. With PDL the kernel is
+    launched early and hides the boundary only as far as it has independent work to start before its wait:
+    the weights the plan prefetches, and an attention kernel's cache or state (H200: a kernel that streams 8 MiB before its wait hides the whole
+    boundary, one that waits first only `pdl_dependent_hidden_us`, 0.34 µs; calibration/h200/pdl):
+
+        gap_pdl = max(launch_gap_pdl, gap - pdl_dependent_hidden - W_prefetch / (eta BW))"""
+    if not kernel.pdl:
+        return hw.launch_gap_us
+    independent = min(kernel.prefetch_bytes, kernel.weight_bytes)
+    if kernel.kind == "attention" and kernel.prefetch_bytes:  # its KV cache / recurrent state is no input either
+        independent = kernel.hbm_bytes
+    independent_us = independent / (hw.hbm_efficiency * hw.hbm_bandwidth) * 1e6
+    gap = np.maximum(hw.launch_gap_pdl_us, hw.launch_gap_us - hw.pdl_dependent_hidden_us - independent_us)
+    return float(gap) if np.ndim(gap) == 0 else gap  # arrays when the constants are drawn (uncertainty.py)
 
 
 def achievable_bandwidth(nbytes: float, kind: str, hw: HardwareProfile) -> float:
-    """BW_achieved(S) = S / (t_fixed + S / (eta BW)) in B/s: small kernels never reach peak."""
+    """BW_achieved(S) = S / (t_fixed + S / (eta BW)) in B/s for a streaming kernel of `kind`: small
+    kernels never reach peak."""
     stream = hw.hbm_efficiency * hw.hbm_bandwidth
-    seconds = fixed_us(kind, hw) * 1e-6 + nbytes / stream
+    fixed = 0.0 if kind == "collective" else hw.kernel_fixed_us + (hw.gemm_fixed_us if kind in GEMM_KINDS else 0.0)
+    seconds = fixed * 1e-6 + nbytes / stream
     return nbytes / seconds if seconds > 0 else 0.0
 
 
@@ -169,7 +227,7 @@ def kernel_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float, flo
     _check_collective(kernel)
     comm = collective_cost(kernel.collective, hw).time_us if kernel.collective else 0.0
     experts_us, math_us = grouped_gemm_terms(kernel, hw)
-    return (launch_gap_us(kernel.pdl, hw), fixed_us(kernel.kind, hw) + experts_us + serial_us(kernel, hw),
+    return (launch_gap_us(kernel, hw), fixed_us(kernel, hw) + experts_us + serial_us(kernel, hw),
             math_us, comm, stream_bandwidth(kernel, hw))
 
 

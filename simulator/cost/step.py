@@ -22,7 +22,8 @@ Dimension legend: M tokens per forward, D hidden, V vocab, P TP degree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
+from typing import Any, Callable
 
 from simulator.config import ModelConfig
 from simulator.cost.timeline import Timeline, makespan_us, schedule
@@ -64,11 +65,13 @@ def layer_us(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape
     return _layer_us(cfg, hw, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions)
 
 
-@lru_cache(maxsize=8192)
-def _layer_us(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
-              fusions: frozenset[str] | None) -> tuple[float, int]:
+def _layer(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
+           fusions: frozenset[str] | None, makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> tuple[Any, int]:
     plan = build_plan(cfg, variant, tp, shape, layer_type, fusions)
-    return makespan_us(plan, hw), len(plan)
+    return makespan(plan, hw), len(plan)
+
+
+_layer_us = lru_cache(maxsize=8192)(_layer)
 
 
 def plan_shape(cfg: ModelConfig, shape: DecodeShape, layer_type: str) -> DecodeShape:
@@ -82,20 +85,22 @@ def plan_shape(cfg: ModelConfig, shape: DecodeShape, layer_type: str) -> DecodeS
     return DecodeShape(shape.batch, shape.tokens_per_seq, shape.context if mla else 0, routing)
 
 
-@lru_cache(maxsize=8192)
-def head_us(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, variant: str,
-            pdl: bool) -> tuple[float, int]:
-    """(makespan in µs, kernel count) of the model head."""
+def _head(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, variant: str, pdl: bool,
+          makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> tuple[Any, int]:
+    """(makespan, kernel count) of the model head."""
     plan = head_plan(cfg, tp, shape, variant, pdl)
-    return makespan_us(plan, hw), len(plan)
+    return makespan(plan, hw), len(plan)
 
 
-@lru_cache(maxsize=8192)
-def draft_us(drafter: ModelConfig, hw: HardwareProfile, tp: int, batch: int, draft_tokens: int, context: int,
-             drafting: str, taps: int) -> tuple[float, int]:
-    """(µs, kernel count) of all drafting forwards of one step."""
+def _draft(drafter: ModelConfig, hw: HardwareProfile, tp: int, batch: int, draft_tokens: int, context: int,
+           drafting: str, taps: int, makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> tuple[Any, int]:
+    """(time, kernel count) of all drafting forwards of one step."""
     plans, repeats = drafter_plans(drafter, tp, batch, draft_tokens, context, drafting, taps)
-    return repeats * sum(makespan_us(p, hw) for p in plans), repeats * sum(len(p) for p in plans)
+    return repeats * sum(makespan(p, hw) for p in plans), repeats * sum(len(p) for p in plans)
+
+
+head_us = lru_cache(maxsize=8192)(_head)  # a sweep's points share heads and drafters across their other axes
+draft_us = lru_cache(maxsize=8192)(_draft)
 
 
 def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape,
@@ -158,24 +163,32 @@ def load_drafter(name_or_path: str) -> tuple[ModelConfig, str, int]:
 
 def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, batch: int, context: int,
                   draft_tokens: int = 0, acceptance_length: float | None = None, drafter: str = "dspark-k3",
-                  fusions: frozenset[str] | None = None, routing: RoutingStats = UNIFORM) -> StepEstimate:
+                  fusions: frozenset[str] | None = None, routing: RoutingStats = UNIFORM,
+                  makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> StepEstimate:
+    """The step of one variant. `makespan` prices one plan: `makespan_us` (each layer, head and drafting
+    forward then priced once per plan shape and GPU, across calls), or a function returning an array of
+    uncertainty draws (cost/uncertainty.py), in which case every time in the estimate is that array."""
+    cached = makespan is makespan_us  # draws are never cached: the same function may draw anew
+    layer = layer_us if cached else partial(_layer, makespan=makespan)
+    head = head_us if cached else partial(_head, makespan=makespan)
+    draft = draft_us if cached else partial(_draft, makespan=makespan)
     accept = validate_speculation(draft_tokens, acceptance_length)
     shape = DecodeShape(batch, 1 + draft_tokens, context, routing)
     breakdown, per_layer, kernels = {}, {}, 0
     for layer_type, count in cfg.layer_counts().items():
         if count:
-            per_layer[layer_type], n = layer_us(cfg, hw, variant, tp, shape, layer_type, fusions)
+            per_layer[layer_type], n = layer(cfg, hw, variant, tp, shape, layer_type, fusions)
             breakdown[f"{layer_type}_layers"] = count * per_layer[layer_type]
             kernels += count * n
     pdl = variant == "specialized" and (fusions is None or "pdl_prefetch" in fusions)
-    breakdown["head"], n = head_us(cfg, hw, tp, shape, variant, pdl)
+    breakdown["head"], n = head(cfg, hw, tp, shape, variant, pdl)
     kernels += n
     if draft_tokens:
         dcfg, drafting, taps = load_drafter(drafter)
         if (dcfg.hidden_size, dcfg.vocab_size) != (cfg.hidden_size, cfg.vocab_size):
             raise UserError(f"drafter '{dcfg.name}' (hidden {dcfg.hidden_size}, vocab {dcfg.vocab_size}) does not match "
                             f"model '{cfg.name}' (hidden {cfg.hidden_size}, vocab {cfg.vocab_size}); pass --drafter.")
-        breakdown["draft"], n = draft_us(dcfg, hw, tp, batch, draft_tokens, context, drafting, taps)
+        breakdown["draft"], n = draft(dcfg, hw, tp, batch, draft_tokens, context, drafting, taps)
         kernels += n
     return StepEstimate(variant, sum(breakdown.values()), accept, batch, breakdown, per_layer, kernels)
 

@@ -143,11 +143,15 @@ def _arrays(plan: Plan, hw: HardwareProfile) -> tuple:
         rows.append((launch, fixed, math_us, comm, k.hbm_bytes, stream * 1e-6,
                      _prefetch_target(k) if pred[-1] >= 0 else 0.0))
         index[k.key] = last[k.stream] = i
-    capacity = hw.hbm_efficiency * hw.hbm_bandwidth * 1e-6  # B/µs
     gap_pred, fixed, math, comm, nbytes, bw, can_pf = np.array(rows, dtype=np.float64).T.copy()
     return (np.array(pred, dtype=np.int64), np.array(deps, dtype=np.int64).reshape(n, width),
-                   gap_pred, fixed, math, comm, nbytes, bw, can_pf,
-                   hw.launch_gap_us, hw.launch_gap_pdl_us, capacity)
+                   gap_pred, fixed, math, comm, nbytes, bw, can_pf, *plan_scalars(hw))
+
+
+def plan_scalars(hw: HardwareProfile) -> tuple:
+    """(gap after a cross-stream event, gap after a PDL launch, shared HBM capacity in B/µs): the arguments of
+    `fastsim.simulate` that belong to the GPU, not to a kernel."""
+    return hw.launch_gap_us, hw.launch_gap_pdl_us, hw.hbm_efficiency * hw.hbm_bandwidth * 1e-6
 
 
 def floor_us(plan: Plan, hw: HardwareProfile) -> float:

@@ -84,7 +84,10 @@ def group_of(row: Mapping[str, Any]) -> str:
     g = f"{row['family']}/{row['impl']}"
     if row["family"] == "gemm":  # a short K (<= 1024) cannot hide its prologue / epilogue behind the K loop
         return g + ("/short_k" if row["K"] <= SHORT_K else "/long_k")
-    return g + f"/{row['plan_key']}" if row["family"] == "moe" else g
+    if row["family"] != "moe":
+        return g
+    g += f"/{row['plan_key']}"  # the suite's W4A16 kernel compiles one tile config per BLOCK_M (TILE_CONFIG)
+    return g + f"/block_m{moe_block(row)}" if row["impl"] == "triton_w4a16" else g
 
 
 def wire_bytes(row: Mapping[str, Any], algorithm: str) -> float:
@@ -102,6 +105,7 @@ SHORT_K = 1024  # reduction depth at or below which a GEMM tile runs <= 8 K-step
 # per head, ~8 resident per SM: the per-token time of the H200 split-V rows scales with B x heads x 16 / 1056)
 KDA_GRID = {"triton": (1, 1), "triton_split_v": (16, 8)}
 L2_BYTES = 60 << 20  # H200: per-token state writes up to L2's size are absorbed there, the rest streams to HBM
+W4A16_BLOCK_N = {16: 32, 64: 64}  # the suite's W4A16 tile config: BLOCK_M -> BLOCK_N (fam_moe.TILE_CONFIG)
 NARROW_N = 1024  # output width at or below which cuBLAS splits K (two launches in calibration/h200/gemm.csv)
 
 
@@ -112,11 +116,29 @@ def mla_splits(batch: int, cached: int, sms: int = SM_COUNT, tile: int = MLA_TIL
     return -(-cached // chunk), chunk
 
 
-def moe_padded_flops(row: Mapping[str, Any]) -> int:
+def moe_padded_flops(row: Mapping[str, Any]) -> float:
     """The grouped GEMM's tile math as the cost model counts it: U experts share M k rows."""
+    tiles, block = moe_tiles(row)
+    return 2.0 * tiles * block * row["K"] * row["N"]
+
+
+def topk(row: Mapping[str, Any]) -> int:
     from simulator.config import load_model
-    from simulator.cost.pricing import padded_grouped_flops
-    return padded_grouped_flops(row["M"] * load_model(row["model"]).top_k, row["U"], row["K"], row["N"])
+    return load_model(row["model"]).top_k
+
+
+def moe_tiles(row: Mapping[str, Any]) -> tuple[float, int]:
+    """(expected row tiles, BLOCK_M) of the suite's grouped GEMM at this point (pricing.expected_tiles)."""
+    from simulator.cost.pricing import expected_tiles
+    return expected_tiles(row["M"], row["M"] * topk(row), row["U"])
+
+
+def f_tiles(row: Mapping[str, Any]) -> float:
+    return moe_tiles(row)[0]
+
+
+def moe_block(row: Mapping[str, Any]) -> int:
+    return moe_tiles(row)[1]
 
 
 def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, float]:
@@ -156,6 +178,10 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
     if fam == "moe":  # padded tile math: every BLOCK_M-row block of an expert runs a full tile
         f["experts"] = float(row["U"])
         f["flops"] = float(moe_padded_flops(row))
+        if row.get("fmt") in ("mxfp4", "nvfp4"):  # W4A16: CUDA-core work per tile, not tensor-core math
+            del f["flops"]
+            f["dequant"] = f_tiles(row) * row["K"] * row["N"] / 1e6
+            f["a_rereads"] = row["M"] * topk(row) * row["K"] * 2 * -(-row["N"] // W4A16_BLOCK_N[moe_block(row)]) / 1e6
     if fam == "small":  # each kernel its own floor, one bandwidth for all
         del f["flops"], f["t0"]
         f[f"t0_{row['plan_key'] or row['impl']}"] = 1.0

@@ -67,8 +67,13 @@ class HardwareProfile:
     nvlink_bandwidth: float  # B/s per direction per GPU
     nvlink_domain: int  # GPUs that share one NVLink fabric
     launch_gap_us: float  # idle time at a kernel boundary in CUDA-graph replay, no PDL
-    launch_gap_pdl_us: float  # same, kernel launched with programmatic dependent launch
-    kernel_fixed_us: float  # per-kernel cost PDL cannot hide (first-byte latency, tail)
+    launch_gap_pdl_us: float  # same, kernel launched with PDL that has independent work (weights) to start on
+    pdl_dependent_hidden_us: float  # what PDL hides of the gap for a kernel whose every input is its predecessor's
+    kernel_fixed_us: float  # per-kernel cost PDL cannot hide (first-byte latency, tail): a streaming kernel's floor
+    floor_reduction_us: float  # the same for a row reduction (RMSNorm and its fusions)
+    floor_topk_us: float  # the same for a routing top-k (sigmoid + bias + top-k over the experts)
+    floor_finalize_us: float  # the same for the MoE finalize (gather k slots, weighted sum)
+    floor_attention_us: float  # the same for a split-KV attention decode, its combine pass included
     gemm_fixed_us: float  # extra fixed cost of a tensor-core GEMM (tile setup, split-K reduce)
     hbm_efficiency: float  # asymptotic fraction of peak HBM bandwidth, streaming kernel
     moe_expert_us: float  # per touched expert of a grouped MoE GEMM (one group of tiles to schedule)
@@ -90,6 +95,10 @@ class HardwareProfile:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     fits: Mapping[str, Fit] = field(default_factory=dict, compare=False, repr=False)
 
+    def floor_us(self, family: str) -> float:
+        """The unhidable latency of a kernel of one floor family ("" = a streaming kernel)."""
+        return self.kernel_fixed_us if not family else float(getattr(self, f"floor_{family}_us"))
+
     def peak_flops(self, math: str) -> float:
         """Dense tensor-core (or, for fp32, CUDA-core) FLOP/s of one math format."""
         if math not in MATH_FORMATS:
@@ -107,7 +116,8 @@ UNITS: dict[str, str] = {
     "hbm_capacity": "B", "hbm_bandwidth": "B/s",
     "fp4_flops": "FLOP/s", "fp8_flops": "FLOP/s", "bf16_flops": "FLOP/s", "fp32_flops": "FLOP/s",
     "sm_count": "count", "l2_bytes": "B", "nvlink_bandwidth": "B/s", "nvlink_domain": "GPUs",
-    "launch_gap_us": "us", "launch_gap_pdl_us": "us", "kernel_fixed_us": "us", "gemm_fixed_us": "us",
+    "launch_gap_us": "us", "launch_gap_pdl_us": "us", "pdl_dependent_hidden_us": "us", "kernel_fixed_us": "us", "gemm_fixed_us": "us",
+    "floor_reduction_us": "us", "floor_topk_us": "us", "floor_finalize_us": "us", "floor_attention_us": "us",
     "hbm_efficiency": "fraction", "moe_expert_us": "us", "compute_efficiency": "fraction",
     "alpha_one_shot_us": "us", "alpha_in_kernel_us": "us", "cta_bandwidth": "B/s", "serial_step_us": "us", "alpha_two_shot_us": "us", "alpha_ring_us": "us", "alpha_ring_step_us": "us",
     "beta_one_shot": "B/s", "beta_two_shot": "B/s", "beta_ring": "B/s",

@@ -168,7 +168,7 @@ def attn_res_pre(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, nb = d.M, d.D, d.n_blocks
     snapshot = (act("blocks", 1, M, D, window=(0, nb, nb + 1)),) if d.boundary else ()
     return Kernel(
-        key="attn_res_pre", name="attn_res_add_mix_rmsnorm", kind="pointwise",
+        key="attn_res_pre", name="attn_res_add_mix_rmsnorm", kind="pointwise", floor="reduction",
         op=norm.attn_res_pre, consts=(("eps", d.cfg.rms_norm_eps), ("boundary", d.boundary)),
         reads=(act("prefix", M, D), act("delta", M, D), blocks(d, nb)),
         weights=(weight("attn_res_norm", D), weight("attn_res_proj", D), weight("input_norm", D)),
@@ -248,7 +248,7 @@ def attn_all_reduce(d: Dims, launch: Launch = PLAIN) -> Kernel:
 
 def attn_res_post(d: Dims, launch: Launch = PLAIN) -> Kernel:
     reads, writes, weights = attn_res_post_tensors(d)
-    return Kernel(key="attn_res_post", name="attn_res_add_mix_rmsnorm", kind="pointwise", op=norm.attn_res_post,
+    return Kernel(key="attn_res_post", name="attn_res_add_mix_rmsnorm", kind="pointwise", floor="reduction", op=norm.attn_res_post,
                   consts=(("eps", d.cfg.rms_norm_eps), ("store", RunOption("store_bf16"))),
                   reads=(reads[0], act("attn.out", d.M, d.D), reads[1]), writes=writes, weights=weights,
                   flops=attn_res_post_flops(d), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,

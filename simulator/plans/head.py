@@ -30,7 +30,7 @@ def head_plan(cfg: ModelConfig, tp: int, shape: DecodeShape, variant: str, pdl: 
                weights=(weight("embed.rows", M, D),), note="each rank gathers the rows it owns (V/P of them)"),
         Kernel(key="embed_all_reduce", name="allreduce", kind="collective", reads=(x,), writes=(x,), pdl=pdl,
                collective=Collective("all_reduce", x.nbytes, P), note="vocab-parallel embedding: rows from their owner"),
-        Kernel(key="final_mix_norm", name="attn_res_final_mix_rmsnorm", kind="pointwise", pdl=pdl,
+        Kernel(key="final_mix_norm", name="attn_res_final_mix_rmsnorm", kind="pointwise", floor="reduction", pdl=pdl,
                reads=(act("sources", n_src, M, D),), writes=(x,), weights=(weight("final_norm", D), weight("final_res", 2, D)),
                note="output AttnRes mix over every snapshot + prefix, then model.norm"),
         Kernel(key="lm_head", name="gemm_lm_head", kind="gemm", reads=(x,), writes=(logits,), pdl=pdl,

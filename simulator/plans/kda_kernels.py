@@ -79,7 +79,7 @@ def kda_recurrent(d: Dims, launch: Launch = PLAIN) -> Kernel:
 
 def kda_gated_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, C, Nh, H = d.M, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim
-    return Kernel(key="kda_gated_norm", name="fused_rms_norm_gated", kind="pointwise",
+    return Kernel(key="kda_gated_norm", name="fused_rms_norm_gated", kind="pointwise", floor="reduction",
                   op=kda_ops.kda_gated_norm_step, consts=(("heads", Nh), ("eps", d.cfg.rms_norm_eps)),
                   reads=(act("kda.o", M, C), act("kda.g", M, C)), weights=(weight("kda.o_norm", H, dtype="fp32"),),
                   writes=(act("attn.core", M, C),), flops=kda_ops.gated_norm_flops(M, C),

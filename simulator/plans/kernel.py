@@ -113,6 +113,8 @@ class Kernel:
     ctas_per_sm: int = 1  # work items resident on one SM at once (one-warp programs: ~8)
     serial_steps: int = 0  # dependent steps each work item runs in order after its first (KDA: T - 1 tokens)
     group_rows: int = 0  # a grouped GEMM's input rows (tokens x top-k), shared by the experts in `weights[0]`
+    floor: Literal["", "reduction", "topk", "finalize", "attention"] = ""  # latency-floor family ("" streams)
+    group_tokens: int = 0  # the tokens those rows come from (how rows spread over experts; 0: one row each)
     fusions: tuple[str, ...] = ()  # named fusions of the specialized plan this kernel embodies
     replaces: tuple[str, ...] = ()  # keys of the standard-plan kernels this fused kernel replaces
     note: str = ""  # source or reasoning (docs/kernels.md is generated from these)

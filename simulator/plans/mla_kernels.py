@@ -50,7 +50,7 @@ def mla_g_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
 def mla_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M = d.cfg, d.M
     rq, lkv, r = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_dim
-    return Kernel(key="mla_norm", name="fused_qk_rmsnorm", kind="pointwise", op=mla_ops.mla_qkv_a_norm,
+    return Kernel(key="mla_norm", name="fused_qk_rmsnorm", kind="pointwise", floor="reduction", op=mla_ops.mla_qkv_a_norm,
                   consts=(("kv_lora", lkv), ("eps", cfg.mla_lora_eps)),
                   reads=(act("mla.qa", M, rq), act("mla.kva", M, lkv + r)),
                   weights=(weight("mla.q_a_norm", rq), weight("mla.kv_a_norm", lkv)),
@@ -105,7 +105,7 @@ def mla_cache_insert(d: Dims, launch: Launch = PLAIN) -> Kernel:
 def mla_decode(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M, Nh, B = d.cfg, d.M, d.mla_heads_r, d.shape.batch
     lkv, r, S = cfg.kv_lora_rank, cfg.qk_rope_dim, d.cache_len
-    return Kernel(key="mla_decode", name="trtllm_gen_mla_decode", kind="attention", op=mla_ops.mla_decode_step,
+    return Kernel(key="mla_decode", name="trtllm_gen_mla_decode", kind="attention", floor="attention", op=mla_ops.mla_decode_step,
                   consts=(("batch", B), ("latent", lkv), ("context", d.shape.context),
                           ("scale", cfg.mla_softmax_scale)),
                   reads=(act("mla.qcat", M, Nh, lkv + r, dtype="fp8"), act("mla.cache", B, S, lkv + r, dtype="fp8")),

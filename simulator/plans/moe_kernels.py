@@ -61,7 +61,7 @@ def _experts(d: Dims, parts: tuple[str, ...], pad: bool) -> Tensor:
 
 def router(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, E = d.M, d.D, d.cfg.num_experts
-    return Kernel(key="router", name="router_gemm_bf16_fp32", kind="router", op=lin.linear,
+    return Kernel(key="router", name="router_gemm_bf16_fp32", kind="gemm", op=lin.linear,
                   reads=(act("x2", M, D),), weights=(weight("router.w", D, E),),
                   writes=(act("router.logits", M, E, dtype="fp32"),), flops=lin.gemm_flops(M, D, E),
                   pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
@@ -79,7 +79,7 @@ def latent_down(d: Dims, deps: tuple[str, ...], launch: Launch = PLAIN) -> Kerne
 
 def topk(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M, E, k = d.cfg, d.M, d.cfg.num_experts, d.cfg.top_k
-    return Kernel(key="topk", name="moe_routing_topk", kind="router", op=route_fused, consts=(("cfg", cfg),),
+    return Kernel(key="topk", name="moe_routing_topk", kind="router", floor="topk", op=route_fused, consts=(("cfg", cfg),),
                   reads=(act("router.logits", M, E, dtype="fp32"),), weights=(weight("router.bias", E, dtype="fp32"),),
                   writes=(act("topk.idx", M, k, dtype="int32"), act("topk.weight", M, k, dtype="fp32")),
                   diagnostics=("margin",), flops=route_flops(M, E), math="fp32",
@@ -103,7 +103,7 @@ def split_router(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
                pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
                note="router logits and latent down-projection, both column-sharded over ranks "
                     "(local-inference-lab vllm #343; TokenSpeed #1038 packs them into one projection)"),
-        Kernel(key="router_gather_topk", name="allgather_sigmoid_bias_topk", kind="collective", scope="ranks",
+        Kernel(key="router_gather_topk", name="allgather_sigmoid_bias_topk", kind="collective", floor="topk", scope="ranks",
                op=allgather_topk, consts=(("cfg", cfg),), reads=shards,
                weights=(weight("router.bias", E, dtype="fp32"),),
                writes=(act("latent.z", M, L), act("topk.idx", M, k, dtype="int32"), act("topk.weight", M, k, dtype="fp32")),
@@ -174,7 +174,7 @@ def fc1(d: Dims, pad: bool = True, deps: tuple[str, ...] = (), fusions: tuple[st
                   deps=deps, reads=(act(src, M, L), act("topk.idx", M, k, dtype="int32")),
                   weights=(_experts(d, ("w_gate", "w_up"), pad),), writes=(act("moe.h", M, k, F),),
                   flops=lin.gemm_flops(M * k, L, 2 * F) + ex.glu_flops(M * k, F, cfg.hidden_act), math=expert_math(d),
-                  group_rows=M * k, fusions=fusions, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  group_rows=M * k, group_tokens=M, fusions=fusions, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
                   note=f"grouped GEMM over the U(M) = {U} touched experts' TP shards ({Fp} intermediate rows per rank"
                        + (", padded by the stock loader" if Fp != F else "") + "), activation in the epilogue")
 
@@ -184,14 +184,14 @@ def fc2(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
     return Kernel(key="fc2", name="moe_fc2_down", kind="moe", op=ex.expert_fc2,
                   reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32")),
                   weights=(_experts(d, ("w_down",), pad),), writes=(act("moe.slots", M, k, L),),
-                  flops=lin.gemm_flops(M * k, F, L), math=expert_math(d), group_rows=M * k, pdl=launch.pdl,
+                  flops=lin.gemm_flops(M * k, F, L), math=expert_math(d), group_rows=M * k, group_tokens=M, pdl=launch.pdl,
                   prefetch_bytes=launch.prefetch_bytes,
                   note="grouped down GEMM, one output row per (token, slot); intermediate padded like FC1")
 
 
 def finalize(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, L, k = d.M, d.L, d.cfg.top_k
-    return Kernel(key="finalize", name="moe_finalize", kind="pointwise", op=ex.expert_finalize,
+    return Kernel(key="finalize", name="moe_finalize", kind="pointwise", floor="finalize", op=ex.expert_finalize,
                   reads=(act("moe.slots", M, k, L), act("topk.weight", M, k, dtype="fp32")),
                   writes=(act("moe.partial", M, L),), flops=ex.finalize_flops(M, k, L),
                   pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
@@ -206,7 +206,7 @@ def fc2_finalize(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
                          act("topk.weight", M, k, dtype="fp32")),
                   weights=(_experts(d, ("w_down",), pad),), writes=(act("moe.partial", M, L),),
                   flops=lin.gemm_flops(M * k, F, L) + ex.finalize_flops(M, k, L), math=expert_math(d),
-                  group_rows=M * k, fusions=("moe_finalize",) + (() if pad else ("unpadded_experts",)), replaces=("fc2", "finalize"),
+                  group_rows=M * k, group_tokens=M, fusions=("moe_finalize",) + (() if pad else ("unpadded_experts",)), replaces=("fc2", "finalize"),
                   pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
                   note="routing weight and scatter-add in the FC2 epilogue: the [M, k, L] slot outputs are never written")
 
@@ -225,7 +225,7 @@ def latent_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     normed = act("latent.normed", M, L)
     on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes)
     norm_kernel = (
-        Kernel(key="latent_norm", name="rmsnorm_latent", kind="pointwise", op=norm.rms_norm,
+        Kernel(key="latent_norm", name="rmsnorm_latent", kind="pointwise", floor="reduction", op=norm.rms_norm,
                consts=(("eps", cfg.rms_norm_eps),), reads=(latent,), weights=(weight("latent.norm", L),),
                writes=(normed,), flops=norm.rms_norm_flops(M, L), **on,
                note="RMSNorm of the reduced latent sum; reads the latent slice in place (no split kernel)")
@@ -272,7 +272,7 @@ def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     ar_bytes = act("moe.partial", M, L).nbytes + act("shared.partial", M, D // P).nbytes
     on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes)
     return [
-        Kernel(key="tail_ar_norm_rs", name="latent_tail_allreduce_rmsnorm_reducescatter", kind="collective",
+        Kernel(key="tail_ar_norm_rs", name="latent_tail_allreduce_rmsnorm_reducescatter", kind="collective", floor="reduction",
                scope="ranks", op=ex.allreduce_rmsnorm_reducescatter, consts=(("eps", cfg.rms_norm_eps),),
                reads=(act("moe.partial", M, L), act("shared.partial", M, D)), weights=(weight("latent.norm", L),),
                writes=(act("latent.normed", M, L), act("shared.slice", M, D // P)), flops=norm.rms_norm_flops(M, L),

@@ -18,6 +18,8 @@ What each picture answers
 - `plot_step_vs_batch`: step time per variant against a sweep axis, and the speedup standard / specialized.
 - `plot_waterfall`: the standard total, each fusion's saving, the specialized total.
 - `plot_metric`: any column against any column, one line per group (context or speculative sweeps).
+- Sweep lines carry a shaded band where the rows have `<y>_low` / `<y>_high` columns: the 90 % interval
+  of docs/cost-model.md section 8 (and the per-draw speedup interval under the speedup line).
 
 Dimension legend: M decode tokens, S HBM bytes of a kernel, F its FLOPs, t its duration, I = F / S,
 BW datasheet HBM bandwidth, R dense peak FLOP/s of a math format, B / B_s / PF_s bytes of the layer /
@@ -315,8 +317,11 @@ def _step_figure(rows: Sequence[Row], x: str, group: str | None) -> Figure:
     _lines(top, rows, x, "step_ms", group, by_variant=True)
     top.set(ylabel=AXIS_LABELS["step_ms"], ylim=(0, None))
     top.legend(loc="best", ncols=2 if len(_ordered(r.get(group) for r in rows)) > 3 else 1)
-    _speedup_panel(bottom, speedup_pairs(rows, x, group), _ordered(r.get(group) if group else None for r in rows),
-                   group)
+    groups = _ordered(r.get(group) if group else None for r in rows)
+    _speedup_panel(bottom, speedup_pairs(rows, x, group), groups, group)
+    for gi, g in enumerate(groups):  # the per-draw speedup interval, where the rows carry one
+        _band(bottom, [r for r in rows if r["variant"] == "standard" and (not group or r[group] == g)], x, "speedup",
+              GROUP_COLORS[gi % len(GROUP_COLORS)] if group else INK)
     bottom.set_xlabel(axis_label(x))
     _x_axis(bottom, [r[x] for r in rows])
     fig.suptitle(f"Decode step time vs {x} per variant, and the specialized path's speedup\n"
@@ -383,6 +388,17 @@ def _lines(ax: Axes, rows: Sequence[Row], x: str, y: str, group: str | None, by_
             label = ", ".join(t for t in (v, _group_text(group, g) if group else None) if t)
             if pts:
                 ax.plot(*zip(*pts), color=color, marker=marker, linestyle=line, markersize=4.5, label=label or None)
+                _band(ax, [r for r in rows if (not group or r[group] == g) and (v is None or r["variant"] == v)],
+                      x, y, color)
+
+
+def _band(ax: Axes, rows: Sequence[Row], x: str, y: str, color: str) -> None:
+    """The rows' interval of y (columns y_low, y_high: docs/cost-model.md section 8) as a shaded band."""
+    pts = _sorted_by_x([(r[x], (r[f"{y}_low"], r[f"{y}_high"])) for r in rows
+                        if r.get(f"{y}_low") is not None and r.get(f"{y}_high") is not None])
+    if pts:
+        xs, ends = zip(*pts)
+        ax.fill_between(xs, [e[0] for e in ends], [e[1] for e in ends], color=color, alpha=0.15, linewidth=0)
 
 
 # ============================================================================ waterfall

@@ -11,6 +11,7 @@ from simulator.config import ModelConfig
 from simulator.cost.memory import memory_per_gpu
 from simulator.cost.step import StepEstimate, build_plan, estimate_step, representative_layer
 from simulator.cost.timeline import Span, Timeline, schedule
+from simulator.cost.uncertainty import IntervalSpec, Uncertainty, kernel_duration_draws, plan_draws, uncertainty_for
 from simulator.hardware import HardwareProfile
 from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans.head import head_plan
@@ -49,7 +50,8 @@ def layer_timelines(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: Decod
 
 
 def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer_type: str,
-                 variant: str = "both", fusions: frozenset[str] | None = None) -> dict[str, Any]:
+                 variant: str = "both", fusions: frozenset[str] | None = None,
+                 interval: IntervalSpec | None = None) -> dict[str, Any]:
     tls = layer_timelines(cfg, hw, tp, shape, layer_type, variant, fusions)
     doc: dict[str, Any] = {
         "metric": LAYER_METRIC, "model": cfg.name, "hardware": hw.name, "tp": tp, "batch": shape.batch,
@@ -63,7 +65,24 @@ def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeSh
     }
     if len(tls) == 2:
         doc["speedup"] = round(tls["standard"].layer_us / tls["specialized"].layer_us, 4)
+    if interval is not None:
+        unc = uncertainty_for(hw, interval)
+        plans = {v: build_plan(cfg, v, tp, shape, layer_type, fusions) for v in tls}
+        draws = {v: plan_draws(p, unc.sample) for v, p in plans.items()}
+        for v, d in draws.items():
+            doc["variants"][v]["layer_us_interval"] = unc.interval(d, 3)
+            spans = kernel_duration_draws(plans[v], unc.sample)
+            for i, row in enumerate(doc["variants"][v]["kernels"]):
+                row["duration_us_interval"] = unc.interval(spans[:, i], 3)
+        _interval_keys(doc, unc, draws)
     return doc
+
+
+def _interval_keys(doc: dict[str, Any], unc: Uncertainty, draws: dict[str, Any]) -> None:
+    """The speedup's interval from the per-draw ratio (both variants priced under the same draw)."""
+    doc["interval"] = unc.describe()
+    if len(draws) == 2:
+        doc["speedup_interval"] = unc.interval(draws["standard"] / draws["specialized"], 4)
 
 
 def _step_row(est: StepEstimate) -> dict[str, Any]:
@@ -76,7 +95,7 @@ def _step_row(est: StepEstimate) -> dict[str, Any]:
 def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, context: int, draft_tokens: int = 0,
                 acceptance_length: float | None = None, variant: str = "both", drafter: str = "dspark-k3",
                 fusions: frozenset[str] | None = None, routing: RoutingStats = UNIFORM,
-                bracket: bool = False) -> dict[str, Any]:
+                bracket: bool = False, interval: IntervalSpec | None = None) -> dict[str, Any]:
     ests = {v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions,
                              routing) for v in variants_of(variant)}
     first = next(iter(ests.values()))
@@ -90,6 +109,16 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
     doc["routing"] = {"expert_skew": routing.skew, "draft_correlation": routing.draft_correlation}
     if len(ests) == 2:
         doc["speedup"] = round(ests["standard"].step_us / ests["specialized"].step_us, 4)
+    if interval is not None:
+        unc = uncertainty_for(hw, interval)
+        draws = {v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions,
+                                  routing, makespan=unc.makespan) for v in ests}
+        for v, d in draws.items():
+            row = doc["variants"][v]
+            row["step_ms_interval"] = unc.interval(d.step_us / 1000, 4)
+            row["tokens_per_s_interval"] = unc.interval(d.tokens_per_s, 2)
+            row["tokens_per_s_per_user_interval"] = unc.interval(d.tokens_per_s_per_user, 2)
+        _interval_keys(doc, unc, {v: d.step_us for v, d in draws.items()})
     if bracket:
         ends = routing_bracket_ends(routing)
         doc["routing_bracket"] = {

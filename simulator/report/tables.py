@@ -85,12 +85,42 @@ def print_layer(doc: dict[str, Any]) -> None:
             table.add_row(str(i), k["name"], k["stream"], f"{k['start_us']:.2f}", f"{k['duration_us']:.2f}",
                           f"{k['bytes'] / 1e6:.2f}", k["bound"], f"{k['achieved_gbps']:.0f}", f"{100 * k['fraction_of_peak']:.0f}")
         con.print(table)
-    summary = Table("variant", "kernels", "layer us", "floor us", "HBM MB", title="side by side")
+    summary = Table("variant", "kernels", "layer us", *_interval_header(doc), "floor us", "HBM MB", title="side by side")
     for name, v in doc["variants"].items():
-        summary.add_row(name, str(v["kernel_count"]), f"{v['layer_us']:.1f}", f"{v['floor_us']:.1f}", f"{v['hbm_bytes'] / 1e6:.1f}")
+        summary.add_row(name, str(v["kernel_count"]), f"{v['layer_us']:.1f}", *_interval_cell(v, "layer_us_interval", ".1f"),
+                        f"{v['floor_us']:.1f}", f"{v['hbm_bytes'] / 1e6:.1f}")
     con.print(summary)
     if "speedup" in doc:
-        con.print(f"speedup (standard / specialized layer time): {doc['speedup']:.2f}x")
+        con.print(f"speedup (standard / specialized layer time): {doc['speedup']:.2f}x" + _speedup_interval(doc))
+    _interval_note(con, doc)
+
+
+def _interval_header(doc: dict[str, Any]) -> list[str]:
+    return [f"{doc['interval']['level']:.0%} interval"] if "interval" in doc else []
+
+
+def _interval_cell(row: dict[str, Any], key: str, fmt: str) -> list[str]:
+    return [f"[{format(row[key][0], fmt)}, {format(row[key][1], fmt)}]"] if key in row else []
+
+
+def _speedup_interval(doc: dict[str, Any]) -> str:
+    if "speedup_interval" not in doc:
+        return ""
+    lo, hi = doc["speedup_interval"]
+    return f", {doc['interval']['level']:.0%} interval [{lo:.2f}, {hi:.2f}]x (ratio taken draw by draw)"
+
+
+def _interval_note(con: Console, doc: dict[str, Any]) -> None:
+    """What the interval is: draws, seed, and what they were conditioned on."""
+    if "interval" not in doc:
+        return
+    i = doc["interval"]
+    n = i["parameter_counts"]
+    cond = (f"; conditioned on the {len(i['conditioned_on_published']['figures'])} published figures the constants "
+            f"were fitted to ({i['effective_draws']:.0f} effective draws)") if i["conditioned_on_published"] else ""
+    con.print(f"interval: {i['level']:.0%} of {i['draws']} seeded draws (seed {i['seed']}) of {n['constant']} ranged "
+              f"constants, {n['family']} kernel-family factors and {n['structure']} layer-structure factors{cond} "
+              "(docs/cost-model.md section 8)")
 
 
 def print_step(doc: dict[str, Any]) -> None:
@@ -99,15 +129,32 @@ def print_step(doc: dict[str, Any]) -> None:
     con.print("decode step  " + _conditions(doc))
     con.print(f"metric: {doc['metric']}")
     keys = list(next(iter(doc["variants"].values()))["breakdown_ms"])
-    table = Table("variant", "step ms", "tok/s (aggregate)", "tok/s per user", *[f"{k} ms" for k in keys], "kernels")
+    spans = [f"step ms {h}" for h in _interval_header(doc)] + [f"tok/s {h}" for h in _interval_header(doc)]
+    table = Table("variant", "step ms", "tok/s (aggregate)", "tok/s per user", *spans, *[f"{k} ms" for k in keys], "kernels")
     for name, v in doc["variants"].items():
         table.add_row(name, f"{v['step_ms']:.3f}", f"{v['tokens_per_s']:.1f}", f"{v['tokens_per_s_per_user']:.1f}",
+                      *_interval_cell(v, "step_ms_interval", ".3f"), *_interval_cell(v, "tokens_per_s_interval", ".1f"),
                       *[f"{v['breakdown_ms'][k]:.3f}" for k in keys], str(v["kernels_per_step"]))
     con.print(table)
     if "speedup" in doc:
-        con.print(f"speedup (standard / specialized step time): {doc['speedup']:.2f}x")
+        con.print(f"speedup (standard / specialized step time): {doc['speedup']:.2f}x" + _speedup_interval(doc))
+    _interval_note(con, doc)
+    if "sensitivity" in doc:
+        _print_sensitivity(con, doc["sensitivity"])
     if "routing_bracket" in doc:
         _print_routing_bracket(con, doc["routing_bracket"])
+
+
+def _print_sensitivity(con: Console, sens: dict[str, Any]) -> None:
+    """Parameters by their share of the step time's variance, per variant (cost/sensitivity.py)."""
+    con.print(f"sensitivity: {sens['metric']}")
+    for v, panel in sens["variants"].items():
+        table = Table("parameter", "share", "step ms at its 5th pct", "at its 95th pct",
+                      title=f"{v}: {panel['central_ms']:.3f} ms, interval [{panel['interval_ms'][0]:.3f}, "
+                            f"{panel['interval_ms'][1]:.3f}] ms; shares sum to {panel['sum_of_shares']:.2f}")
+        for r in panel["ranking"]:
+            table.add_row(r["parameter"], f"{100 * r['share']:.1f} %", f"{r['low_ms']:.3f}", f"{r['high_ms']:.3f}")
+        con.print(table)
 
 
 def _print_routing_bracket(con: Console, bracket: dict[str, Any]) -> None:

@@ -40,6 +40,20 @@ def print_validation(doc: Mapping[str, Any]) -> None:
     for g, f in doc["fits"].items():
         fits.add_row(g, str(f["n"]), "  ".join(f"{k} {_num(v)}" for k, v in f.items() if k != "n"))
     con.print(fits)
+    if "interval_coverage" in doc:
+        _print_coverage(con, doc["interval_coverage"])
+
+
+def _print_coverage(con: Any, cov: Mapping[str, Any]) -> None:
+    """How often the interval built from the fitted half covers a held-back point (docs/cost-model.md section 8)."""
+    from rich.table import Table
+    table = Table("family", "held-back points", f"inside the {cov['level']:.0%} interval", "interval (% of the law)",
+                  title=f"interval coverage: {cov['method']}")
+    for fam, c in cov["by_family"].items():
+        table.add_row(fam, str(c["n"]), f"{c['covered']} ({100 * c['coverage']:.0f} %)",
+                      f"[{c['interval_pct'][0]:+.1f}, {c['interval_pct'][1]:+.1f}]")
+    table.add_row("all", str(cov["n"]), f"{100 * cov['coverage']:.1f} %", "")
+    con.print(table)
 
 
 def _num(v: Any) -> str:
