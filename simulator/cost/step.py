@@ -67,7 +67,9 @@ def layer_us(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape
 
 def _layer(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
            fusions: frozenset[str] | None, makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> tuple[Any, int]:
-    plan = build_plan(cfg, variant, tp, shape, layer_type, fusions)
+    """The plan of the shape's `plan_shape`: one object for every shape that builds the same kernels, so a
+    pricing that remembers plans (the uncertainty draws do, by identity) prices it once."""
+    plan = build_plan(cfg, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions)
     return makespan(plan, hw), len(plan)
 
 
@@ -108,14 +110,15 @@ def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int,
     return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions), hw)
 
 
+@lru_cache(maxsize=1024)  # the same plan objects for the same drafting: pricings that remember plans hit
 def drafter_plans(drafter: ModelConfig, tp: int, batch: int, draft_tokens: int, context: int,
-                  drafting: str, taps: int) -> tuple[list[Plan], int]:
+                  drafting: str, taps: int) -> tuple[tuple[Plan, ...], int]:
     """(plans of one drafting forward, how many forwards) for the drafter's dense layers + its head."""
     m_tokens = batch * draft_tokens if drafting == "block" else batch
     shape = DecodeShape(m_tokens, 1, context)
     layers = [standard.build(drafter, tp, shape, "dense", i) for i in range(drafter.num_layers)]
     head = draft_head_plan(drafter, tp, shape, taps)
-    return layers + [head], (1 if drafting == "block" else draft_tokens)
+    return tuple(layers) + (head,), (1 if drafting == "block" else draft_tokens)
 
 
 # ---------------------------------------------------------------------------------------
