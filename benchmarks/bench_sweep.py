@@ -41,7 +41,8 @@ def grid(points: int) -> Scenario:
     sc = Scenario("bench-sweep", "benchmarks/bench_sweep.py", "How fast does a sweep run?", "step",
                   DEFAULTS | {"model": "kimi-k3"}, GRID)
     if not 1 <= points <= sc.count:
-        raise SystemExit(f"--points must lie in [1, {sc.count}].")
+        print(f"--points must lie in [1, {sc.count:,}].", file=sys.stderr)
+        raise SystemExit(2)
     return sc
 
 

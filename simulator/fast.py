@@ -9,6 +9,7 @@ weights.py and ops/ (they import neither) so the weight store can pack and widen
                       reads the packed nibbles (0.5 B) and the E8M0 scale (1/32 B) per weight: 0.53 B
                       instead of the 4 B of a float32 dequantized copy (or 8 B of a float64 one)
     mxfp4_quantize_t  the checkpoint packer: W [K, N] -> codes and scales of W^T, blocks along K
+    bf16_matmul       y = x @ W for W held as bfloat16 bits: 2 B per weight read once, widened in registers
     bf16_to           bfloat16 bits -> float32 / float64 (dense weights are held as bf16: 2 B/param)
     rms_norm          y = x / sqrt(mean(x^2) + eps) * w, one pass over x per row
     attn_res_mix      h = sum_s softmax_s(<v_s / rms(v_s), q>) v_s, one read of each source
@@ -16,10 +17,12 @@ weights.py and ops/ (they import neither) so the weight store can pack and widen
 
 Dimension legend: M rows (tokens), K reduction width, N output width, S sources, E experts, k picks.
 
-Napkin math (this machine, 2 cores, ~17 GB/s STREAM copy): a full-size K3 expert shard at TP16 is
-3 x 192 x 3584 weights = 1.06 MB packed; at batch 1 a rank touches 16 of them, 16 ranks -> 280 MB per
-layer, ~30 ms at copy speed. The dequantize-then-GEMM form moves 8x (float32) or 15x (float64) those
-bytes, and writes them first.
+Napkin math (this machine, 2 cores, 21-42 GB/s in-process copy, benchmarks/fullsize.py): a full-size K3
+expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB packed; at batch 1 a rank touches 16 of them,
+16 ranks -> 280 MB per layer, ~10 ms at copy speed. The dequantize-then-GEMM form moves 8x (float32) or
+15x (float64) those bytes, and writes them first. Measured, the MXFP4 kernel decodes about one weight
+per cycle (1.1 GB/s of packed bytes on one thread): the nibble lookup is not vectorised (no byte
+shuffle from Numba), so it is compute-bound well below the copy rate (docs/architecture.md).
 
 Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
 run the NumPy forms that way); every fused op in ops/ asks it per call, so there is no module state.
