@@ -23,8 +23,8 @@ from simulator.hardware import list_hardware, load_hardware  # noqa: E402
 
 
 def sweep(batches: int) -> int:
-    step.build_plan.cache_clear()  # every repeat starts cold: no plan survives from an earlier run
-    step.head_plan.cache_clear()
+    for cache in (step.build_plan, step.head_plan, step._layer_us, step.head_us, step.draft_us):
+        cache.cache_clear()  # every repeat starts cold: no plan or price survives from an earlier run
     cfg = load_model("kimi-k3")
     n = 0
     for name in list_hardware():

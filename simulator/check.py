@@ -37,7 +37,7 @@ from simulator.plans.common import Dims, make_dims
 from simulator.plans.kernel import DecodeShape
 from simulator.reference import reference_layer
 from simulator.state import LayerIO, LayerState, initial_state
-from simulator.weights import LayerWeights, weight_table
+from simulator.weights import FP32_KINDS, LayerWeights, weight_spec, weight_table
 
 REL_RMS_TOL = {"fp64": 1e-12, "fp32": 1e-5, "bf16": 3e-2}
 FP8_REL_RMS_TOL = {"fp64": 1e-12, "fp32": 1e-5, "bf16": 8e-2}
@@ -103,7 +103,9 @@ def check_layer(cfg: ModelConfig, layer_type: str, tp: int, shape: DecodeShape, 
     d = make_dims(cfg, tp, shape, layer, layer_type)
     plans = {name: build(cfg, tp, shape, layer_type, d.layer) for name, build in BUILDERS.items()}
     io, state = make_inputs(cfg, d, np.random.default_rng(seed))
-    weights = weights or LayerWeights(cfg, d.layer, seed)
+    if weights is None:
+        weights = LayerWeights(cfg, d.layer, seed)
+        weights.materialize(n for n, size in _layer_weight_sizes(cfg, layer_type).items() if size)  # on every core
     ref_io, ref_state, ref_diag = reference_layer(cfg, d.layer, d.shape, weights, io, state)
     result = LayerCheck(layer_type, d.layer)
     for name, plan in plans.items():
@@ -162,23 +164,22 @@ def layer_types(cfg: ModelConfig, which: str) -> list[str]:
 # memory estimate: refuse before allocating what the machine does not have
 # ---------------------------------------------------------------------------------------
 
-WEIGHT_COPY_BYTES = 12  # float32 container (4 B) + the float64 copy the reference (and fp64 ranks) share (8 B)
 STATE_COPIES = 6  # initial + reference (astype, update) + ranks' shards and their updates + unshard
 BUFFERS_PER_RANK = 12  # [M, widest]-sized float64 buffers a rank holds: stream, blocks, norms, partial sums, MoE rows
-SCRATCH_BYTES = 8  # per element of the largest weight while it is generated: float32 draw + scaled float32 copy
-BASELINE_BYTES = 200_000_000  # measured: `check --model tiny-k3 --batch 1` peaks at 184,532 kB (Python, NumPy, Numba, JIT code)
-SAFETY = 1.1  # the estimate sits ~9 % above the measured peak of the full-size check (see estimate_layer_bytes)
+PACKED_EXPERT_BYTES = 17 / 32  # MXFP4: half a byte per weight + one E8M0 scale byte per 32
+EXPERT_CACHE_BYTES = LayerWeights.expert_cache_bytes  # the bound of the packed expert cache (4 GB)
+COPY_CACHE_BYTES = LayerWeights.copy_cache_bytes  # and of the kept float copies (512 MB)
+EXPERT_DRAW_BYTES = 8  # per element of an expert part being drawn: float32 draw + scaled float32 (then packed)
+BASELINE_BYTES = 200_000_000  # measured: `check --model tiny-k3 --batch 1` peaks at 188,952 kB (Python, NumPy, Numba, JIT code)
+SAFETY = 1.1
 
 
-def _layer_weight_sizes(cfg: ModelConfig, layer_type: str, tokens: int) -> list[int]:
-    """Element counts of the weights one layer's check generates: its attention, its FFN, the touched experts."""
+def _layer_weight_sizes(cfg: ModelConfig, layer_type: str) -> dict[str, int]:
+    """name -> element count of the dense weights one layer's check generates: its attention and its FFN."""
     attn = cfg.attn_kinds[cfg.first_layer_of(layer_type)]
     ffn = ("dense.",) if layer_type == "dense" else ("router.", "shared.", "latent.")
-    sizes = [int(np.prod(shape, dtype=object)) for name, (shape, _) in weight_table(cfg).items()
-             if "." not in name or name.startswith((f"{attn}.",) + ffn)]
-    if layer_type != "dense":
-        sizes += [cfg.expert_in_dim * cfg.moe_intermediate] * 3 * min(cfg.num_experts, tokens * cfg.top_k)
-    return sizes
+    return {name: int(np.prod(shape, dtype=object)) for name, (shape, _) in weight_table(cfg).items()
+            if "." not in name or name.startswith((f"{attn}.",) + ffn)}
 
 
 def _state_elements(cfg: ModelConfig, attn: str, tp: int, shape: DecodeShape) -> int:
@@ -189,24 +190,38 @@ def _state_elements(cfg: ModelConfig, attn: str, tp: int, shape: DecodeShape) ->
 
 
 def estimate_layer_bytes(cfg: ModelConfig, layer_type: str, tp: int, shape: DecodeShape) -> int:
-    """Peak bytes of one layer's check: weights x 12 B + generation scratch + float64 state copies + buffers.
+    """Peak bytes of one layer's check: the held weights + the touched experts + the largest transient
+    + float64 state copies + rank buffers.
 
-    Calibration, `moe-sim check --model kimi-k3 --tp 16 --batch 1` (fp64, context 64): layer 0 (KDA
-    attention + the 33,792-wide dense FFN) generates 1.17 G weight elements -> 14.0 GB of copies, plus
-    1.9 GB of scratch for its largest weight (7168 x 33792); with the 1.1 safety factor and the 0.2 GB
-    interpreter baseline the estimate is 18.0 GB against a measured peak RSS of 16.25 GB (15,873,100 KiB,
-    /usr/bin/time -v); its MLA layer alone (--layer mla): 13.7 GB estimated, 11.9 GB measured. On
-    tiny-k3 the state and buffer terms dominate and stay above the measured peaks (MLA --batch 8
-    --context 100000 --tp 4: 4.4 GB estimated, 3.4 GB measured; KDA --batch 4000: 1.0 vs 0.75 GB; MLA
-    --batch 1000 --tokens-per-seq 8 --tp 16: 2.3 vs 1.4 GB; dense --batch 2000: 0.61 vs 0.45 GB).
+    Held (weights.LayerWeights): dense weights in their checkpoint format, 2 B (bf16) or 4 B (FP32) each;
+    touched MXFP4 experts packed, 17/32 B per weight (other expert formats: 4 B, float32), at most the
+    expert cache's 4 GB. Transient, the largest of: float64 copies of the weights that are not GEMM
+    operands (vectors, conv taps; at most the 512 MB copy cache); drawing experts on every core (8 B per element of a part each); a
+    float64 copy of the largest weight that is not a GEMM operand of a plan (the MLA up-projections the
+    reference reshapes). GEMM weights are never copied whole: plans read bf16 bits, the reference widens
+    8 MB chunks, dense weights are drawn 16 MB at a time.
+
+    Calibration, `moe-sim check --model kimi-k3 --tp 16 --batch 1` (fp64, context 64): its largest layer is
+    layer 0 (KDA attention + the 33,792-wide dense FFN, 2.34 GB held), estimated at 2.97 GB against a
+    measured peak RSS of 2.74 GB for the whole check (2,678,712 KiB, /usr/bin/time -v). On tiny-k3 the
+    state and buffer terms dominate and stay above the measured peaks (MLA --batch 8 --context 100000
+    --tp 4: 4.4 GB estimated, 3.5 GB measured; KDA --batch 4000: 0.85 vs 0.74 GB; dense --batch 2000:
+    0.52 vs 0.46 GB).
     """
     attn = cfg.attn_kinds[cfg.first_layer_of(layer_type)]
-    sizes = _layer_weight_sizes(cfg, layer_type, shape.tokens)
-    weights = WEIGHT_COPY_BYTES * sum(sizes) + SCRATCH_BYTES * max(sizes)
+    sizes = _layer_weight_sizes(cfg, layer_type)
+    held = sum(n * (4 if weight_spec(cfg, name)[1] in FP32_KINDS else 2) for name, n in sizes.items())
+    part = cfg.expert_in_dim * cfg.moe_intermediate
+    touched = 0 if layer_type == "dense" else min(cfg.num_experts, shape.tokens * cfg.top_k)
+    experts = min(3 * touched * part * (PACKED_EXPERT_BYTES if cfg.expert_dtype == "mxfp4" else 4), EXPERT_CACHE_BYTES)
+    reshaped = max([n for name, n in sizes.items() if name in ("mla.w_uk", "mla.w_uv")], default=0)
+    copies = min(COPY_CACHE_BYTES, 8 * sum(n for name, n in sizes.items() if len(weight_spec(cfg, name)[0]) == 1
+                                            or weight_spec(cfg, name)[1] == "conv"))
+    transient = max(copies, (os.cpu_count() or 1) * EXPERT_DRAW_BYTES * part * bool(touched), 8 * reshaped)
     state = 8 * STATE_COPIES * _state_elements(cfg, attn, tp, shape)
     widest = max(cfg.hidden_size, cfg.expert_in_dim * cfg.top_k, cfg.dense_intermediate, cfg.shared_intermediate)
     buffers = 8 * BUFFERS_PER_RANK * (tp + 1) * shape.tokens * widest
-    return int(SAFETY * (weights + state + buffers)) + BASELINE_BYTES
+    return int(SAFETY * (held + experts + transient + state + buffers)) + BASELINE_BYTES
 
 
 def available_memory() -> int:

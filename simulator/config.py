@@ -160,10 +160,10 @@ class ModelConfig:
         raise UserError(f"model '{self.name}' has no layer of type '{layer_type}'.")
 
     def layer_counts(self) -> dict[str, int]:
-        counts = {"kda": 0, "mla": 0, "dense": 0}
-        for i in range(self.num_layers):
-            counts[self.layer_type(i)] += 1
-        return counts
+        """Layers of each type: the first `first_k_dense` are dense, the rest by attention kind."""
+        dense = min(self.first_k_dense, self.num_layers)
+        moe = self.attn_kinds[dense:self.num_layers]
+        return {"kda": moe.count("kda"), "mla": moe.count("mla"), "dense": dense}
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,8 +4,11 @@ Each rank has its own named buffers. Kernels run in launch order (a valid serial
 streams, since every cross-stream dependency points backwards). For each kernel the executor
 
 1. fetches exactly the declared tensors: `reads` from the rank's buffers (a `window` reads a slice),
-   `weights` from the layer's weight specification, each part sharded as declared and packed in
-   order; routed experts come as a function e -> the declared parts of expert e's shard;
+   `weights` from the layer's weight specification, each part sharded as declared (only the shard is
+   converted from its held bf16 to the compute dtype) and packed in order; routed experts come as a
+   function e -> the declared parts of expert e's shard, MXFP4 experts as packed views
+   (`ops.linear.MXFP4Weight`: `x @ W` runs the dequantize-and-multiply kernel, no float copy) when the
+   Numba kernels are on, float arrays otherwise;
 2. checks every fetched tensor against its declared per-rank shape (and integer vs float dtype);
 3. calls the op, once per rank or once over all ranks for a collective, with the declared consts;
 4. checks the outputs' number and shapes against the declared `writes`, rounds each to its storage
@@ -22,13 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 
+from simulator import fast
 from simulator.dtypes import Array, Precision
+from simulator.ops.linear import BF16Weight, MXFP4Weight
 from simulator.plans.common import Dims
 from simulator.plans.kernel import EXPERT, Kernel, Plan, RunOption, Tensor
 from simulator.state import LayerIO, LayerState, shard_state, unshard_state
-from simulator.weights import LayerWeights, column_shard, row_shard, weight_spec
+from simulator.weights import LayerWeights, column_shard, row_shard, weight_spec, widen
 
 
 @dataclass
@@ -38,6 +44,9 @@ class Rank:
     r: int
     tp: int
     buf: dict[str, Any] = field(default_factory=dict)
+
+
+GEMM_KINDS = ("gemm", "gemm_collective", "router")  # kernels whose 2-D weights their op only multiplies by
 
 
 class BindingError(AssertionError):
@@ -99,7 +108,7 @@ def _check(kernel: Kernel, t: Tensor, value: Any, what: str) -> None:
     if tuple(np.shape(value)) != (t.unpadded or t.shape):
         raise BindingError(f"kernel '{kernel.key}' {what} '{t.name}' with shape {np.shape(value)}, "
                            f"declared {t.unpadded or t.shape}")
-    is_int = np.asarray(value).dtype.kind in "iu"
+    is_int = (value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype).kind in "iu"
     if is_int != (t.dtype == "int32"):
         raise BindingError(f"kernel '{kernel.key}' {what} '{t.name}' as {np.asarray(value).dtype}, declared {t.dtype}")
 
@@ -140,20 +149,46 @@ def _weight(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, 
         return _expert_weights(kernel, rank, weights, prec, t, parts)
     for name, _ in parts:
         weight_spec(weights.cfg, name)  # KeyError for a name the specification does not hold
-    arrays = [_shard(weights.get(name, prec.dtype), shard, rank) for name, shard in parts]
-    value = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=t.pack_axis)
+    held = [weights.shard(name, None, shard, rank.r, rank.tp) for name, shard in parts]
+    if kernel.kind in GEMM_KINDS and fast.numba_enabled() and _bf16_columns(held, t.pack_axis):
+        value = BF16Weight(tuple(h.view(np.uint16) for h in held), np.dtype(prec.dtype))  # x @ W reads the bits
+    elif len(held) > 1 or parts[0][1] != "full":
+        value = widen(held[0] if len(held) == 1 else _pack(held, t.pack_axis), prec.dtype)
+    else:
+        value = weights.get(parts[0][0], prec.dtype)  # a replicated weight: one copy the ranks share
     _check(kernel, t, value, "is handed weight")
     return value
+
+
+def _bf16_columns(held: list[np.ndarray], axis: int) -> bool:
+    """bf16 matrices packed side by side (or one): a GEMM operand `BF16Weight` can multiply in place."""
+    return all(h.ndim == 2 and h.dtype == ml_dtypes.bfloat16 for h in held) and (len(held) == 1 or axis in (1, -1))
+
+
+def _pack(held: list[np.ndarray], axis: int) -> np.ndarray:
+    """Concatenate weights in their held format; bf16 as its uint16 bits (NumPy copies a custom dtype
+    element by element, its own integers with memcpy: 20x faster)."""
+    if all(h.dtype == ml_dtypes.bfloat16 for h in held):
+        return np.concatenate([h.view(np.uint16) for h in held], axis=axis).view(ml_dtypes.bfloat16)
+    return np.concatenate(held, axis=axis)
 
 
 def _expert_weights(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, t: Tensor,
                     parts: tuple[tuple[str, str], ...]) -> Callable[[int], tuple[Array, ...]]:
     """e -> the declared parts of expert e's shard; each checked against the declared per-expert shape."""
     per_expert = (t.unpadded or t.shape)[1:]
+    packed = weights.packs_experts and fast.numba_enabled()
+    if packed and rank.r == 0:  # generate the touched experts on all cores once, before rank 0 needs them
+        ids = [rank.buf[r.name] for r in kernel.reads if r.dtype == "int32"]  # the routing: topk.idx
+        weights.materialize(experts=np.unique(ids[0]) if ids else ())
 
-    def expert(e: int) -> tuple[Array, ...]:
-        got = tuple(_shard(weights.get(f"expert.{e}.{name[len(EXPERT):]}", prec.dtype), shard, rank)
-                    for name, shard in parts)
+    def part(e: int, name: str, shard: str) -> Array | MXFP4Weight:
+        if packed:
+            return MXFP4Weight(*weights.expert_part(e, name)).shard(shard, rank.r, rank.tp)
+        return _shard(weights.get(f"expert.{e}.{name}", prec.dtype), shard, rank)
+
+    def expert(e: int) -> tuple[Array | MXFP4Weight, ...]:
+        got = tuple(part(e, name[len(EXPERT):], shard) for name, shard in parts)
         width = sum(g.shape[t.pack_axis] for g in got)
         shape = list(got[0].shape)
         shape[t.pack_axis] = width

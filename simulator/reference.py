@@ -15,12 +15,14 @@ Dimension legend: M tokens (B sequences x T tokens), D hidden, N heads, H head d
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from simulator.config import ModelConfig
 from simulator.ops import experts as ex
 from simulator.ops import kda as kda_ops
 from simulator.ops import mla as mla_ops
+from simulator.ops.linear import BF16Weight, MXFP4Weight
 from simulator.ops.norm import attn_res_mix_reference, rms_norm_reference
 from simulator.ops.pointwise import sigmoid
 from simulator.ops.router import route_reference
@@ -33,7 +35,7 @@ F64 = np.float64
 def reference_layer(cfg: ModelConfig, layer: int, shape: DecodeShape, w: LayerWeights, io: LayerIO,
                     state: LayerState) -> tuple[LayerIO, LayerState, dict]:
     eps = cfg.rms_norm_eps
-    W = lambda name: w.get(name, F64)  # noqa: E731
+    W = lambda name: _weight(w, name)  # noqa: E731
     blocks = [b.astype(F64) for b in io.blocks]
     prefix = io.prefix.astype(F64) + io.delta.astype(F64)
     h = attn_res_mix_reference(blocks + [prefix], W("attn_res_norm"), W("attn_res_proj"), eps)
@@ -98,10 +100,28 @@ def mla_reference(cfg: ModelConfig, shape: DecodeShape, W, x: np.ndarray, state:
     return o @ W("mla.w_o"), {"mla.cache": new_cache, "mla.lengths": lengths + T}
 
 
+def _weight(w: LayerWeights, name: str):
+    """A weight in float64: a bf16 matrix as `BF16Weight(form="reference")`, whose products widen 8 MB
+    chunks (no float64 copy of a 1.9 GB weight), anything else as a float64 array."""
+    held = w.held(name)
+    if held.ndim == 2 and held.dtype == ml_dtypes.bfloat16:
+        return BF16Weight((held.view(np.uint16),), np.dtype(F64), form="reference")
+    return w.get(name, F64)
+
+
+def _experts(w: LayerWeights):
+    """e -> expert e's (w_gate, w_up, w_down) in float64: packed MXFP4 parts multiplied by dequantizing
+    256-row chunks (no 88 MB float64 copy of a full-size part), or float64 arrays."""
+    if not w.packs_experts:
+        return lambda e: w.expert(e, F64)
+    return lambda e: tuple(MXFP4Weight(*q, form="reference") for q in w.expert_packed(e))
+
+
 def moe_reference(cfg: ModelConfig, w: LayerWeights, W, x2: np.ndarray, diag: dict) -> np.ndarray:
     routing = route_reference(x2 @ W("router.w"), W("router.bias"), cfg)
     diag["topk_idx"], diag["margin"] = routing.topk_idx, routing.margin
-    expert = lambda e: w.expert(e, F64)  # noqa: E731
+    w.materialize(experts=np.unique(routing.topk_idx))  # generated on all cores, each from its own stream
+    expert = _experts(w)
     if cfg.latent_dim:
         z = x2 @ W("latent.w_down")  # [M, L]
         y = ex.routed_experts_reference(z, routing.topk_idx, routing.topk_weight, expert, cfg)

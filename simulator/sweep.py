@@ -15,8 +15,13 @@ import csv
 import io
 import itertools
 import json
+import multiprocessing
+import os
+import signal
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from simulator.cost.memory import memory_per_gpu, shortfall
 from simulator.errors import UserError
@@ -130,8 +135,10 @@ def check_size(sc: Scenario, yes: bool) -> None:
 
 
 def run(sc: Scenario, out_dir: str | Path | None = None, progress: Callable[[int, int], None] | None = None,
-        yes: bool = False, tell: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
-    """Evaluate the grid lazily; write points.csv, summary.json and the plots into out_dir (if given).
+        yes: bool = False, tell: Callable[[str], None] = lambda message: None,
+        workers: int | None = None) -> dict[str, Any]:
+    """Evaluate the grid lazily on `workers` processes (all cores by default); write points.csv,
+    summary.json and the plots into out_dir (if given). Rows come in grid order whatever the workers.
 
     A rerun into an out_dir holding this scenario's unfinished rows (same digest) resumes after them.
     """
@@ -139,9 +146,11 @@ def run(sc: Scenario, out_dir: str | Path | None = None, progress: Callable[[int
     out = output_dir(out_dir, "--out") if out_dir is not None else None
     rows, done = prepare_out(sc, out, tell) if out is not None else ([], 0)
     interrupted = False
+    todo = itertools.islice(sc.points(), done, None)
+    workers = workers or len(os.sched_getaffinity(0))
     try:
-        for i, point in enumerate(itertools.islice(sc.points(), done, None), done + 1):
-            rows += evaluate(point, sc.kind)
+        for i, point_rows in enumerate(evaluate_points(todo, sc.kind, sc.count - done, workers), done + 1):
+            rows += point_rows
             done = i
             if progress:
                 progress(i, sc.count)
@@ -153,6 +162,39 @@ def run(sc: Scenario, out_dir: str | Path | None = None, progress: Callable[[int
     if interrupted:
         raise ScenarioInterrupted(summary)
     return {"summary": summary, "rows": rows}
+
+
+PARALLEL_MIN_POINTS = 64  # fewer run in this process: starting workers would cost more than they save
+
+
+def evaluate_points(points: Iterator[dict[str, Any]], kind: str, count: int, workers: int) -> Iterator[list[dict[str, Any]]]:
+    """Each point's rows, in order. With several workers, chunks of consecutive points go to forked
+    processes (neighbours in the grid share plan shapes, so each worker's plan caches hit), at most two
+    chunks per worker in flight (the grid is never held whole), and results are yielded in grid order.
+    Fork is safe here: the cost model runs no parallel Numba kernel, whose thread pool a fork would lose."""
+    if workers <= 1 or count < PARALLEL_MIN_POINTS:
+        yield from (evaluate(p, kind) for p in points)
+        return
+    size = max(1, min(256, count // (16 * workers)))
+    chunks = iter(lambda: list(itertools.islice(points, size)), [])
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_ignore_sigint)
+    try:
+        pending = deque(pool.submit(_evaluate_chunk, c, kind) for c in itertools.islice(chunks, 2 * workers))
+        while pending:
+            done = pending.popleft().result()
+            pending.extend(pool.submit(_evaluate_chunk, c, kind) for c in itertools.islice(chunks, 1))
+            yield from done
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _evaluate_chunk(points: list[dict[str, Any]], kind: str) -> list[list[dict[str, Any]]]:
+    return [evaluate(p, kind) for p in points]
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C to the parent, which keeps the finished rows and stops them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class ScenarioInterrupted(KeyboardInterrupt):

@@ -1,13 +1,18 @@
-"""Deterministic seeded weights for one decoder layer, generated lazily, and TP sharding helpers.
+"""Deterministic seeded weights for one decoder layer, generated lazily and held compactly, and TP
+sharding helpers.
 
 Every tensor is drawn from its own stream, `SeedSequence([seed, layer, crc32(name)])`, so a tensor's
 values do not depend on which other tensors were generated first. That is what lets the routed
 experts be lazy: a full-size Kimi K3 layer at batch 1 generates only the k selected experts
-(16 x 17.5 MB in MXFP4 instead of 896 of them).
+(16 x 17.5 MB in MXFP4 instead of 896 of them), and regenerate one that was evicted.
 
 Scaling keeps activations O(1) (STYLE item 13): a linear `[in, out]` is N(0, 1/in); norm weights
 are 1 + N(0, 0.1^2); AttnRes projections are N(0, 1/D). Weights are rounded to their checkpoint
-format (bf16 everywhere, MXFP4 or FP8 routed experts) and held in float32 containers.
+format (bf16 everywhere, MXFP4 or FP8 routed experts) and held in it: bf16 values as their 2 bytes,
+MXFP4 experts as packed codes + E8M0 scales (0.53 B per weight); float copies are made on request.
+
+Napkin math, Kimi K3 KDA + MoE layer: 634 M dense weights x 2 B = 1.3 GB held (float32 + a float64
+copy took 12 B each, 7.6 GB); one expert is 3 x 3584 x 3072 x 0.53 B = 17.5 MB packed.
 
 Layout: activations are rows, weights are `[in, out]`, so y = x @ w. Column-parallel shards split
 `out` (w[:, r*out/P:(r+1)*out/P]); row-parallel shards split `in`.
@@ -15,13 +20,25 @@ Layout: activations are rows, weights are `[in, out]`, so y = x @ w. Column-para
 
 from __future__ import annotations
 
+import os
+import time
 import zlib
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
+import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
+from simulator import fast
 from simulator.config import ModelConfig
 from simulator.dtypes import Array, round_bf16, round_fp8, round_mxfp4
+
+PARTS = ("w_gate", "w_up", "w_down")
+FP32_KINDS = ("a_log", "bias")  # FP32 in the checkpoint; every other non-expert weight is bf16
+Packed = tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]  # MXFP4 W^T: codes [N, K/2], E8M0 bits [N, K/32]
 
 
 def _rng(seed: int, layer: int, name: str) -> np.random.Generator:
@@ -40,55 +57,198 @@ def _quantize(w: Array, fmt: str) -> Array:
     return round_bf16(w)
 
 
+def widen(w: np.ndarray, dtype: type) -> Array:
+    """A float copy of a held weight (or a shard view of it); bf16 bits are widened exactly."""
+    if w.dtype == ml_dtypes.bfloat16 and fast.numba_enabled():
+        return fast.bf16_to(w.view(np.uint16), dtype)
+    return w.astype(dtype)
+
+
+class BoundedCache:
+    """A byte-bounded cache that keeps what it has: when an insert overflows the bound, the newest
+    other entries give way. A pass over more entries than fit then regenerates only the overflow on the
+    next pass (least-recently-used eviction would regenerate every one of a cyclic pass)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.items, self.nbytes = limit, OrderedDict(), 0
+
+    def get(self, key: object, make: Callable[[], object], size: Callable[[object], int]) -> object:
+        if key in self.items:
+            return self.items[key]
+        value = make()
+        self.items[key] = value
+        self.nbytes += size(value)
+        while self.nbytes > self.limit and len(self.items) > 1:
+            newest = next(k for k in reversed(self.items) if k != key)
+            self.nbytes -= size(self.items.pop(newest))
+        return value
+
+
+def _packed_bytes(q: Packed) -> int:
+    return q[0].nbytes + q[1].nbytes
+
+
+def _array_bytes(a: np.ndarray) -> int:
+    return a.nbytes
+
+
 @dataclass
 class LayerWeights:
-    """All weights of one layer, full (unsharded) size, created on first access and then cached."""
+    """All weights of one layer, full (unsharded) size, created on first access and held compactly.
+
+    Held: each dense weight once, in its checkpoint format (bf16 or FP32); routed MXFP4 experts packed
+    per part in a cache of `expert_cache_bytes`, regenerated from their own stream when evicted (the
+    same numbers every time). Float copies for computing (`get`, `shard`, `expert`) are made on
+    request; full copies are kept in a second cache of `copy_cache_bytes`, so P simulated ranks and the
+    reference share one float64 copy of a small weight while a 1.9 GB one is not kept."""
 
     cfg: ModelConfig
     layer: int
     seed: int
-    _cache: dict[str, Array] = field(default_factory=dict, repr=False)
+    expert_cache_bytes: int = 4 << 30
+    copy_cache_bytes: int = 512 << 20
+    _held: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    _experts: BoundedCache = field(init=False, repr=False)
+    _copies: BoundedCache = field(init=False, repr=False)
+    expert_generations: int = 0  # expert parts generated (more than the touched parts x 3 means evictions)
+    generate_s: float = 0.0  # wall seconds spent drawing and packing weights (benchmarks take it out)
+
+    def __post_init__(self) -> None:
+        self._experts = BoundedCache(self.expert_cache_bytes)
+        self._copies = BoundedCache(self.copy_cache_bytes)
 
     def __getitem__(self, name: str) -> Array:
-        if name not in self._cache:
-            self._cache[name] = self._make(name)
-        return self._cache[name]
+        """The weight's values in a float32 container (float64 if it was made so)."""
+        return self.get(name, np.float64 if self._held_weight(name).dtype == np.float64 else np.float32)
 
     def get(self, name: str, dtype: type) -> Array:
-        """The weight converted to a compute dtype, converted once and cached: P simulated ranks and the
-        reference then share one float64 copy instead of making one each."""
-        base = self[name]
-        if base.dtype == dtype:
-            return base
-        key = f"{name}@{np.dtype(dtype).name}"
-        if key not in self._cache:
-            self._cache[key] = base.astype(dtype)
-        return self._cache[key]
+        """The full weight in a compute dtype; one copy per (weight, dtype) while it fits the copy cache."""
+        if name.startswith("expert."):
+            _, e, part = name.split(".")
+            return self.expert(int(e), dtype)[PARTS.index(part)]
+        held = self._held_weight(name)
+        if held.dtype == dtype:
+            return held
+        return self._copies.get((name, np.dtype(dtype).name), lambda: widen(held, dtype), _array_bytes)
+
+    def held(self, name: str) -> np.ndarray:
+        """The weight as held (bf16, FP32): read it, do not write it."""
+        return self._held_weight(name)
+
+    def shard(self, name: str, dtype: type | None, how: str, rank: int, tp: int) -> Array:
+        """Rank r's shard ("col", "row" or "full") in `dtype`: only the shard is converted (each rank
+        reads its own once); a view of the held weight when `dtype` is None or the held dtype."""
+        held = self._held_weight(name)
+        if how == "full" and dtype is not None:
+            return self.get(name, dtype)
+        part = column_shard(held, rank, tp) if how == "col" else row_shard(held, rank, tp) if how == "row" else held
+        return part if dtype is None or held.dtype == dtype else widen(part, dtype)
 
     def expert(self, e: int, dtype: type = np.float32) -> tuple[Array, Array, Array]:
-        """Routed expert e: (w_gate [Din, F], w_up [Din, F], w_down [F, Din]) in its checkpoint format."""
-        return tuple(self.get(f"expert.{e}.{part}", dtype) for part in ("w_gate", "w_up", "w_down"))
+        """Routed expert e: (w_gate [Din, F], w_up [Din, F], w_down [F, Din]) as float arrays."""
+        def make(part: str) -> Array:
+            if not self.packs_experts:
+                return self._make(f"expert.{e}.{part}").astype(dtype)
+            return fast.mxfp4_dequantize_t(*self.expert_part(e, part), dtype)
+        return tuple(self._copies.get((f"expert.{e}.{p}", np.dtype(dtype).name), lambda p=p: make(p), _array_bytes)
+                     for p in PARTS)
+
+    def expert_part(self, e: int, part: str) -> Packed:
+        """One part of routed expert e as MXFP4 W^T: codes [N, K/2] and E8M0 scale bits [N, K/32]."""
+        def make() -> Packed:
+            t0 = time.perf_counter()
+            q = self._make_packed(f"expert.{e}.{part}")
+            self.expert_generations += 1
+            self.generate_s += time.perf_counter() - t0
+            return q
+        return self._experts.get((e, part), make, _packed_bytes)
+
+    def expert_packed(self, e: int) -> tuple[Packed, Packed, Packed]:
+        return tuple(self.expert_part(e, p) for p in PARTS)
+
+    @property
+    def packs_experts(self) -> bool:
+        """Experts are held packed when the checkpoint is MXFP4 (config.py checks the 32-blocks)."""
+        return self.cfg.expert_dtype == "mxfp4"
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held: dense weights, packed experts and kept float copies."""
+        return sum(a.nbytes for a in self._held.values()) + self._experts.nbytes + self._copies.nbytes
+
+    def cached_experts(self) -> list[int]:
+        return sorted({e for e, _ in self._experts.items})
+
+    def materialize(self, names: Iterable[str] = (), experts: Iterable[int] = (), workers: int | None = None) -> None:
+        """Generate the named weights and experts now, on `workers` threads: NumPy's generators and the
+        packing kernels release the GIL, and each tensor has its own stream, so no value changes."""
+        names = [n for n in names if n not in self._held]
+        parts = [(int(e), p) for e in experts for p in PARTS if (int(e), p) not in self._experts.items]
+        part_bytes = self.cfg.expert_in_dim * self.cfg.moe_intermediate * 17 // 32  # codes + scales
+        room = max(0, self._experts.limit - self._experts.nbytes) // part_bytes  # the rest: made on use
+        parts = parts[:room] if self.packs_experts else []
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+            made = list(pool.map(lambda n: self._make_held(n), names))
+            packed = list(pool.map(lambda q: self._make_packed(f"expert.{q[0]}.{q[1]}"), parts))
+        self.generate_s += time.perf_counter() - t0
+        self._held.update(zip(names, made))
+        for key, q in zip(parts, packed):
+            self._experts.get(key, lambda q=q: q, _packed_bytes)
+        self.expert_generations += len(parts)
+
+    # ------------------------------------------------------------------ generation
+    def _held_weight(self, name: str) -> np.ndarray:
+        if name not in self._held:
+            t0 = time.perf_counter()
+            self._held[name] = self._make_held(name)
+            self.generate_s += time.perf_counter() - t0
+        return self._held[name]
+
+    def _make_held(self, name: str) -> np.ndarray:
+        """The weight in its checkpoint container: a bf16 value keeps its 2 bytes only."""
+        w = self._make(name)
+        if w.dtype != ml_dtypes.bfloat16 and weight_spec(self.cfg, name)[1] not in FP32_KINDS:
+            return w.astype(ml_dtypes.bfloat16)
+        return w
+
+    def _make_packed(self, name: str) -> Packed:
+        """MXFP4 expert `name` straight from its stream to codes + scales: the same draws, scaling and
+        rounding as `_make`, without its float32 round trip."""
+        shape, _ = weight_spec(self.cfg, name)
+        return fast.mxfp4_quantize_t(_normal(self.seed, self.layer, name, shape, shape[0] ** -0.5))
 
     def _make(self, name: str) -> Array:
+        """The weight's values: FP32 kinds and experts as float32 containers, the rest as bfloat16."""
         shape, kind = weight_spec(self.cfg, name)
-        d = self.cfg.hidden_size
-        if kind == "norm":
-            w = 1.0 + _normal(self.seed, self.layer, name, shape, 0.1)
-        elif kind == "res_proj":
-            w = _normal(self.seed, self.layer, name, shape, d ** -0.5)
-        elif kind == "conv":
-            w = _normal(self.seed, self.layer, name, shape, shape[-1] ** -0.5)
-        elif kind == "dt_bias":
-            w = _normal(self.seed, self.layer, name, shape, 0.5)
-        elif kind == "a_log":  # exp(A_log) in [1, 16]: gates neither saturated nor flat
-            w = np.log(_rng(self.seed, self.layer, name).uniform(1.0, 16.0, shape)).astype(np.float32)
-            return w  # FP32 in the checkpoint
-        elif kind == "bias":
-            w = _normal(self.seed, self.layer, name, shape, 0.05)
-            return w  # FP32 correction bias
+        if kind == "a_log":  # exp(A_log) in [1, 16]: gates neither saturated nor flat
+            return np.log(_rng(self.seed, self.layer, name).uniform(1.0, 16.0, shape)).astype(np.float32)
+        if kind == "bias":
+            return _normal(self.seed, self.layer, name, shape, 0.05)  # FP32 correction bias
+        if kind == "expert":
+            return _quantize(_normal(self.seed, self.layer, name, shape, shape[0] ** -0.5), self.cfg.expert_dtype)
+        if kind in ("norm", "dt_bias"):
+            std = 0.1 if kind == "norm" else 0.5
+        elif kind in ("res_proj", "conv"):
+            std = (self.cfg.hidden_size if kind == "res_proj" else shape[-1]) ** -0.5
         else:
-            w = _normal(self.seed, self.layer, name, shape, shape[0] ** -0.5)
-        return _quantize(w, self.cfg.expert_dtype if kind == "expert" else "bf16")
+            std = shape[0] ** -0.5
+        return _normal_bf16(_rng(self.seed, self.layer, name), shape, std, 1.0 if kind == "norm" else 0.0)
+
+
+DRAW_CHUNK = 1 << 22  # elements drawn at a time: 16 MB of float32 scratch, whatever the weight's size
+
+
+def _normal_bf16(rng: np.random.Generator, shape: tuple[int, ...], std: float, offset: float) -> np.ndarray:
+    """bf16(offset + N(0, std^2)) drawn in row chunks into the bf16 array: the same stream and the same
+    float32 arithmetic as drawing it whole (a Generator fills in order), without the 2.4 GB of float32
+    temporaries the 7168 x 33792 dense FFN weight would take."""
+    out = np.empty(shape, ml_dtypes.bfloat16)
+    rows = max(1, DRAW_CHUNK // max(1, int(np.prod(shape[1:], dtype=np.int64))))
+    for r0 in range(0, shape[0], rows):
+        chunk = rng.standard_normal((min(rows, shape[0] - r0),) + shape[1:], dtype=np.float32) * np.float32(std)
+        out[r0:r0 + rows] = (chunk + offset if offset else chunk).astype(ml_dtypes.bfloat16)
+    return out
 
 
 def weight_spec(cfg: ModelConfig, name: str) -> tuple[tuple[int, ...], str]:

@@ -1,13 +1,16 @@
 """The cost model on the real plans: textbook takeaways, the published calibration, the step, the CLI."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from simulator.cli import app
-from simulator.cost.step import build_plan, estimate_step, layer_timeline
+from simulator.config import load_model
+from simulator.cost.step import build_plan, estimate_step, layer_timeline, plan_shape, representative_layer
+from simulator.ops.experts import RoutingStats
 from simulator.cost.timeline import schedule
 from simulator.hardware import list_hardware, load_hardware
 from simulator.plans.kernel import DecodeShape
@@ -185,3 +188,24 @@ def test_h200_measured_decode_gemms():
     for r in rows:
         by_shape.setdefault(r["kernel"], []).append(float(r["us_per_kernel"]))
     assert all(max(t) / min(t) < 1.2 for t in by_shape.values())  # memory-bound: flat from M = 1 to 64
+
+
+SHAPES = [DecodeShape(4, 1, 512), DecodeShape(3, 4, 77, RoutingStats(1.01, 0.5)), DecodeShape(1, 1, 9000, RoutingStats(0.5, 0.9))]
+
+
+@pytest.mark.parametrize("model", ["kimi-k3", "tiny-deepseek"])
+@pytest.mark.parametrize("layer", ["kda", "mla", "dense"])
+def test_layers_sharing_a_plan_shape_build_the_same_kernels(model, layer):
+    """The sweep prices one plan per `plan_shape`: a shape it maps together must build the same kernels,
+    and a change of what the plan does read (batch, the MLA context, the routing of an MoE layer) must not."""
+    cfg = load_model(model)
+    if not cfg.layer_counts().get(layer):
+        pytest.skip(f"{model} has no {layer} layer")
+    for variant in ("standard", "specialized"):
+        for shape in SHAPES:
+            same = plan_shape(cfg, shape, layer)
+            assert build_plan(cfg, variant, 8, shape, layer).kernels == build_plan(cfg, variant, 8, same, layer).kernels
+        moved = [replace(SHAPES[1], batch=5), replace(SHAPES[1], routing=RoutingStats(0.0, 0.5))]
+        moved += [replace(SHAPES[1], context=5000)] if cfg.attn_kinds[representative_layer(cfg, layer)] == "mla" else []
+        for shape in moved if layer != "dense" else moved[:1]:
+            assert plan_shape(cfg, shape, layer) != plan_shape(cfg, SHAPES[1], layer)

@@ -67,8 +67,12 @@ print("RESULT " + json.dumps(t._compare_all(json.loads(sys.argv[3]), json.loads(
 def interpreted():
     """All kernel comparisons in a process whose triton is imported with TRITON_INTERPRET=1 (triton.language's
     own jit helpers are built at import, so the variable cannot be flipped in a process that has triton):
-    a fork of this one when triton is not imported yet (cheap), else a fresh interpreter."""
-    if "triton" not in sys.modules and "fork" in multiprocessing.get_all_start_methods():
+    a fork of this one when triton is not imported yet (cheap), else a fresh interpreter. Not a fork once
+    a parallel Numba kernel has run here: GNU OpenMP's thread pool does not survive a fork, and the child
+    hangs in its first parallel kernel (the simulator's ops run them)."""
+    from numba.np.ufunc import parallel
+    forkable = "triton" not in sys.modules and not getattr(parallel, "_is_initialized", True)
+    if forkable and "fork" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("fork")
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_child, args=(child, KDA_CASES, MLA_CASES))

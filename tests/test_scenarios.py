@@ -251,3 +251,12 @@ def test_y_columns_are_real_columns(kind, name):
     sc = load_scenario(ROOT / "scenarios" / f"{name}.toml")
     rows = sweep.evaluate(next(sc.points()), kind)
     assert rows[0]["status"] == "ok" and set(Y_COLUMNS[kind]) <= set(rows[0])
+
+
+@pytest.mark.parametrize("name", ["batch-sweep", "routing"])
+def test_worker_processes_give_the_serial_rows_in_order(monkeypatch, name):
+    """The sweep on two processes (chunks of one point, so results arrive out of order) == one process."""
+    sc = load_scenario(name)
+    serial = sweep.run(sc, workers=1)["rows"]
+    monkeypatch.setattr(sweep, "PARALLEL_MIN_POINTS", 0)
+    assert sweep.run(sc, workers=2)["rows"] == serial

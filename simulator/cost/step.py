@@ -22,7 +22,7 @@ Dimension legend: M tokens per forward, D hidden, V vocab, P TP degree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, Callable
 
 from simulator.config import ModelConfig
@@ -57,19 +57,68 @@ def build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, laye
     return standard.build(cfg, tp, shape, layer_type, index)
 
 
+def layer_us(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
+             fusions: frozenset[str] | None = None) -> tuple[float, int]:
+    """(makespan in µs, kernel count) of one layer's plan on one GPU, shared by every shape that builds
+    the same plan (`plan_shape`): a sweep's points differ in hardware, acceptance length or context far
+    more often than in the kernels of a KDA layer."""
+    return _layer_us(cfg, hw, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions)
+
+
+def _layer(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
+           fusions: frozenset[str] | None, makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> tuple[Any, int]:
+    """The plan of the shape's `plan_shape`: one object for every shape that builds the same kernels, so a
+    pricing that remembers plans (the uncertainty draws do, by identity) prices it once."""
+    plan = build_plan(cfg, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions)
+    return makespan(plan, hw), len(plan)
+
+
+_layer_us = lru_cache(maxsize=8192)(_layer)
+
+
+def plan_shape(cfg: ModelConfig, shape: DecodeShape, layer_type: str) -> DecodeShape:
+    """The shape with what a layer's kernels do not read set to one value: the context reaches only an MLA
+    layer (its cache), the routing only a layer with routed experts, and the draft correlation only a
+    verify of more than one token per sequence (tests/test_cost_model.py builds both and compares)."""
+    mla = cfg.attn_kinds[representative_layer(cfg, layer_type)] == "mla"
+    routing = shape.routing if layer_type != "dense" else UNIFORM
+    if shape.tokens_per_seq == 1:
+        routing = RoutingStats(routing.skew, 0.0)
+    return DecodeShape(shape.batch, shape.tokens_per_seq, shape.context if mla else 0, routing)
+
+
+def _head(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, variant: str, pdl: bool,
+          makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> tuple[Any, int]:
+    """(makespan, kernel count) of the model head."""
+    plan = head_plan(cfg, tp, shape, variant, pdl)
+    return makespan(plan, hw), len(plan)
+
+
+def _draft(drafter: ModelConfig, hw: HardwareProfile, tp: int, batch: int, draft_tokens: int, context: int,
+           drafting: str, taps: int, makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> tuple[Any, int]:
+    """(time, kernel count) of all drafting forwards of one step."""
+    plans, repeats = drafter_plans(drafter, tp, batch, draft_tokens, context, drafting, taps)
+    return repeats * sum(makespan(p, hw) for p in plans), repeats * sum(len(p) for p in plans)
+
+
+head_us = lru_cache(maxsize=8192)(_head)  # a sweep's points share heads and drafters across their other axes
+draft_us = lru_cache(maxsize=8192)(_draft)
+
+
 def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape,
                    layer_type: str, fusions: frozenset[str] | None = None) -> Timeline:
     return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions), hw)
 
 
+@lru_cache(maxsize=1024)  # the same plan objects for the same drafting: pricings that remember plans hit
 def drafter_plans(drafter: ModelConfig, tp: int, batch: int, draft_tokens: int, context: int,
-                  drafting: str, taps: int) -> tuple[list[Plan], int]:
+                  drafting: str, taps: int) -> tuple[tuple[Plan, ...], int]:
     """(plans of one drafting forward, how many forwards) for the drafter's dense layers + its head."""
     m_tokens = batch * draft_tokens if drafting == "block" else batch
     shape = DecodeShape(m_tokens, 1, context)
     layers = [standard.build(drafter, tp, shape, "dense", i) for i in range(drafter.num_layers)]
     head = draft_head_plan(drafter, tp, shape, taps)
-    return layers + [head], (1 if drafting == "block" else draft_tokens)
+    return tuple(layers) + (head,), (1 if drafting == "block" else draft_tokens)
 
 
 # ---------------------------------------------------------------------------------------
@@ -106,6 +155,7 @@ def validate_speculation(draft_tokens: int, acceptance_length: float | None) -> 
     return float(acceptance_length)
 
 
+@lru_cache(maxsize=64)  # a sweep asks for the same drafter at every point: parse its JSON once
 def load_drafter(name_or_path: str) -> tuple[ModelConfig, str, int]:
     from simulator.config import load_model
     cfg = load_model(name_or_path)
@@ -118,26 +168,30 @@ def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, 
                   draft_tokens: int = 0, acceptance_length: float | None = None, drafter: str = "dspark-k3",
                   fusions: frozenset[str] | None = None, routing: RoutingStats = UNIFORM,
                   makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> StepEstimate:
-    """The step of one variant. `makespan` prices one plan: `makespan_us`, or a function returning an array
-    of uncertainty draws (cost/uncertainty.py), in which case every time in the estimate is that array."""
+    """The step of one variant. `makespan` prices one plan: `makespan_us` (each layer, head and drafting
+    forward then priced once per plan shape and GPU, across calls), or a function returning an array of
+    uncertainty draws (cost/uncertainty.py), in which case every time in the estimate is that array."""
+    cached = makespan is makespan_us  # draws are never cached: the same function may draw anew
+    layer = layer_us if cached else partial(_layer, makespan=makespan)
+    head = head_us if cached else partial(_head, makespan=makespan)
+    draft = draft_us if cached else partial(_draft, makespan=makespan)
     accept = validate_speculation(draft_tokens, acceptance_length)
     shape = DecodeShape(batch, 1 + draft_tokens, context, routing)
     breakdown, per_layer, kernels = {}, {}, 0
     for layer_type, count in cfg.layer_counts().items():
         if count:
-            plan = build_plan(cfg, variant, tp, shape, layer_type, fusions)
-            per_layer[layer_type] = makespan(plan, hw)
+            per_layer[layer_type], n = layer(cfg, hw, variant, tp, shape, layer_type, fusions)
             breakdown[f"{layer_type}_layers"] = count * per_layer[layer_type]
-            kernels += count * len(plan)
-    head = head_plan(cfg, tp, shape, variant, variant == "specialized" and (fusions is None or "pdl_prefetch" in fusions))
-    breakdown["head"] = makespan(head, hw)
-    kernels += len(head)
+            kernels += count * n
+    pdl = variant == "specialized" and (fusions is None or "pdl_prefetch" in fusions)
+    breakdown["head"], n = head(cfg, hw, tp, shape, variant, pdl)
+    kernels += n
     if draft_tokens:
         dcfg, drafting, taps = load_drafter(drafter)
         if (dcfg.hidden_size, dcfg.vocab_size) != (cfg.hidden_size, cfg.vocab_size):
             raise UserError(f"drafter '{dcfg.name}' (hidden {dcfg.hidden_size}, vocab {dcfg.vocab_size}) does not match "
                             f"model '{cfg.name}' (hidden {cfg.hidden_size}, vocab {cfg.vocab_size}); pass --drafter.")
-        plans, repeats = drafter_plans(dcfg, tp, batch, draft_tokens, context, drafting, taps)
-        breakdown["draft"] = repeats * sum(makespan(p, hw) for p in plans)
-        kernels += repeats * sum(len(p) for p in plans)
+        breakdown["draft"], n = draft(dcfg, hw, tp, batch, draft_tokens, context, drafting, taps)
+        kernels += n
     return StepEstimate(variant, sum(breakdown.values()), accept, batch, breakdown, per_layer, kernels)
+

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -47,10 +48,11 @@ def glu(g: Array, u: Array, cfg: ModelConfig) -> Array:
 
 
 def mlp_reference(x: Array, w_gate: Array, w_up: Array, w_down: Array, cfg: ModelConfig) -> Array:
-    """Gated MLP in float64, cast back.   x [M, Din] -> [M, Dout]"""
+    """Gated MLP in float64, cast back.   x [M, Din] -> [M, Dout]
+    A float32 weight is promoted by the product itself; a packed one multiplies in float64."""
     x64 = x.astype(np.float64)
-    h = glu(x64 @ w_gate.astype(np.float64), x64 @ w_up.astype(np.float64), cfg)  # [M, F]
-    return (h @ w_down.astype(np.float64)).astype(x.dtype)
+    h = glu(x64 @ w_gate, x64 @ w_up, cfg)  # [M, F]
+    return (h @ w_down).astype(x.dtype)
 
 
 # ===================================================================== reference
@@ -219,8 +221,10 @@ def expected_unique_experts(tokens: float, num_experts: int, top_k: int, skew: f
     return float(np.sum(1.0 - (1.0 - q) ** tokens))
 
 
+@lru_cache(maxsize=256)  # 100 bisection steps over E experts: a sweep asks for the same few (E, k, s) again
 def inclusion_probabilities(num_experts: int, top_k: int, skew: float) -> npt.NDArray[np.float64]:
-    """q_e = 1 - exp(-lam p_e) with sum q = k, p_e ~ rank^-s: solved for lam by bisection on log lam."""
+    """q_e = 1 - exp(-lam p_e) with sum q = k, p_e ~ rank^-s: solved for lam by bisection on log lam.
+    Read-only (it is shared by every caller)."""
     p = np.arange(1, num_experts + 1, dtype=np.float64) ** -skew
     p /= p.sum()
     lo, hi = math.log(top_k), math.log(1e12)
@@ -230,4 +234,6 @@ def inclusion_probabilities(num_experts: int, top_k: int, skew: float) -> npt.ND
             lo = mid
         else:
             hi = mid
-    return -np.expm1(-math.exp(0.5 * (lo + hi)) * p)
+    q = -np.expm1(-math.exp(0.5 * (lo + hi)) * p)
+    q.flags.writeable = False
+    return q

@@ -140,7 +140,7 @@ def _launch_fused(
     return out, new_state, new_hist
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=True)
 def _kda_fused_kernel(  # type: ignore[no-untyped-def]
     x, conv_w, z, dt_bias, a_log, beta_logits, gate, o_norm_w, c, hist, state, out
 ):

@@ -14,14 +14,26 @@ consecutive K elements (dtypes.MXFP4, blocks along K). Two ways to compute the s
   The dequantized weight matrix is never materialised: 4.25 bits per weight are read instead of 16.
 Because every scale is a power of two, both give the same FP32 result up to summation order.
 
+`MXFP4Weight` is how the executor hands a packed expert shard to an op: `x @ W` runs the fused form
+(`fast.mxfp4_matmul`, one pass over the packed bytes, when the Numba kernels are on) or, for the
+float64 reference, dequantizes K-chunks and multiplies (`form="reference"`): code that multiplies by a
+weight is the same for a float array and a packed one, and no full float copy of an expert is made.
+
 Dimension legend: M tokens, K input width, N output width.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
+from typing import Literal
 
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+
+from simulator import fast
 from simulator.dtypes import MX_BLOCK, MXFP4, Array, mxfp4_dequantize
+from simulator.weights import widen
 
 
 def gemm_flops(m: int, k: int, n: int) -> int:
@@ -36,7 +48,7 @@ def linear_reference(x: Array, w: Array) -> Array:
 
 def linear(x: Array, w: Array) -> Array:
     """The GEMM in x's dtype (float32: BF16 inputs with FP32 accumulation).   [M, K] @ [K, N] -> [M, N]"""
-    return x @ w.astype(x.dtype, copy=False)
+    return x @ (w if w.dtype == x.dtype else w.astype(x.dtype))
 
 
 # ===================================================================== MXFP4 weights
@@ -55,6 +67,130 @@ def mxfp4_linear_fused(x: Array, w_t: MXFP4) -> Array:
     xb = x.reshape(x.shape[0], k // MX_BLOCK, MX_BLOCK)  # [M, K/32, 32]
     partial = np.einsum("mbk,nbk->mbn", xb, codes)  # [M, K/32, N] one partial sum per block
     return np.einsum("mbn,nb->mn", partial, scales)  # [M, N]
+
+
+@dataclass(frozen=True)
+class MXFP4Weight:
+    """Rows k0 .. k0+K-1 of a weight W [K_full, N] held as its packed transpose: E2M1 codes [N, K_full/2]
+    and E8M0 scale bits [N, K_full/32], blocks along K. A TP shard is a view: a column shard keeps rows
+    of the codes, a row shard moves k0 (on or off the 32-blocks). `np.asarray(W)` dequantizes."""
+
+    codes: npt.NDArray[np.uint8]
+    scale_bits: npt.NDArray[np.uint8]
+    k0: int = 0
+    k: int | None = None  # rows of W; None: all K_full
+    form: Literal["fused", "reference"] = "fused"
+    __array_ufunc__ = None  # NumPy then hands `x @ W` to __rmatmul__ instead of converting W
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (2 * self.codes.shape[1] if self.k is None else self.k, self.codes.shape[0])
+
+    def shard(self, how: str, rank: int, tp: int) -> MXFP4Weight:
+        """Rank r's column ("col": N/P outputs), row ("row": K/P inputs) or whole ("full") shard, as a view."""
+        (k, n), cls = self.shape, type(self)
+        if how == "col":
+            rows = slice(rank * (n // tp), (rank + 1) * (n // tp))
+            return cls(self.codes[rows], self.scale_bits[rows], self.k0, self.k, self.form)
+        if how == "row":
+            return cls(self.codes, self.scale_bits, self.k0 + rank * (k // tp), k // tp, self.form)
+        return self
+
+    def _blocks(self) -> MXFP4 | None:
+        """W^T as whole 32-blocks (a view), or None when k0 or K falls inside a block."""
+        k = self.shape[0]
+        if self.k0 % MX_BLOCK or k % MX_BLOCK:
+            return None
+        b0, b1 = self.k0 // MX_BLOCK, (self.k0 + k) // MX_BLOCK
+        return MXFP4(self.codes[:, b0 * MX_BLOCK // 2:b1 * MX_BLOCK // 2],
+                     self.scale_bits[:, b0:b1].view(ml_dtypes.float8_e8m0fnu), (self.codes.shape[0], k))
+
+    def __rmatmul__(self, x: Array) -> Array:
+        x, blocks = np.asarray(x), self._blocks()
+        if self.form == "reference":
+            return mxfp4_linear_chunked(x, self) if blocks is not None else x @ np.asarray(self, x.dtype)
+        if fast.numba_enabled():
+            if blocks is not None:
+                return fast.mxfp4_matmul(x, blocks.packed, blocks.scales.view(np.uint8))
+            return fast.mxfp4_matmul_slice(x, self.codes, self.scale_bits, self.k0)
+        return mxfp4_linear_fused(x, blocks) if blocks is not None else x @ np.asarray(self, x.dtype)
+
+    def __array__(self, dtype: type | None = None, copy: bool | None = None) -> Array:
+        full = fast.mxfp4_dequantize_t(self.codes, self.scale_bits, dtype or np.float32)  # [K_full, N]
+        return full[self.k0:self.k0 + self.shape[0]]
+
+
+@dataclass(frozen=True)
+class BF16Weight:
+    """A bf16 weight [K, N] held as the 2-byte bits of its column blocks (views of the held weights: a
+    packed projection is its parts side by side, never copied together) that stands for a float array of
+    `dtype`: `x @ W` reads the bits once (`fast.bf16_matmul`, per block) for the skinny decode GEMM, where
+    widening first would write and re-read 4 or 8 bytes a weight; anything else (`reshape`, ufuncs,
+    `np.asarray`) gets the widened array."""
+
+    blocks: tuple[npt.NDArray[np.uint16], ...]  # [K, N_i] each, sum N_i = N
+    dtype: np.dtype
+    form: Literal["fused", "reference"] = "fused"
+    SKINNY = 32  # token rows up to which reading bf16 beats widening + BLAS on this CPU (compute-bound above)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.blocks[0].shape[0], sum(b.shape[1] for b in self.blocks))
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def __array__(self, dtype: type | None = None, copy: bool | None = None) -> Array:
+        return np.concatenate([widen(b.view(ml_dtypes.bfloat16), dtype or self.dtype) for b in self.blocks], axis=1)
+
+    def astype(self, dtype: type, copy: bool = True) -> Array:
+        return np.asarray(self, dtype)
+
+    def reshape(self, *shape: int) -> Array:
+        return np.asarray(self).reshape(*shape)
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: object, **kwargs: object) -> object:
+        x = inputs[0]
+        if ufunc is np.matmul and method == "__call__" and inputs[1] is self and not kwargs:
+            x = np.asarray(x)
+            if self.form == "reference" and x.ndim == 2:
+                return np.concatenate([bf16_linear_chunked(x, b) for b in self.blocks], axis=1)
+            if x.ndim == 2 and x.shape[0] <= self.SKINNY and x.dtype == self.dtype:
+                return np.concatenate([fast.bf16_matmul(x, b) for b in self.blocks], axis=1)
+        return getattr(ufunc, method)(*(np.asarray(i) if isinstance(i, BF16Weight) else i for i in inputs), **kwargs)
+
+
+REFERENCE_CHUNK = 256  # K rows dequantized at a time: [N, 256] float64 = 6 MB for N = 3072, cache-resident
+REFERENCE_CHUNK_BYTES = 8 << 20
+
+
+def bf16_linear_chunked(x: Array, bits: npt.NDArray[np.uint16]) -> Array:
+    """The reference GEMM on a bf16 weight, in float64: y = sum_c x[:, c] @ float64(W[c, :]) over K-chunks
+    of at most 8 MB in float64, so no full float64 copy is made (the 7168 x 33792 dense FFN weight would
+    be 1.9 GB).   [M, K] -> [M, N] float64"""
+    k, n = bits.shape
+    rows = max(1, REFERENCE_CHUNK_BYTES // (8 * n))
+    x64 = x.astype(np.float64)
+    y = np.zeros((x.shape[0], n))
+    for c0 in range(0, k, rows):
+        y += x64[:, c0:c0 + rows] @ widen(bits[c0:c0 + rows].view(ml_dtypes.bfloat16), np.float64)
+    return y
+
+
+def mxfp4_linear_chunked(x: Array, w: MXFP4Weight) -> Array:
+    """The reference form on a packed weight, in float64: y = sum_c x[:, c] @ dequantize(W[c, :]) over
+    K-chunks c of 256, so the float copy is one chunk (a 3584 x 3072 expert part is 88 MB in float64).
+    [M, K] -> [M, N] float64"""
+    x64, (k, n) = x.astype(np.float64), w.shape
+    y = np.zeros((x.shape[0], n))
+    for c0 in range(0, k, REFERENCE_CHUNK):
+        c1 = min(c0 + REFERENCE_CHUNK, k)
+        lo, hi = w.k0 + c0, w.k0 + c1
+        deq = fast.mxfp4_dequantize_t(w.codes[:, lo // 2:hi // 2], w.scale_bits[:, lo // MX_BLOCK:hi // MX_BLOCK],
+                                      np.float64)  # [c1 - c0, N]
+        y += x64[:, c0:c1] @ deq
+    return y
 
 
 # ===================================================================== packed projections (plan kernels)

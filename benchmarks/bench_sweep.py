@@ -1,0 +1,80 @@
+"""Benchmark: `moe-sim run` throughput, grid points per second, on all cores.
+
+    python benchmarks/bench_sweep.py                   # the 100,800-point grid below, all cores
+    python benchmarks/bench_sweep.py --points 5000 --workers 1 --json
+    python benchmarks/bench_sweep.py --no-interval           # central values only (no 100-draw band a point)
+
+The grid (kind "step", Kimi K3 at TP16 on the two GPUs it fits at TP16, GB300 and GB200; the innermost
+axis last): batch {1, 2, 4, ..., 128} x context {512, 1024, ..., 35840} x draft tokens {1, 3, 7} x
+expert skew {0, 1.01, 1.2} x draft correlation {0, 0.5} x acceptance length {1, 1.25, ..., 2} x
+hardware = 100,800 whole-step estimates, both variants: 201,600 rows.
+`--points N` takes the first N points in grid order. Each run starts with empty caches (a fresh
+process per worker). What is shared between points, and why it is exact: a layer's plan and its
+makespan are priced once per `cost.step.plan_shape` and GPU (a KDA layer does not read the context,
+a dense one not the routing), the head and drafting forwards once per their arguments; everything a
+point differs in is recomputed.
+
+Every row carries the 90 % interval of 100 seeded draws (issue 12): a new plan is priced 101 times,
+which sets the rate; `--no-interval` measures the same sweep with central values only.
+
+Napkin math (central values): 10,080 distinct MLA plan shapes x 2 variants x ~3 ms (build ~1.4 ms, price on 2 GPUs
+~0.8 ms each) = 60 s of one core; 10^5 points of step sums, memory and rows are about as much again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from simulator import sweep
+from simulator.scenario import DEFAULTS, Scenario
+
+GRID = {"tp": [16], "batch": [1, 2, 4, 8, 16, 32, 64, 128], "context": [512 * i for i in range(1, 71)],
+        "draft_tokens": [1, 3, 7], "expert_skew": [0.0, 1.01, 1.2], "draft_correlation": [0.0, 0.5],
+        "acceptance_length": [1.0, 1.25, 1.5, 1.75, 2.0], "hardware": ["gb300", "gb200"]}
+
+
+def grid(points: int) -> Scenario:
+    sc = Scenario("bench-sweep", "benchmarks/bench_sweep.py", "How fast does a sweep run?", "step",
+                  DEFAULTS | {"model": "kimi-k3"}, GRID)
+    if not 1 <= points <= sc.count:
+        print(f"--points must lie in [1, {sc.count:,}].", file=sys.stderr)
+        raise SystemExit(2)
+    return sc
+
+
+def measure(points: int, workers: int, interval: bool = True) -> dict:
+    if not interval:  # central values only: what the sweep machinery costs without issue 12's 100 draws a point
+        sweep._interval_spec = lambda: None
+    sc = grid(points)
+    limited = Scenario(sc.name, sc.path, sc.question, sc.kind, sc.base, sc.sweep)
+    todo = (p for _, p in zip(range(points), limited.points()))
+    t0 = time.perf_counter()
+    rows = [r for point_rows in sweep.evaluate_points(todo, sc.kind, points, workers) for r in point_rows]
+    seconds = time.perf_counter() - t0
+    ok = sum(r["status"] == "ok" for r in rows)
+    return {"points": points, "seconds": round(seconds, 3), "points_per_s": round(points / seconds, 1),
+            "rows": len(rows), "rows_ok": ok, "workers": workers, "grid_points": sc.count, "interval": interval}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", type=int, default=100_800)
+    ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--no-interval", action="store_true", help="central values only (rows without the 90 %% band)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    doc = measure(args.points, args.workers, not args.no_interval)
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        print(f"{doc['points']:,} points ({doc['rows_ok']:,} of {doc['rows']:,} rows ok{'' if doc['interval'] else ', no interval'})"
+              f" in {doc['seconds']} s on {doc['workers']} processes: {doc['points_per_s']:,} points/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Benchmark: one full-size Kimi K3 layer at TP16 on this CPU: the reference, standard and specialized paths.
+
+    python benchmarks/fullsize.py                         # KDA + MoE layer, batch 1, fp64 (as `moe-sim check`)
+    python benchmarks/fullsize.py --batch 64 --json       # one JSON document on stdout
+    python benchmarks/fullsize.py --layer dense           # layer 0: KDA + the 33,792-wide dense FFN
+
+What it measures, in one process:
+- compile: a tiny-k3 check of the same layer type first, so every Numba kernel is compiled or loaded
+  from its on-disk cache (`cache_hits` / `cache_misses` say which): the first run after an install pays
+  the compile, later runs the cache load;
+- generate: the layer's dense weights drawn once on all cores (one stream per tensor); routed experts
+  are drawn on demand on all cores as soon as the routing is known, inside the first path that needs
+  them, and kept packed in a bounded cache the later paths hit (what does not fit is drawn again);
+- wall_s per path (reference, standard, specialized) without the weight drawing inside it
+  (`generate_s` per path, and `wall_incl_generate_s`); peak RSS after each path (ru_maxrss);
+- expert_gbps: the specialized plan's routed-expert kernels (FC1, FC2 + finalize, all 16 ranks) timed
+  in place, bytes = the packed MXFP4 bytes of the touched experts (every rank reads its 1/P of each);
+- copy_gbps: STREAM copy (dst[:] = src[:], bytes read + written) of 2 x 256 MB on all threads, best of 5;
+- max_rel_rms_error of both plans against the reference, so that a fast wrong answer cannot pass.
+
+Napkin math, batch 1: 16 experts x 17.5 MB = 280 MB packed, 14 ms at 20 GB/s; drawing them is 16 x 3 x
+11 M normal floats, ~5 s on 2 cores: the drawing, not the arithmetic, is the floor of a fresh layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+import numba
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from simulator import fast
+from simulator.check import _output_errors, _state_errors, check_layer, make_inputs
+from simulator.config import load_model
+from simulator.dtypes import Precision
+from simulator.execute import run_plan
+from simulator.plans import specialized, standard
+from simulator.plans.common import make_dims
+from simulator.plans.kernel import DecodeShape, Plan
+from simulator.reference import reference_layer
+from simulator.weights import LayerWeights, weight_table
+
+GB = 1e9
+PHASES = ("compile", "copy bandwidth", "dense weights", "reference", "standard", "specialized")
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB  # Linux: kilobytes
+
+
+@numba.njit(parallel=True, cache=True)
+def _copy(dst: np.ndarray, src: np.ndarray) -> None:
+    for i in numba.prange(src.shape[0]):
+        dst[i] = src[i]
+
+
+def copy_gbps(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
+    """STREAM copy on all threads: 2 x bytes per pass (read + write), best of `repeats`."""
+    src = np.ones(n_bytes // 8)
+    dst = np.zeros_like(src)
+    _copy(dst, src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _copy(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / best / GB
+
+
+def compile_kernels(layer: str) -> dict[str, Any]:
+    """The tiny model's check of this layer type: every kernel compiled, or loaded from the disk cache."""
+    t0 = time.perf_counter()
+    check_layer(load_model("tiny-k3"), layer, 4, DecodeShape(2, 1, 4), "fp64")
+    seconds = time.perf_counter() - t0
+    dispatchers = [v for v in vars(fast).values() if isinstance(v, numba.core.registry.CPUDispatcher)]
+    hits = sum(sum(d.stats.cache_hits.values()) for d in dispatchers)
+    misses = sum(sum(d.stats.cache_misses.values()) for d in dispatchers)
+    return {"seconds": round(seconds, 2), "cache_hits": hits, "cache_misses": misses}
+
+
+def layer_weight_names(cfg: Any, layer_type: str) -> list[str]:
+    attn = cfg.attn_kinds[cfg.first_layer_of(layer_type)]
+    ffn = ("dense.",) if layer_type == "dense" else ("router.", "shared.", "latent.")
+    return [n for n in weight_table(cfg) if "." not in n or n.startswith((f"{attn}.",) + ffn)]
+
+
+def timed_experts(plan: Plan, clock: dict[str, float], weights: LayerWeights) -> Plan:
+    """The plan with its routed-expert kernels' ops timed (weight drawing inside them taken out)."""
+    def wrap(op: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            g0, t0 = weights.generate_s, time.perf_counter()
+            out = op(*args, **kwargs)
+            clock["s"] += time.perf_counter() - t0 - (weights.generate_s - g0)
+            return out
+        return run
+    return replace(plan, kernels=tuple(replace(k, op=wrap(k.op)) if k.kind == "moe" else k for k in plan.kernels))
+
+
+def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: float,
+        step: Callable[[str], None]) -> dict[str, Any]:
+    cfg = load_model("kimi-k3")
+    shape = DecodeShape(batch, 1, 64)
+    d = make_dims(cfg, tp, shape, None, layer)
+    prec = Precision(precision)
+    doc: dict[str, Any] = {"batch": batch, "layer": layer, "layer_index": d.layer, "tp": tp, "precision": precision,
+                           "model": cfg.name, "threads": numba.get_num_threads()}
+    step("compile")
+    doc["compile"] = compile_kernels(layer)
+    step("copy bandwidth")
+    doc["copy_gbps"] = round(copy_gbps(), 2)
+    weights = LayerWeights(cfg, d.layer, seed, expert_cache_bytes=int(cache_gb * GB))
+    step("dense weights")
+    t0 = time.perf_counter()
+    weights.materialize(layer_weight_names(cfg, layer))
+    doc["generate_dense_s"] = round(time.perf_counter() - t0, 2)
+    io, state = make_inputs(cfg, d, np.random.default_rng(seed))
+    wall, gen, rss, errors, clock = {}, {}, {}, {}, {"s": 0.0}
+    step("reference")
+    g0, t0 = weights.generate_s, time.perf_counter()
+    ref_io, ref_state, ref_diag = reference_layer(cfg, d.layer, shape, weights, io, state)
+    wall["reference"], gen["reference"] = time.perf_counter() - t0, weights.generate_s - g0
+    rss["reference"] = peak_rss_gb()
+    for name, build in (("standard", standard.build), ("specialized", specialized.build)):
+        step(name)
+        plan = build(cfg, tp, shape, layer, d.layer)
+        plan = timed_experts(plan, clock, weights) if name == "specialized" else plan
+        g0, t0 = weights.generate_s, time.perf_counter()
+        out, new_state, _ = run_plan(plan, d, weights, io, state, prec)
+        wall[name], gen[name] = time.perf_counter() - t0, weights.generate_s - g0
+        rss[name] = peak_rss_gb()
+        found = _output_errors(out, ref_io, np.ones(d.M, bool), precision) + _state_errors(new_state, ref_state, d, precision)
+        errors[name] = max(e.rel_rms_error for e in found)
+    experts = np.unique(ref_diag["topk_idx"]) if "topk_idx" in ref_diag else np.empty(0, int)
+    part_bytes = cfg.expert_in_dim * cfg.moe_intermediate * 17 // 32  # codes (1/2 B) + scales (1/32 B)
+    doc |= {"wall_s": {k: round(v - gen[k], 3) for k, v in wall.items()},
+            "wall_incl_generate_s": {k: round(v, 3) for k, v in wall.items()},
+            "generate_s": {k: round(v, 3) for k, v in gen.items()}, "peak_rss_gb": round(peak_rss_gb(), 3),
+            "peak_rss_gb_after": {k: round(v, 3) for k, v in rss.items()},
+            "experts_touched": len(experts), "expert_part_generations": weights.expert_generations,
+            "expert_cache_gb": cache_gb, "max_rel_rms_error": {k: float(f"{v:.3g}") for k, v in errors.items()}}
+    doc["specialized_vs_standard"] = round(doc["wall_s"]["standard"] / doc["wall_s"]["specialized"], 2)
+    if len(experts):
+        doc["expert_kernel_s"] = round(clock["s"], 4)
+        doc["expert_bytes_gb"] = round(3 * part_bytes * len(experts) / GB, 3)
+        doc["expert_gbps"] = round(doc["expert_bytes_gb"] / clock["s"], 2)
+        doc["expert_vs_copy"] = round(doc["expert_gbps"] / doc["copy_gbps"], 3)
+    return doc
+
+
+def report(doc: dict[str, Any]) -> str:
+    lines = [f"Kimi K3 layer {doc['layer_index']} ({doc['layer']}), TP{doc['tp']}, batch {doc['batch']}, "
+             f"{doc['precision']}, {doc['threads']} threads",
+             f"  compile (tiny run): {doc['compile']['seconds']} s, cache hits {doc['compile']['cache_hits']}, "
+             f"misses {doc['compile']['cache_misses']}",
+             f"  dense weights drawn in {doc['generate_dense_s']} s"]
+    for k, v in doc["wall_s"].items():
+        lines.append(f"  {k:12s} {v:8.2f} s  (+{doc['generate_s'][k]:.2f} s drawing weights)  peak RSS so far "
+                     f"{doc['peak_rss_gb_after'][k]:.2f} GB  rel RMS error {doc['max_rel_rms_error'].get(k, 0):.1e}")
+    if "expert_gbps" in doc:
+        lines.append(f"  routed experts (specialized, {doc['experts_touched']} touched): {doc['expert_bytes_gb']} GB "
+                     f"packed in {doc['expert_kernel_s']} s = {doc['expert_gbps']} GB/s; copy {doc['copy_gbps']} GB/s; "
+                     f"ratio {doc['expert_vs_copy']}")
+    lines.append(f"  peak RSS {doc['peak_rss_gb']} GB; specialized {doc['specialized_vs_standard']}x as fast as standard")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--layer", choices=("kda", "mla", "dense"), default="kda")
+    ap.add_argument("--tp", type=int, default=16)
+    ap.add_argument("--precision", choices=("fp64", "fp32", "bf16"), default="fp64")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--expert-cache-gb", type=float, default=4.0, help="bound of the packed expert cache")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.batch < 1:
+        print("--batch must be a positive integer.", file=sys.stderr)
+        return 2
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TextColumn("{task.fields[rss]}"))
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("starting", total=len(PHASES), rss="")
+
+        def step(phase: str) -> None:
+            bar.update(task, description=phase, completed=PHASES.index(phase), rss=f"peak RSS {peak_rss_gb():.2f} GB")
+
+        doc = run(args.batch, args.layer, args.tp, args.precision, args.seed, args.expert_cache_gb, step)
+    print(json.dumps(doc, indent=2) if args.json else report(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,399 @@
+"""Numba kernels behind the fused ops and the compact weight store: what the CPU runs, at memory speed.
+
+A decode step reads far more bytes than it computes, on a CPU as on a GPU. The plain NumPy forms
+in ops/ stay the definitions (and the oracle); these kernels compute the same functions the way a
+GPU kernel does, one pass over each weight byte, nothing intermediate written. They sit below
+weights.py and ops/ (they import neither) so the weight store can pack and widen with them:
+
+    mxfp4_matmul      y[m, n] = sum_b s[n, b] * sum_{i<32} x[m, 32b + i] * e2m1(code[n, 32b + i])
+                      reads the packed nibbles (0.5 B) and the E8M0 scale (1/32 B) per weight: 0.53 B
+                      instead of the 4 B of a float32 dequantized copy (or 8 B of a float64 one)
+    mxfp4_quantize_t  the checkpoint packer: W [K, N] -> codes and scales of W^T, blocks along K
+    bf16_matmul       y = x @ W for W held as bfloat16 bits: 2 B per weight read once, widened in registers
+    bf16_to           bfloat16 bits -> float32 / float64 (dense weights are held as bf16: 2 B/param)
+    rms_norm          y = x / sqrt(mean(x^2) + eps) * w, one pass over x per row
+    attn_res_mix      h = sum_s softmax_s(<v_s / rms(v_s), q>) v_s, one read of each source
+    topk_order        the first k of a stable descending argsort, by insertion (no [M, E] sort)
+
+Dimension legend: M rows (tokens), K reduction width, N output width, S sources, E experts, k picks.
+
+Napkin math (this machine, 2 cores, 21-42 GB/s in-process copy, benchmarks/fullsize.py): a full-size K3
+expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB packed; at batch 1 a rank touches 16 of them,
+16 ranks -> 280 MB per layer, ~10 ms at copy speed. The dequantize-then-GEMM form moves 8x (float32) or
+15x (float64) those bytes, and writes them first. Measured, the MXFP4 kernel decodes about one weight
+per cycle (1.1 GB/s of packed bytes on one thread): the nibble lookup is not vectorised (no byte
+shuffle from Numba), so it is compute-bound well below the copy rate (docs/architecture.md).
+
+Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
+run the NumPy forms that way); every fused op in ops/ asks it per call, so there is no module state.
+Each kernel's `.py_func` is its pure-Python original (STYLE item 14); tests hold jitted == .py_func
+== the NumPy form.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import numpy.typing as npt
+
+import numba
+from numba import njit, prange
+
+Array = npt.NDArray[np.floating]
+FAST = {"reassoc", "contract", "nsz"}  # reassociation lets LLVM vectorise the dot products; no nnan/ninf
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+E8M0 = np.ldexp(1.0, np.arange(256) - 127)  # scale of E8M0 bits e: 2^(e - 127) (255 = NaN, never written)
+with np.errstate(over="ignore"):
+    E8M0_F32 = E8M0.astype(np.float32)  # bits 255 overflow float32; mxfp4_matmul never looks them up
+
+
+def numba_enabled() -> bool:
+    """True unless the environment says MOE_SIM_KERNELS=numpy (then the fused ops run their NumPy forms)."""
+    return os.environ.get("MOE_SIM_KERNELS", "numba") != "numpy"
+
+
+# ===================================================================== MXFP4 x activations
+PARALLEL_BYTES = 4 << 20  # a kernel reading less runs on one thread: waking the pool costs more than it
+# saves, and when another process holds a core the pool's barrier waits for a time slice (ms) per call
+E2M1_PAIRS = np.stack([E2M1[np.arange(256) & 15], E2M1[np.arange(256) >> 4]], axis=1).astype(np.float32)
+E2M1_PAIRS = E2M1_PAIRS.view(np.uint64)[:, 0].copy()  # byte p -> (e2m1(low nibble), e2m1(high nibble)) as 2 x f32
+
+
+def mxfp4_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np.uint8]) -> Array:
+    """y = x @ W for W^T stored as MXFP4 codes [N, K/2] and E8M0 scale bits [N, K/32].   [M, K] -> [M, N]
+
+    Each output column decodes its row of W^T into a K-wide float32 scratch row (L1-resident: the
+    registers / shared memory of a GPU tile): one 8-byte table load per code byte gives both nibbles'
+    E2M1 values, one multiply per element applies the block scale, then the row is dotted with every
+    token row in x's dtype. E2M1 values times a power of two are exact in float32 (for scales below
+    2^126, i.e. E8M0 bits < 253: anything larger goes through the element-wise kernel in x's dtype),
+    so only the summation order differs from `x @ dequantize(W^T).T`."""
+    if scale_bits.size and scale_bits.max() >= 253:
+        return mxfp4_matmul_slice(x, packed, scale_bits, 0)
+    x = np.ascontiguousarray(x)
+    out = np.empty((x.shape[0], packed.shape[0]), x.dtype)
+    if packed.nbytes < PARALLEL_BYTES:
+        _mxfp4_rows(x, packed, scale_bits, E2M1_PAIRS, E8M0_F32, out, 0, packed.shape[0])
+    else:
+        _mxfp4_matmul_parallel(x, packed, scale_bits, E2M1_PAIRS, E8M0_F32, out, 4 * numba.get_num_threads())
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _mxfp4_matmul_parallel(x, packed, scale_bits, pairs, scale_lut, out, chunks):  # type: ignore[no-untyped-def]
+    N = packed.shape[0]
+    for c in prange(chunks):
+        _mxfp4_rows(x, packed, scale_bits, pairs, scale_lut, out, c * N // chunks, (c + 1) * N // chunks)
+
+
+@njit(cache=True, fastmath=FAST)
+def _mxfp4_rows(x, packed, scale_bits, pairs, scale_lut, out, n0, n1):  # type: ignore[no-untyped-def]
+    """Output columns n0 .. n1-1 of `mxfp4_matmul`, on one thread."""
+    M, K = x.shape
+    w_pairs = np.empty(K // 2, np.uint64)
+    w = w_pairs.view(np.float32)  # [K] W^T[n, :] decoded, in order (the low nibble is the even element)
+    for n in range(n0, n1):
+        for j in range(K // 2):
+            w_pairs[j] = pairs[packed[n, j]]
+        for b in range(K // 32):
+            s = scale_lut[scale_bits[n, b]]
+            base = 32 * b
+            for i in range(32):
+                w[base + i] *= s
+        for m in range(M):
+            acc = x[m, 0] - x[m, 0]
+            for i in range(K):
+                acc += x[m, i] * w[i]
+            out[m, n] = acc
+
+
+def mxfp4_matmul_slice(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np.uint8], k0: int) -> Array:
+    """y = x @ W[k0:k0+K'] for W^T stored as MXFP4 [N, K/2] + [N, K/32] and x [M, K']: a TP row shard
+    whose bounds need not fall on 32-blocks (or bytes). Decodes element by element.   [M, K'] -> [M, N]"""
+    x = np.ascontiguousarray(x)
+    out = np.empty((x.shape[0], packed.shape[0]), x.dtype)
+    with np.errstate(over="ignore"):
+        scale_lut = E8M0.astype(x.dtype)
+    if packed.shape[0] * x.shape[1] < 2 * PARALLEL_BYTES:  # half a byte per weight read
+        _mxfp4_slice_rows(x, packed, scale_bits, scale_lut, k0, out, 0, packed.shape[0])
+    else:
+        _mxfp4_slice_parallel(x, packed, scale_bits, scale_lut, k0, out, 4 * numba.get_num_threads())
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _mxfp4_slice_parallel(x, packed, scale_bits, scale_lut, k0, out, chunks):  # type: ignore[no-untyped-def]
+    N = packed.shape[0]
+    for c in prange(chunks):
+        _mxfp4_slice_rows(x, packed, scale_bits, scale_lut, k0, out, c * N // chunks, (c + 1) * N // chunks)
+
+
+@njit(cache=True, fastmath=FAST)
+def _mxfp4_slice_rows(x, packed, scale_bits, scale_lut, k0, out, n0, n1):  # type: ignore[no-untyped-def]
+    M, K = x.shape
+    w = np.empty(K, x.dtype)
+    for n in range(n0, n1):
+        for i in range(K):
+            k = k0 + i
+            w[i] = e2m1_value((packed[n, k >> 1] >> (4 * (k & 1))) & 15, scale_lut[scale_bits[n, k >> 5]])
+        for m in range(M):
+            acc = w[0] - w[0]
+            for i in range(K):
+                acc += x[m, i] * w[i]
+            out[m, n] = acc
+
+
+@njit(inline="always", fastmath=FAST)
+def e2m1_value(code, s):  # type: ignore[no-untyped-def]
+    """E2M1 code (bit 3 = sign) times s, by arithmetic instead of a table so the loop vectorises:
+    the magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 of a = 0..7 are the broken line a/2 + max(a-4, 0)/2 + max(a-6, 0)."""
+    c = s * 0 + code
+    neg = c >= 8
+    a = c - 8 if neg else c
+    v = (0.5 * a + 0.5 * max(a - 4, 0) + max(a - 6, 0)) * s
+    return -v if neg else v
+
+
+# ===================================================================== MXFP4 packing (weight generation)
+def mxfp4_quantize_t(w: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """Pack W^T as MXFP4 for W [K, N] float32: codes [N, K/2] and E8M0 scale bits [N, K/32].
+
+    Bit-identical to `dtypes.mxfp4_quantize(W.T)`: the block maxima come from one pass over W, the
+    scale exponent from the same NumPy expression (float32 log2, as the reference rounds it), the
+    codes from round-to-nearest-even onto the E2M1 grid with saturation at 6 (ml_dtypes' rule)."""
+    amax = _block_amax_t(w)  # [N, K/32]
+    exp = np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - 2  # float32, as mxfp4_quantize computes it
+    exp = np.clip(exp, -127, 127)
+    scale = np.exp2(exp).astype(np.float32)  # [N, K/32]
+    packed = np.empty((w.shape[1], w.shape[0] // 2), np.uint8)  # [N, K/2]
+    _pack_codes_t(w, np.ascontiguousarray(scale.T), packed)
+    return packed, (exp + 127).astype(np.uint8)
+
+
+@njit(cache=True, nogil=True)
+def _block_amax_t(w):  # type: ignore[no-untyped-def]
+    K, N = w.shape
+    amax = np.zeros((N, K // 32), np.float32)
+    for i in range(K):  # row-major walk of W: contiguous reads
+        b = i // 32
+        for n in range(N):
+            a = abs(w[i, n])
+            if a > amax[n, b]:
+                amax[n, b] = a
+    return amax
+
+
+@njit(cache=True, nogil=True)
+def _pack_codes_t(w, scale_t, packed):  # type: ignore[no-untyped-def]
+    """Codes of W / scale, one block of 32 rows of W at a time: the rows are coded along N (contiguous,
+    vectorised), then the [32, N] tile is transposed into two nibbles per byte of W^T."""
+    K, N = w.shape
+    tile = np.empty((32, N), np.uint8)
+    for b in range(K // 32):
+        for i in range(32):
+            for n in range(N):
+                tile[i, n] = e2m1_code(w[32 * b + i, n] / scale_t[b, n])
+        for n in range(N):
+            for j in range(16):
+                packed[n, 16 * b + j] = tile[2 * j, n] | (tile[2 * j + 1, n] << 4)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def e2m1_code(v):  # type: ignore[no-untyped-def]
+    """Nearest E2M1 code of a float (ties to the even code, saturating at 6); bit 3 is the sign.
+    The magnitude code counts the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 below |v|; at a tie
+    (a midpoint itself) it moves up only onto an even code, hence > and >= alternating."""
+    a = abs(v)
+    c = (a > 0.25) + (a >= 0.75) + (a > 1.25) + (a >= 1.75) + (a > 2.5) + (a >= 3.5) + (a > 5.0)
+    return np.uint8(c + 8 * np.signbit(v))
+
+
+def mxfp4_dequantize_t(packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np.uint8], dtype: type) -> Array:
+    """W [K, N] from the packed W^T, as the transpose of a C-ordered [N, K]: the float copy only the
+    reference path asks for (rows of W^T decode with contiguous reads and writes)."""
+    n, half = packed.shape
+    out = np.empty((n, 2 * half), dtype)
+    with np.errstate(over="ignore"):  # E8M0 bits above 2^128 are inf in float32 and never written
+        scale_lut = E8M0.astype(dtype)
+    lut = E2M1.astype(dtype)
+    if packed.nbytes < PARALLEL_BYTES:
+        _dequantize_rows(packed, scale_bits, lut, scale_lut, out, 0, n)
+    else:
+        _dequantize_parallel(packed, scale_bits, lut, scale_lut, out, 4 * numba.get_num_threads())
+    return out.T
+
+
+@njit(parallel=True, cache=True)
+def _dequantize_parallel(packed, scale_bits, lut, scale_lut, out, chunks):  # type: ignore[no-untyped-def]
+    N = packed.shape[0]
+    for c in prange(chunks):
+        _dequantize_rows(packed, scale_bits, lut, scale_lut, out, c * N // chunks, (c + 1) * N // chunks)
+
+
+@njit(cache=True)
+def _dequantize_rows(packed, scale_bits, lut, scale_lut, out, n0, n1):  # type: ignore[no-untyped-def]
+    for n in range(n0, n1):
+        for i in range(packed.shape[1]):
+            p, s = packed[n, i], scale_lut[scale_bits[n, i >> 4]]
+            out[n, 2 * i] = lut[p & 15] * s
+            out[n, 2 * i + 1] = lut[p >> 4] * s
+
+
+# ===================================================================== bf16 storage
+def bf16_to(bits: npt.NDArray[np.uint16], dtype: type) -> Array:
+    """bfloat16 bit patterns (a 1-D or 2-D view, any strides) -> a new C-ordered array of dtype. Exact:
+    a bfloat16 is the top half of a float32."""
+    bits2 = bits.reshape(1, -1) if bits.ndim == 1 else bits
+    out = np.empty(bits2.shape, dtype)
+    if bits.nbytes < PARALLEL_BYTES:
+        _bf16_rows(bits2, out, 0, bits2.shape[0])
+    else:
+        _bf16_widen_parallel(bits2, out, 4 * numba.get_num_threads())
+    return out.reshape(bits.shape)
+
+
+@njit(parallel=True, cache=True)
+def _bf16_widen_parallel(bits, out, chunks):  # type: ignore[no-untyped-def]
+    R = bits.shape[0]
+    for c in prange(chunks):
+        _bf16_rows(bits, out, c * R // chunks, (c + 1) * R // chunks)
+
+
+@njit(cache=True)
+def _bf16_rows(bits, out, r0, r1):  # type: ignore[no-untyped-def]
+    C = bits.shape[1]
+    row = np.empty(C, np.uint32)
+    row_f32 = row.view(np.float32)
+    for r in range(r0, r1):
+        for c in range(C):
+            row[c] = np.uint32(bits[r, c]) << 16
+        for c in range(C):
+            out[r, c] = row_f32[c]
+
+
+def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16]) -> Array:
+    """y = x @ W for W [K, N] held as bfloat16 bits (any strides: a column shard is a strided view), in
+    x's dtype.   [M, K] -> [M, N]
+
+    Reads 2 B per weight once; the widen-then-GEMM form writes and re-reads 4 (float32) or 8 (float64).
+    Each thread owns a tile of BF16_TILE output columns: for every k it widens W[k, tile] (the top half of
+    a float32) and adds x[:, k] times it into the [M, tile] accumulators, so y sums over k in order."""
+    x = np.ascontiguousarray(x)
+    out = np.empty((x.shape[0], bits.shape[1]), x.dtype)
+    tiles = -(-bits.shape[1] // BF16_TILE)
+    if bits.shape[0] * bits.shape[1] * 2 < PARALLEL_BYTES or tiles == 1:
+        _bf16_matmul_tiles(x, bits, out, 0, tiles)
+    else:
+        _bf16_matmul_parallel(x, bits, out, min(tiles, 4 * numba.get_num_threads()))
+    return out
+
+
+BF16_TILE = 512  # output columns per tile: [M, 512] float64 accumulators are 4 KB a token row
+
+
+@njit(parallel=True, cache=True)
+def _bf16_matmul_parallel(x, bits, out, chunks):  # type: ignore[no-untyped-def]
+    tiles = -(-bits.shape[1] // BF16_TILE)
+    for c in prange(chunks):
+        _bf16_matmul_tiles(x, bits, out, c * tiles // chunks, (c + 1) * tiles // chunks)
+
+
+@njit(cache=True, fastmath=FAST)
+def _bf16_matmul_tiles(x, bits, out, t0, t1):  # type: ignore[no-untyped-def]
+    M, K = x.shape
+    N = bits.shape[1]
+    w_bits = np.empty(BF16_TILE, np.uint32)
+    w = w_bits.view(np.float32)
+    acc = np.empty((M, BF16_TILE), x.dtype)
+    for t in range(t0, t1):
+        n0 = t * BF16_TILE
+        width = min(BF16_TILE, N - n0)
+        acc[:] = 0
+        for k in range(K):
+            src = bits[k, n0:n0 + width]
+            for j in range(width):
+                w_bits[j] = np.uint32(src[j]) << 16
+            for m in range(M):
+                xk, row = x[m, k], acc[m]  # a 1-D row: LLVM then vectorises the update (2x)
+                for j in range(width):
+                    row[j] += xk * w[j]
+        out[:, n0:n0 + width] = acc[:, :width]
+
+
+# ===================================================================== norms and the AttnRes mix
+def rms_norm(x: Array, w: Array, eps: float) -> Array:
+    """RMSNorm over the last axis in x's dtype.   [..., D] -> [..., D]"""
+    x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+    out = np.empty_like(x2)
+    _rms_norm(x2, np.ascontiguousarray(w, x2.dtype), x2.dtype.type(eps), out)
+    return out.reshape(x.shape)
+
+
+@njit(cache=True, fastmath=FAST)
+def _rms_norm(x, w, eps, out):  # type: ignore[no-untyped-def]
+    M, D = x.shape
+    for m in range(M):
+        ss = x[m, 0] * 0
+        for i in range(D):
+            ss += x[m, i] * x[m, i]
+        inv = 1 / np.sqrt(ss / D + eps)
+        for i in range(D):
+            out[m, i] = x[m, i] * inv * w[i]
+
+
+def attn_res_mix(sources: list[Array], norm_w: Array, proj_w: Array, eps: float) -> Array:
+    """Softmax mix over S sources in their dtype.   S x [M, D] -> [M, D]"""
+    v = np.stack(sources)  # [S, M, D]
+    query = (norm_w * proj_w).astype(v.dtype)  # [D]
+    out = np.empty(v.shape[1:], v.dtype)
+    _attn_res_mix(v, query, v.dtype.type(eps), out)
+    return out
+
+
+@njit(cache=True, fastmath=FAST)
+def _attn_res_mix(v, query, eps, out):  # type: ignore[no-untyped-def]
+    S, M, D = v.shape
+    score = np.empty(S, v.dtype)
+    for m in range(M):
+        for s in range(S):  # one read of source s for its rms and its score together
+            ss, dot = v[s, m, 0] * 0, v[s, m, 0] * 0
+            for i in range(D):
+                ss += v[s, m, i] * v[s, m, i]
+                dot += v[s, m, i] * query[i]
+            score[s] = dot / np.sqrt(ss / D + eps)
+        p = np.exp(score - score.max())
+        p /= p.sum()
+        for i in range(D):
+            acc = v[0, m, i] * 0
+            for s in range(S):
+                acc += p[s] * v[s, m, i]
+            out[m, i] = acc
+
+
+# ===================================================================== top-k
+def topk_order(scores: Array, k: int) -> npt.NDArray[np.int64]:
+    """Indices of the k largest per row, best first, ties to the lower index: equal to
+    `np.argsort(-scores, axis=-1, kind="stable")[:, :k]` without sorting all E.   [M, E] -> [M, k]"""
+    k = min(k, scores.shape[1])
+    out = np.empty((scores.shape[0], k), np.int64)
+    _topk_order(np.ascontiguousarray(scores), out)
+    return out
+
+
+@njit(cache=True)
+def _topk_order(scores, out):  # type: ignore[no-untyped-def]
+    M, E = scores.shape
+    k = out.shape[1]
+    for m in range(M):
+        n = 0  # insertion into a sorted list of at most k; a later index never beats an equal score
+        for e in range(E):
+            s = scores[m, e]
+            if n == k and not s > scores[m, out[m, k - 1]]:
+                continue
+            j = n if n < k else k - 1
+            while j > 0 and s > scores[m, out[m, j - 1]]:
+                out[m, j] = out[m, j - 1]
+                j -= 1
+            out[m, j] = e
+            n = min(n + 1, k)

@@ -1,0 +1,198 @@
+"""Numba kernels (simulator/fast.py) == their .py_func == the NumPy forms they replace (STYLE 14-18).
+
+Integer outputs (codes, scale bits, top-k indices, bf16 widening) are compared exactly; float outputs
+with the per-dtype tolerance of tests/numerics.py, reference as `desired`.
+"""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from simulator import fast
+from simulator.dtypes import mxfp4_dequantize, mxfp4_quantize
+from simulator.ops import norm
+from simulator.ops.linear import BF16Weight, MXFP4Weight, mxfp4_linear_reference
+from simulator.ops.router import route_fused, route_reference
+from simulator.weights import LayerWeights, column_shard, row_shard
+
+from numerics import assert_close
+
+DTYPES = [np.float64, np.float32]
+DT_IDS = ["float64", "float32"]
+
+
+def _weights(rng: np.random.Generator, k: int, n: int) -> np.ndarray:
+    """N(0, 1/k) float32 with the awkward values: zeros, a negative zero, an all-zero block, and E2M1
+    rounding midpoints (a block whose max is 4.0 has scale 1, so 0.25, 0.75, ... 5.0 are exact ties)."""
+    w = rng.standard_normal((k, n), dtype=np.float32) * np.float32(k ** -0.5)
+    w[3, 0], w[4, 0] = 0.0, -0.0
+    w[:32, 1] = 0.0
+    ties = np.array([4.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, -5.0, 7.0, -7.9, 0.1], np.float32)
+    w[32:32 + len(ties), 2] = ties
+    return w
+
+
+@pytest.mark.parametrize("k, n, seed", [(32, 1, 0), (64, 7, 1), (256, 33, 2)], ids=["K32-N1", "K64-N7", "K256-N33"])
+def test_mxfp4_quantize_t_is_bit_identical(k, n, seed):
+    w = _weights(np.random.default_rng(seed), k, n) if k >= 64 else np.random.default_rng(seed).standard_normal((k, n), dtype=np.float32)
+    codes, bits = fast.mxfp4_quantize_t(w)
+    ref = mxfp4_quantize(np.ascontiguousarray(w.T))
+    assert codes.shape == ref.packed.shape and codes.dtype == np.uint8
+    np.testing.assert_array_equal(codes, ref.packed)
+    np.testing.assert_array_equal(bits, ref.scales.view(np.uint8))
+    np.testing.assert_array_equal(fast.mxfp4_dequantize_t(codes, bits, np.float32), mxfp4_dequantize(ref).T)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("m, k, n", [(1, 64, 5), (3, 96, 7), (9, 256, 64)], ids=["M1-K64-N5", "M3-K96-N7", "M9-K256-N64"])
+def test_mxfp4_matmul_fused_matches_reference(m, k, n, dtype):
+    rng = np.random.default_rng(m * k + n)
+    q = mxfp4_quantize(np.ascontiguousarray(_weights(rng, k, n).T))
+    x = rng.standard_normal((m, k)).astype(dtype)
+    ref = mxfp4_linear_reference(x, q)  # dequantize, then one GEMM
+    bits = q.scales.view(np.uint8)
+    jitted = fast.mxfp4_matmul(x, q.packed, bits)
+    assert jitted.shape == (m, n) and jitted.dtype == dtype
+    assert_close(jitted, ref, dtype)
+    py, parallel = np.empty_like(jitted), np.empty_like(jitted)
+    fast._mxfp4_rows.py_func(x, q.packed, bits, fast.E2M1_PAIRS, fast.E8M0_F32, py, 0, n)
+    fast._mxfp4_matmul_parallel(x, q.packed, bits, fast.E2M1_PAIRS, fast.E8M0_F32, parallel, 3)
+    assert_close(jitted, py, dtype)
+    assert_close(parallel, py, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("k0, width", [(0, 64), (32, 32), (5, 40), (17, 1)], ids=["aligned", "block", "odd-start", "one"])
+def test_mxfp4_weight_row_slice_matches_dequantized(k0, width, dtype):
+    rng = np.random.default_rng(k0 + width)
+    w = _weights(rng, 128, 6)
+    codes, bits = fast.mxfp4_quantize_t(w)
+    dense = fast.mxfp4_dequantize_t(codes, bits, np.float64)[k0:k0 + width]  # [width, N]
+    x = rng.standard_normal((4, width)).astype(dtype)
+    shard = MXFP4Weight(codes, bits, k0, width)
+    assert shard.shape == dense.shape
+    assert_close(x @ shard, (x.astype(np.float64) @ dense).astype(dtype), dtype)
+    np.testing.assert_array_equal(np.asarray(shard, np.float64), dense)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3, 4])
+def test_packed_expert_shards_equal_dense_shards(tiny, tp):
+    w = LayerWeights(tiny, 2, 5)
+    dense = w.expert(3, np.float64)
+    rng = np.random.default_rng(tp)
+    for r in range(tp):
+        shards = [MXFP4Weight(*q).shard(how, r, tp) for q, how in zip(w.expert_packed(3), ("col", "col", "row"))]
+        ref = (column_shard(dense[0], r, tp), column_shard(dense[1], r, tp), row_shard(dense[2], r, tp))
+        for got, want in zip(shards, ref):
+            x = rng.standard_normal((3, want.shape[0]))
+            assert got.shape == want.shape
+            assert_close(x @ got, x @ want, np.float64)
+
+
+def test_packed_experts_are_the_same_numbers(tiny):
+    """The packed path draws, scales and rounds exactly as the float path it replaces (`_make`)."""
+    w = LayerWeights(tiny, 2, 11)
+    for e in (0, 17):
+        for part, got in zip(("w_gate", "w_up", "w_down"), w.expert(e)):
+            np.testing.assert_array_equal(got, w._make(f"expert.{e}.{part}"))
+
+
+def test_expert_cache_is_bounded_keeps_what_it_has_and_regenerates_identically(tiny):
+    one = sum(c.nbytes + s.nbytes for c, s in LayerWeights(tiny, 2, 3).expert_packed(0))
+    w = LayerWeights(tiny, 2, 3, expert_cache_bytes=2 * one)
+    first = {e: [c.copy() for c, _ in w.expert_packed(e)] for e in range(6)}  # one pass, room for 2 experts
+    assert w._experts.nbytes <= 2 * one and w.expert_generations == 18 and 0 in w.cached_experts()
+    made = w.expert_generations
+    w.expert_packed(0)
+    assert w.expert_generations == made  # kept: the next pass finds it
+    for got, want in zip(w.expert_packed(4), first[4]):
+        np.testing.assert_array_equal(got[0], want)
+    assert w.expert_generations == made + 3  # expert 4 gave way, and comes back the same
+
+
+def test_dense_weights_held_as_bf16_and_read_back_exactly(tiny):
+    w = LayerWeights(tiny, 1, 0)
+    r = w["router.w"]
+    assert w._held["router.w"].dtype == ml_dtypes.bfloat16 and r.dtype == np.float32
+    np.testing.assert_array_equal(r, w._make("router.w"))
+    np.testing.assert_array_equal(w.shard("router.w", np.float64, "col", 1, 4), column_shard(r, 1, 4).astype(np.float64))
+    np.testing.assert_array_equal(w.shard("router.w", np.float64, "row", 3, 4), row_shard(r, 3, 4).astype(np.float64))
+    assert w["kda.a_log"].dtype == np.float32 and w._held["kda.a_log"].dtype == np.float32  # FP32 in the checkpoint
+
+
+def test_bf16_widening_is_exact():
+    x = np.random.default_rng(0).standard_normal((37, 19)).astype(ml_dtypes.bfloat16)
+    for dtype in DTYPES:
+        got = fast.bf16_to(x.view(np.uint16)[:, 3:11], dtype)
+        assert got.dtype == dtype and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, x[:, 3:11].astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("m, d, s", [(1, 64, 1), (5, 33, 3), (8, 7, 9)], ids=["M1-D64-S1", "M5-D33-S3", "M8-D7-S9"])
+def test_norm_kernels_match_reference(m, d, s, dtype):
+    rng = np.random.default_rng(m + d + s)
+    sources = [rng.standard_normal((m, d)).astype(dtype) for _ in range(s)]
+    nw, pw = 1 + 0.1 * rng.standard_normal(d), rng.standard_normal(d) / np.sqrt(d)
+    mix = fast.attn_res_mix(sources, nw, pw, 1e-5)
+    assert mix.shape == (m, d) and mix.dtype == dtype
+    assert_close(mix, norm.attn_res_mix_reference(sources, nw, pw, 1e-5), dtype)
+    out = np.empty_like(sources[0])
+    fast._attn_res_mix.py_func(np.stack(sources), (nw * pw).astype(dtype), dtype(1e-5), out)
+    assert_close(mix, out, dtype)
+    assert_close(fast.rms_norm(sources[0], nw, 1e-5), norm.rms_norm_reference(sources[0], nw, 1e-5), dtype)
+
+
+def test_topk_order_is_the_stable_argsort():
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((6, 40))
+    scores[0, 5] = scores[0, 9] = scores[0, 30] = 9.0  # a three-way tie at the top: lower index first
+    scores[1, :] = 0.25  # all tied
+    scores[2, 10:] = -np.inf  # fewer eligible than asked for
+    scores[3, 7] = scores[3].max()  # tie with the maximum, later index
+    for k in (1, 4, 17, 40):
+        want = np.argsort(-scores, axis=-1, kind="stable")[:, :k]
+        np.testing.assert_array_equal(fast.topk_order(scores, k), want)
+        py = np.empty_like(want)
+        fast._topk_order.py_func(scores, py)
+        np.testing.assert_array_equal(py, want)
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_route_fused_same_under_both_backends(tiny, monkeypatch, backend):
+    monkeypatch.setenv("MOE_SIM_KERNELS", backend)
+    rng = np.random.default_rng(3)
+    logits, bias = rng.standard_normal((9, tiny.num_experts)), rng.standard_normal(tiny.num_experts) * 0.05
+    np.testing.assert_array_equal(route_fused(logits, bias, tiny).topk_idx, route_reference(logits, bias, tiny).topk_idx)
+
+
+def test_backend_switch(monkeypatch):
+    monkeypatch.setenv("MOE_SIM_KERNELS", "numpy")
+    assert not fast.numba_enabled()
+    monkeypatch.setenv("MOE_SIM_KERNELS", "numba")
+    assert fast.numba_enabled()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("m, k, n", [(1, 7, 5), (3, 64, 600), (40, 33, 1100)], ids=["M1-K7-N5", "M3-K64-N600", "M40-K33-N1100"])
+def test_bf16_matmul_matches_widened_gemm(m, k, n, dtype):
+    """Reading bf16 bits (a strided column shard, several 512-wide tiles) == widen then GEMM."""
+    rng = np.random.default_rng(m + k + n)
+    w = rng.standard_normal((k, 2 * n)).astype(ml_dtypes.bfloat16)
+    bits = w.view(np.uint16)[:, n // 2:n // 2 + n]  # [K, N], row stride 2N
+    x = rng.standard_normal((m, k)).astype(dtype)
+    ref = x @ w[:, n // 2:n // 2 + n].astype(dtype)
+    got = fast.bf16_matmul(x, bits)
+    assert got.shape == (m, n) and got.dtype == dtype
+    assert_close(got, ref, dtype)
+    tiles = -(-n // fast.BF16_TILE)
+    py, parallel = np.empty_like(got), np.empty_like(got)
+    fast._bf16_matmul_tiles.py_func(x, bits, py, 0, tiles)
+    fast._bf16_matmul_parallel(x, bits, parallel, 2)
+    assert_close(py, ref, dtype)
+    assert_close(parallel, ref, dtype)
+    held = BF16Weight((bits[:, :n // 3], bits[:, n // 3:]), np.dtype(dtype))  # two packed blocks, as the executor
+    # hands a packed projection: skinny x reads the bits, wide x widens
+    assert_close(x @ held, ref, dtype)
+    np.testing.assert_array_equal(np.asarray(held), w[:, n // 2:n // 2 + n].astype(dtype))
+    np.testing.assert_array_equal(held.reshape(-1), np.asarray(held).reshape(-1))
