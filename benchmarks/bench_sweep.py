@@ -47,13 +47,11 @@ def grid(points: int) -> Scenario:
 
 
 def measure(points: int, workers: int, interval: bool = True) -> dict:
-    if not interval:  # central values only: what the sweep machinery costs without issue 12's 100 draws a point
-        sweep._interval_spec = lambda: None
     sc = grid(points)
     limited = Scenario(sc.name, sc.path, sc.question, sc.kind, sc.base, sc.sweep)
     todo = (p for _, p in zip(range(points), limited.points()))
     t0 = time.perf_counter()
-    rows = [r for point_rows in sweep.evaluate_points(todo, sc.kind, points, workers) for r in point_rows]
+    rows = [r for point_rows in sweep.evaluate_points(todo, sc.kind, points, workers, interval) for r in point_rows]
     seconds = time.perf_counter() - t0
     ok = sum(r["status"] == "ok" for r in rows)
     return {"points": points, "seconds": round(seconds, 3), "points_per_s": round(points / seconds, 1),

@@ -45,16 +45,20 @@ def _bounds(name: str, interval: list[float] | None) -> dict[str, Any]:
     return {} if interval is None else {f"{name}_low": interval[0], f"{name}_high": interval[1]}
 
 
-def _interval_spec() -> Any:
+def _interval_spec(interval: bool) -> Any:
+    """The rows' interval (SWEEP_INTERVAL_DRAWS draws), or None for central values only (`run --no-interval`:
+    about 20x faster a point, the rate a 10^5-point grid needs)."""
+    if not interval:
+        return None
     from simulator.cost.uncertainty import IntervalSpec
     return IntervalSpec(draws=SWEEP_INTERVAL_DRAWS)
 
 
-def _step_rows(point: dict[str, Any]) -> list[dict[str, Any]]:
+def _step_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, Any]]:
     from simulator.report.summary import step_report
     doc = step_report(_model(point["model"], point["precision"]), _hardware(point["hardware"]), point["tp"],
                       point["batch"], point["context"], point["draft_tokens"], point["acceptance_length"],
-                      point["variant"], point["drafter"], _fusions(point), _routing(point), interval=_interval_spec())
+                      point["variant"], point["drafter"], _fusions(point), _routing(point), interval=_interval_spec(interval))
     rows = []
     for variant, v in doc["variants"].items():
         row = {"variant": variant, "step_ms": v["step_ms"], "tokens_per_s": v["tokens_per_s"],
@@ -67,10 +71,10 @@ def _step_rows(point: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _layer_rows(point: dict[str, Any]) -> list[dict[str, Any]]:
+def _layer_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, Any]]:
     from simulator.report.summary import layer_report
     doc = layer_report(_model(point["model"], point["precision"]), _hardware(point["hardware"]), point["tp"],
-                       _shape(point), point["layer"], point["variant"], _fusions(point), _interval_spec())
+                       _shape(point), point["layer"], point["variant"], _fusions(point), _interval_spec(interval))
     return [{"variant": variant, "kernel_count": v["kernel_count"], "layer_us": v["layer_us"],
              "floor_us": v["floor_us"], "hbm_mb": round(v["hbm_bytes"] / 1e6, 3), "speedup": doc.get("speedup")}
             | _bounds("layer_us", v.get("layer_us_interval")) | _bounds("speedup", doc.get("speedup_interval"))
@@ -84,7 +88,7 @@ def _memory_columns(gb: dict[str, Any]) -> dict[str, Any]:
     return {f"memory_{k}_gb": v for k, v in gb.items() if k != "fits"}
 
 
-def _ablation_rows(point: dict[str, Any]) -> list[dict[str, Any]]:
+def _ablation_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, Any]]:  # noqa: ARG001 (no interval)
     from simulator.cost.ablation import ablate
     cfg, hw = _model(point["model"], point["precision"]), _hardware(point["hardware"])
     doc = ablate(cfg, hw, point["tp"],
@@ -104,59 +108,65 @@ def _shape(point: dict[str, Any]) -> DecodeShape:
     return DecodeShape(point["batch"], point["tokens_per_seq"], point["context"], _routing(point))
 
 
-EVALUATORS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
+EVALUATORS: dict[str, Callable[[dict[str, Any], bool], list[dict[str, Any]]]] = {
     "step": _step_rows, "layer": _layer_rows, "ablation": _ablation_rows}
 
 
-def evaluate(point: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    """Rows for one grid point; an impossible point becomes one skipped row carrying the reason."""
+def evaluate(point: dict[str, Any], kind: str, interval: bool = True) -> list[dict[str, Any]]:
+    """Rows for one grid point (with their interval bounds unless `interval` is False); an impossible
+    point becomes one skipped row carrying the reason."""
     try:
-        rows = EVALUATORS[kind](point)
+        rows = EVALUATORS[kind](point, interval)
     except UserError as exc:
         return [point | {"status": f"skipped: {exc}"}]
     return [point | {"status": "ok"} | row for row in rows]
 
 
 LIMIT = 20_000  # grid points a run takes without --yes
-POINTS_PER_S = {"step": 35, "layer": 125, "ablation": 2}  # measured, one core, every point a new shape
+# points/s on one core of this project's 2-core test machine, every point a new shape, with and without the
+# rows' 100-draw interval (measured 2026-12-01: step 19 / 100, layer 42 / 430); grids sharing plan shapes
+# and several workers run faster (benchmarks/bench_sweep.py)
+POINTS_PER_S = {("step", True): 19, ("step", False): 100, ("layer", True): 40, ("layer", False): 400,
+                ("ablation", True): 2, ("ablation", False): 2}
 
 
-def estimate_s(sc: Scenario) -> float:
-    return sc.count / POINTS_PER_S[sc.kind]
+def estimate_s(sc: Scenario, interval: bool = True) -> float:
+    return sc.count / POINTS_PER_S[sc.kind, interval]
 
 
-def check_size(sc: Scenario, yes: bool) -> None:
+def check_size(sc: Scenario, yes: bool, interval: bool = True) -> None:
     """A grid over LIMIT points runs only when asked for, and the refusal says how long it would take."""
     if sc.count > LIMIT and not yes:
-        minutes = estimate_s(sc) / 60
+        minutes = estimate_s(sc, interval) / 60
         took = f"{minutes / 60:,.1f} h" if minutes >= 120 else f"{minutes:,.0f} min"
         raise UserError(f"scenario {sc.name} has {sc.count:,} grid points, over the {LIMIT:,} a run takes unasked "
-                        f"(about {took} at ~{POINTS_PER_S[sc.kind]} points/s): pass --yes to run it.")
+                        f"(about {took} on one core at ~{POINTS_PER_S[sc.kind, interval]} points/s): pass --yes "
+                        "to run it" + (", or --no-interval for central values only." if interval else "."))
 
 
 def run(sc: Scenario, out_dir: str | Path | None = None, progress: Callable[[int, int], None] | None = None,
         yes: bool = False, tell: Callable[[str], None] = lambda message: None,
-        workers: int | None = None) -> dict[str, Any]:
+        workers: int | None = None, interval: bool = True) -> dict[str, Any]:
     """Evaluate the grid lazily on `workers` processes (all cores by default); write points.csv,
     summary.json and the plots into out_dir (if given). Rows come in grid order whatever the workers.
 
     A rerun into an out_dir holding this scenario's unfinished rows (same digest) resumes after them.
     """
-    check_size(sc, yes)
+    check_size(sc, yes, interval)
     out = output_dir(out_dir, "--out") if out_dir is not None else None
-    rows, done = prepare_out(sc, out, tell) if out is not None else ([], 0)
+    rows, done = prepare_out(sc, out, tell, interval) if out is not None else ([], 0)
     interrupted = False
     todo = itertools.islice(sc.points(), done, None)
     workers = workers or len(os.sched_getaffinity(0))
     try:
-        for i, point_rows in enumerate(evaluate_points(todo, sc.kind, sc.count - done, workers), done + 1):
+        for i, point_rows in enumerate(evaluate_points(todo, sc.kind, sc.count - done, workers, interval), done + 1):
             rows += point_rows
             done = i
             if progress:
                 progress(i, sc.count)
     except KeyboardInterrupt:
         interrupted = True
-    summary = _summary(sc, done, rows, interrupted)
+    summary = _summary(sc, done, rows, interrupted) | {"interval": interval}
     if out is not None:
         summary["files"] = write_outputs(sc, rows, summary, out, plots=not interrupted)
     if interrupted:
@@ -167,29 +177,30 @@ def run(sc: Scenario, out_dir: str | Path | None = None, progress: Callable[[int
 PARALLEL_MIN_POINTS = 64  # fewer run in this process: starting workers would cost more than they save
 
 
-def evaluate_points(points: Iterator[dict[str, Any]], kind: str, count: int, workers: int) -> Iterator[list[dict[str, Any]]]:
+def evaluate_points(points: Iterator[dict[str, Any]], kind: str, count: int, workers: int,
+                    interval: bool = True) -> Iterator[list[dict[str, Any]]]:
     """Each point's rows, in order. With several workers, chunks of consecutive points go to forked
     processes (neighbours in the grid share plan shapes, so each worker's plan caches hit), at most two
     chunks per worker in flight (the grid is never held whole), and results are yielded in grid order.
     Fork is safe here: the cost model runs no parallel Numba kernel, whose thread pool a fork would lose."""
     if workers <= 1 or count < PARALLEL_MIN_POINTS:
-        yield from (evaluate(p, kind) for p in points)
+        yield from (evaluate(p, kind, interval) for p in points)
         return
     size = max(1, min(256, count // (16 * workers)))
     chunks = iter(lambda: list(itertools.islice(points, size)), [])
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_ignore_sigint)
     try:
-        pending = deque(pool.submit(_evaluate_chunk, c, kind) for c in itertools.islice(chunks, 2 * workers))
+        pending = deque(pool.submit(_evaluate_chunk, c, kind, interval) for c in itertools.islice(chunks, 2 * workers))
         while pending:
             done = pending.popleft().result()
-            pending.extend(pool.submit(_evaluate_chunk, c, kind) for c in itertools.islice(chunks, 1))
+            pending.extend(pool.submit(_evaluate_chunk, c, kind, interval) for c in itertools.islice(chunks, 1))
             yield from done
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _evaluate_chunk(points: list[dict[str, Any]], kind: str) -> list[list[dict[str, Any]]]:
-    return [evaluate(p, kind) for p in points]
+def _evaluate_chunk(points: list[dict[str, Any]], kind: str, interval: bool) -> list[list[dict[str, Any]]]:
+    return [evaluate(p, kind, interval) for p in points]
 
 
 def _ignore_sigint() -> None:
@@ -209,13 +220,16 @@ class ScenarioInterrupted(KeyboardInterrupt):
         self.summary = summary
 
 
-def prepare_out(sc: Scenario, out: Path, tell: Callable[[str], None]) -> tuple[list[dict[str, Any]], int]:
-    """Check the folder's files before any work; return the rows and points this scenario already did there."""
+def prepare_out(sc: Scenario, out: Path, tell: Callable[[str], None],
+                interval: bool = True) -> tuple[list[dict[str, Any]], int]:
+    """Check the folder's files before any work; return the rows and points this scenario already did there
+    (with the same interval setting: rows with and without bounds are not mixed in one file)."""
     for name in OWN_FILES:
         if (out / name).exists() or (out / name).is_symlink():
             output_file(out / name, "--out")
     old = _old_summary(out)
-    same = old.get("scenario_hash") == sc.digest and isinstance(old.get("points_done"), int)
+    same = (old.get("scenario_hash") == sc.digest and isinstance(old.get("points_done"), int)
+            and old.get("interval", True) == interval)
     if same and (out / "points.csv").is_file():
         rows = read_csv(out / "points.csv")
         if len(rows) != old.get("rows"):

@@ -111,11 +111,11 @@ def test_interrupted_sweep_keeps_finished_points(tmp_path, monkeypatch):
     real = sweep.evaluate
     calls = {"n": 0}
 
-    def flaky(point, kind):
+    def flaky(point, kind, interval=True):
         calls["n"] += 1
         if calls["n"] == 4:
             raise KeyboardInterrupt
-        return real(point, kind)
+        return real(point, kind, interval)
 
     monkeypatch.setattr(sweep, "evaluate", flaky)
     r = runner.invoke(app, ["run", str(sc.path), "--out", str(tmp_path)])
@@ -139,11 +139,11 @@ def _counting(monkeypatch, stop_at: int | None = None) -> dict:
     """Patch sweep.evaluate to count calls, and to raise Ctrl-C at call `stop_at`."""
     real, calls = sweep.evaluate, {"n": 0}
 
-    def counted(point, kind):
+    def counted(point, kind, interval=True):
         calls["n"] += 1
         if calls["n"] == stop_at:
             raise KeyboardInterrupt
-        return real(point, kind)
+        return real(point, kind, interval)
 
     monkeypatch.setattr(sweep, "evaluate", counted)
     return calls
@@ -168,7 +168,10 @@ def test_grid_over_the_limit_needs_yes(tmp_path, monkeypatch):
     calls = _counting(monkeypatch)
     r = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
     assert r.exit_code == 2 and "50,000 grid points" in r.output and "--yes" in r.output
-    assert f"about {50_000 / sweep.POINTS_PER_S['step'] / 60:,.0f} min at" in r.output
+    assert f"about {50_000 / sweep.POINTS_PER_S['step', True] / 60:,.0f} min on one core at" in r.output
+    assert "--no-interval" in r.output
+    r = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "out"), "--no-interval"])
+    assert r.exit_code == 2 and f"about {50_000 / sweep.POINTS_PER_S['step', False] / 60:,.0f} min" in r.output
     assert calls["n"] == 0 and not (tmp_path / "out").exists()
     monkeypatch.setattr(sweep, "LIMIT", 3)
     r = runner.invoke(app, ["run", "batch-sweep", "--quick", "--yes"])
@@ -260,3 +263,19 @@ def test_worker_processes_give_the_serial_rows_in_order(monkeypatch, name):
     serial = sweep.run(sc, workers=1)["rows"]
     monkeypatch.setattr(sweep, "PARALLEL_MIN_POINTS", 0)
     assert sweep.run(sc, workers=2)["rows"] == serial
+
+
+def test_no_interval_rows_are_the_central_values_without_bounds(tmp_path):
+    """`run --no-interval` drops the bounds columns and nothing else, and a rerun with the other setting
+    starts over instead of mixing rows with and without bounds in one points.csv."""
+    with_bounds = runner.invoke(app, ["run", "batch-sweep", "--quick", "--json"])
+    central = runner.invoke(app, ["run", "batch-sweep", "--quick", "--json", "--no-interval"])
+    assert with_bounds.exit_code == 0 and central.exit_code == 0, central.output
+    rows_b, rows_c = json.loads(with_bounds.output)["rows"], json.loads(central.output)["rows"]
+    assert any("step_ms_low" in r for r in rows_b) and not any("step_ms_low" in r for r in rows_c)
+    for b, c in zip(rows_b, rows_c, strict=True):
+        assert {k: v for k, v in b.items() if not k.endswith(("_low", "_high"))} == c
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["run", "batch-sweep", "--quick", "--out", str(out), "--no-interval"]).exit_code == 0
+    assert runner.invoke(app, ["run", "batch-sweep", "--quick", "--out", str(out)]).exit_code == 0
+    assert "step_ms_low" in (out / "points.csv").read_text().splitlines()[0]
