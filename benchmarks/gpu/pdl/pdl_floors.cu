@@ -19,20 +19,13 @@
 // Build and run: nvcc -O3 -arch=sm_90a -o pdl_floors pdl_floors.cu && ./pdl_floors [chain] [replays] [kinds...]
 // (copy_<KiB> sweeps a streaming copy's size: ./pdl_floors 64 30 copy_64 copy_1024 copy_8192 copy_32768)
 
-#include <cuda_runtime.h>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-#include <algorithm>
 #include <cstring>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-    fprintf(stderr, "CUDA error %s at %s:%d: %s\n", #x, __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
+#include "pdl_common.cuh"
+
 
 constexpr int M = 8, D = 7168, E = 896, K = 16, THREADS = 256;
 
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
 __device__ float block_sum(float v, float* red) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -114,12 +107,8 @@ __global__ void k_finalize(const float* prev, const float* slots, const float* w
 struct Bufs { float *a, *b, *slots, *w; size_t n; };
 
 void launch(const char* kind, bool pdl, cudaStream_t s, const float* in, float* out, const Bufs& bf) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.stream = s; cfg.attrs = pdl ? attr : nullptr; cfg.numAttrs = pdl ? 1 : 0;
-    cfg.blockDim = dim3(THREADS);
+    Launch l(s, pdl, dim3(1), dim3(THREADS));
+    cudaLaunchConfig_t& cfg = l.cfg;
     if (!strcmp(kind, "empty")) { cfg.gridDim = dim3(1); CK(cudaLaunchKernelEx(&cfg, k_empty, in, out)); }
     else if (!strcmp(kind, "copy")) {
         int n4 = (1 << 20) / 16; cfg.gridDim = dim3(264);
@@ -136,24 +125,9 @@ void launch(const char* kind, bool pdl, cudaStream_t s, const float* in, float* 
 }
 
 double per_launch_us(const char* kind, bool pdl, int chain, const Bufs& bf, int replays) {
-    cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaGraph_t g; cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < chain; ++i) launch(kind, pdl, s, (i % 2) ? bf.b : bf.a, (i % 2) ? bf.a : bf.b, bf);
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(ge, s));
-    CK(cudaStreamSynchronize(s));
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    std::vector<double> t;
-    for (int r = 0; r < replays; ++r) {
-        CK(cudaEventRecord(e0, s)); CK(cudaGraphLaunch(ge, s)); CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); t.push_back(ms * 1000.0 / chain);
-    }
-    std::sort(t.begin(), t.end());
-    CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g)); CK(cudaStreamDestroy(s));
-    return t[t.size() / 2];
+    return graph_per_launch_us(chain, replays, 5, [&](cudaStream_t s, int i) {
+        launch(kind, pdl, s, (i % 2) ? bf.b : bf.a, (i % 2) ? bf.a : bf.b, bf);
+    });
 }
 
 int main(int argc, char** argv) {

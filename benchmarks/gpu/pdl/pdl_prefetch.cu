@@ -11,20 +11,12 @@
 //
 // nvcc -O3 -arch=sm_90a -o pdl_prefetch pdl_prefetch.cu && ./pdl_prefetch [chain] [replays] [N rows]
 
-#include <cuda_runtime.h>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-#include <algorithm>
+#include "pdl_common.cuh"
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-    fprintf(stderr, "CUDA error %s at %s:%d: %s\n", #x, __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 constexpr int K = 2048, ROWS_PER_BLOCK = 8, THREADS = 256;
 int N = 2048;  // rows: 16 MiB of weights at 2048 (argv[3])
 
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
 template <bool PREFETCH>
 __global__ void gemv(const float* __restrict__ W, const float* __restrict__ x, float* __restrict__ y) {
@@ -46,33 +38,11 @@ __global__ void gemv(const float* __restrict__ W, const float* __restrict__ x, f
 
 template <bool PREFETCH>
 double per_launch_us(bool pdl, int chain, const std::vector<float*>& pool, float* xa, float* xb, int replays) {
-    cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaGraph_t g; cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < chain; ++i) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(N / ROWS_PER_BLOCK); cfg.blockDim = dim3(THREADS); cfg.stream = s;
-        cfg.attrs = pdl ? attr : nullptr; cfg.numAttrs = pdl ? 1 : 0;
-        CK(cudaLaunchKernelEx(&cfg, gemv<PREFETCH>, (const float*)pool[i % pool.size()],
+    return graph_per_launch_us(chain, replays, 5, [&](cudaStream_t s, int i) {
+        Launch l(s, pdl, dim3(N / ROWS_PER_BLOCK), dim3(THREADS));
+        CK(cudaLaunchKernelEx(&l.cfg, gemv<PREFETCH>, (const float*)pool[i % pool.size()],
                               (const float*)((i % 2) ? xb : xa), (i % 2) ? xa : xb));
-    }
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(ge, s));
-    CK(cudaStreamSynchronize(s));
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    std::vector<double> t;
-    for (int r = 0; r < replays; ++r) {
-        CK(cudaEventRecord(e0, s)); CK(cudaGraphLaunch(ge, s)); CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); t.push_back(ms * 1000.0 / chain);
-    }
-    std::sort(t.begin(), t.end());
-    CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g)); CK(cudaStreamDestroy(s));
-    return t[t.size() / 2];
+    });
 }
 
 int main(int argc, char** argv) {

@@ -11,19 +11,11 @@
 //
 // nvcc -O3 -arch=sm_90a -o pdl_readchain pdl_readchain.cu && ./pdl_readchain [chain] [replays]
 
-#include <cuda_runtime.h>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-#include <algorithm>
+#include "pdl_common.cuh"
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-    fprintf(stderr, "CUDA error %s at %s:%d: %s\n", #x, __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 constexpr int THREADS = 256, BLOCKS = 132 * 4;
 
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
 template <bool STREAM_FIRST>
 __global__ void read_chain(const float4* __restrict__ slab, size_t n4, const float* prev, float* next) {
@@ -42,34 +34,13 @@ __global__ void read_chain(const float4* __restrict__ slab, size_t n4, const flo
 
 template <bool STREAM_FIRST>
 double per_launch_us(bool pdl, int chain, const float* pool, size_t slab_bytes, float* sa, float* sb, int replays) {
-    cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaGraph_t g; cudaGraphExec_t ge;
     size_t n4 = slab_bytes / 16;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < chain; ++i) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(BLOCKS); cfg.blockDim = dim3(THREADS); cfg.stream = s;
-        cfg.attrs = pdl ? attr : nullptr; cfg.numAttrs = pdl ? 1 : 0;
+    return graph_per_launch_us(chain, replays, 3, [&](cudaStream_t s, int i) {
+        Launch l(s, pdl, dim3(BLOCKS), dim3(THREADS));
         const float4* slab = reinterpret_cast<const float4*>(pool + (size_t)i * (slab_bytes / 4));
-        CK(cudaLaunchKernelEx(&cfg, read_chain<STREAM_FIRST>, slab, n4, (const float*)((i % 2) ? sb : sa), (i % 2) ? sa : sb));
-    }
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
-    CK(cudaStreamSynchronize(s));
-    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    std::vector<double> t;
-    for (int r = 0; r < replays; ++r) {
-        CK(cudaEventRecord(e0, s)); CK(cudaGraphLaunch(ge, s)); CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); t.push_back(ms * 1000.0 / chain);
-    }
-    std::sort(t.begin(), t.end());
-    CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g)); CK(cudaStreamDestroy(s));
-    return t[t.size() / 2];
+        CK(cudaLaunchKernelEx(&l.cfg, read_chain<STREAM_FIRST>, slab, n4, (const float*)((i % 2) ? sb : sa),
+                              (i % 2) ? sa : sb));
+    });
 }
 
 int main(int argc, char** argv) {
