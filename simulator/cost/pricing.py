@@ -118,9 +118,13 @@ def fixed_us(kernel: Kernel, hw: HardwareProfile) -> float:
     kernel_fixed_us, a norm's, a top-k's, a finalize's, a split-KV decode's), plus the tensor-core GEMM
     fixed cost. A collective carries its latency in alpha; one that also computes (an all-gather + top-k
     kernel) pays its compute floor after the exchange."""
-    if kernel.kind == "collective":
-        return hw.floor_us(kernel.floor) if kernel.floor else 0.0
-    return hw.floor_us(kernel.floor) + (hw.gemm_fixed_us if kernel.kind in GEMM_KINDS else 0.0)
+    return _fixed(kernel.kind, kernel.floor, hw)
+
+
+def _fixed(kind: str, floor: str, hw: HardwareProfile) -> float:
+    if kind == "collective":
+        return hw.floor_us(floor) if floor else 0.0
+    return hw.floor_us(floor) + (hw.gemm_fixed_us if kind in GEMM_KINDS else 0.0)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -201,8 +205,7 @@ def achievable_bandwidth(nbytes: float, kind: str, hw: HardwareProfile) -> float
     """BW_achieved(S) = S / (t_fixed + S / (eta BW)) in B/s for a streaming kernel of `kind`: small
     kernels never reach peak."""
     stream = hw.hbm_efficiency * hw.hbm_bandwidth
-    fixed = 0.0 if kind == "collective" else hw.kernel_fixed_us + (hw.gemm_fixed_us if kind in GEMM_KINDS else 0.0)
-    seconds = fixed * 1e-6 + nbytes / stream
+    seconds = _fixed(kind, "", hw) * 1e-6 + nbytes / stream
     return nbytes / seconds if seconds > 0 else 0.0
 
 

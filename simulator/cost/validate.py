@@ -116,12 +116,6 @@ def mla_splits(batch: int, cached: int, sms: int = SM_COUNT, tile: int = MLA_TIL
     return -(-cached // chunk), chunk
 
 
-def moe_padded_flops(row: Mapping[str, Any]) -> float:
-    """The grouped GEMM's tile math as the cost model counts it: U experts share M k rows."""
-    tiles, block = moe_tiles(row)
-    return 2.0 * tiles * block * row["K"] * row["N"]
-
-
 def topk(row: Mapping[str, Any]) -> int:
     from simulator.config import load_model
     return load_model(row["model"]).top_k
@@ -131,10 +125,6 @@ def moe_tiles(row: Mapping[str, Any]) -> tuple[float, int]:
     """(expected row tiles, BLOCK_M) of the suite's grouped GEMM at this point (pricing.expected_tiles)."""
     from simulator.cost.pricing import expected_tiles
     return expected_tiles(row["M"], row["M"] * topk(row), row["U"])
-
-
-def f_tiles(row: Mapping[str, Any]) -> float:
-    return moe_tiles(row)[0]
 
 
 def moe_block(row: Mapping[str, Any]) -> int:
@@ -147,6 +137,8 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
       gemm       t0 + max(W + X bytes / bw, flops / R) + out bytes / bw_out + K c_narrow [N <= 1024]
                  (a narrow output splits K and reduces the partial sums in a second pass)
       moe        t0 + max(bytes / bw, padded flops / R) + U c_U   (padded: whole BLOCK_M-row tiles)
+      W4A16      t0 + bytes / bw + tiles K N c_dq + M k K ceil(N / BLOCK_N) c_a + U c_U  (per tile config:
+                 each tile dequantises its slab, each N-program re-reads the routed rows)
       small      t0[kernel] + bytes / bw         (a floor per kernel: a top-k is not a copy; one bw)
       kda        t0 + waves T c_token + state bytes / bw + per-token state bytes / bw_t  (each program
                  runs its T tokens in order; waves of the grid, KDA_GRID; vLLM's verify writes T states)
@@ -176,12 +168,14 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
         f["out_bytes"] = float(out)
         f["narrow_k"] = row["K"] / 1000.0 if row["N"] <= NARROW_N else 0.0
     if fam == "moe":  # padded tile math: every BLOCK_M-row block of an expert runs a full tile
+        tiles, block = moe_tiles(row)  # as the cost model counts them: U experts share M k rows
         f["experts"] = float(row["U"])
-        f["flops"] = float(moe_padded_flops(row))
         if row.get("fmt") in ("mxfp4", "nvfp4"):  # W4A16: CUDA-core work per tile, not tensor-core math
             del f["flops"]
-            f["dequant"] = f_tiles(row) * row["K"] * row["N"] / 1e6
-            f["a_rereads"] = row["M"] * topk(row) * row["K"] * 2 * -(-row["N"] // W4A16_BLOCK_N[moe_block(row)]) / 1e6
+            f["dequant"] = tiles * row["K"] * row["N"] / 1e6
+            f["a_rereads"] = row["M"] * topk(row) * row["K"] * 2 * -(-row["N"] // W4A16_BLOCK_N[block]) / 1e6
+        else:
+            f["flops"] = 2.0 * tiles * block * row["K"] * row["N"]
     if fam == "small":  # each kernel its own floor, one bandwidth for all
         del f["flops"], f["t0"]
         f[f"t0_{row['plan_key'] or row['impl']}"] = 1.0
