@@ -185,3 +185,24 @@ def test_collective_kinds_must_carry_a_collective() -> None:
         price_kernel(Kernel("ar", "all_reduce", "collective"), hw)
     with pytest.raises(ValueError, match="must not carry"):
         price_kernel(gemm(1, collective=Collective("all_reduce", 100, 8)), hw)
+
+
+def test_each_kernel_pays_its_family_floor() -> None:
+    """docs/cost-model.md 1.6: a norm, the routing top-k, the MoE finalize and a split-KV decode pay their
+    family's measured floor, a streaming kernel kernel_fixed_us, and the router GEMM the GEMM fixed cost."""
+    from simulator.config import load_model
+    from simulator.cost.pricing import fixed_us
+    from simulator.cost.step import build_plan
+    from simulator.plans.kernel import DecodeShape
+    hw, k3 = load_hardware("gb300"), load_model("kimi-k3")
+    std = build_plan(k3, "standard", 16, DecodeShape(1, 1, 512), "kda")
+    mla = build_plan(k3, "standard", 16, DecodeShape(1, 1, 512), "mla")
+    want = {"attn_res_pre": hw.floor_reduction_us, "topk": hw.floor_topk_us, "finalize": hw.floor_finalize_us,
+            "router": hw.kernel_fixed_us + hw.gemm_fixed_us}
+    for key, floor in want.items():
+        assert fixed_us(std.kernel(key), hw) == pytest.approx(floor), key
+    assert fixed_us(mla.kernel("mla_decode"), hw) == pytest.approx(hw.floor_attention_us)
+    streaming = [k for k in std if k.kind == "pointwise" and not k.floor]
+    assert streaming and all(fixed_us(k, hw) == hw.kernel_fixed_us for k in streaming)
+    assert len({hw.floor_reduction_us, hw.floor_topk_us, hw.floor_finalize_us, hw.floor_attention_us,
+                hw.kernel_fixed_us}) == 5  # the test tells the families apart
