@@ -76,7 +76,13 @@ def time_graph(torch: Any, calls: list[Callable[[], Any]], reps: int = 32, repla
 
 
 def count_launches(torch: Any, call: Callable[[], Any]) -> int:
-    """GPU kernels one eager call launches (torch.profiler, CUDA activity), memcpy/memset excluded."""
+    """GPU kernels one eager call launches (kernel_names)."""
+    return len(kernel_names(torch, call))
+
+
+def kernel_names(torch: Any, call: Callable[[], Any]) -> list[str]:
+    """Names of the GPU kernels one eager call launches, in order (torch.profiler, CUDA activity),
+    memcpy/memset excluded."""
     from torch.profiler import ProfilerActivity, profile
     call()
     torch.cuda.synchronize()
@@ -84,7 +90,7 @@ def count_launches(torch: Any, call: Callable[[], Any]) -> int:
         call()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    return sum(1 for n in names if "memcpy" not in n.lower() and "memset" not in n.lower()) or 0
+    return [n for n in names if "memcpy" not in n.lower() and "memset" not in n.lower()]
 
 
 def environment(torch: Any) -> dict:

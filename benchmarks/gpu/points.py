@@ -83,12 +83,16 @@ FIELDS = ["id"] + [f.name for f in fields(Point)]
 
 GEMM_M = (1, 8, 64, 128, 256, 512, 1024, 2048)
 N_SWEEP = (256, 512, 896, 1536, 2112, 3216, 3584, 6288, 7168, 10240, 20480)  # K = 7168, M = 1
+# shapes no plan has, to test the GEMM law where it was not fitted: M between the grid's powers of two,
+# output widths that leave partial 128-column tiles, three depths (variant "probe")
+GEMM_PROBE_M, GEMM_PROBE_N, GEMM_PROBE_K = (32, 96, 192, 384, 768, 1536), (200, 320, 640, 1000, 1408, 2304, 4608), (1024, 2560, 7168)
 MOE_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MOE_U_AT_64 = (16, 64, 128, 256, 512, 613, 896)
 MOE_M_AT_U128 = (8, 32, 128, 256)
 MOE_BM64_U, MOE_BM64_M = (16, 32, 64), (128, 256, 512, 1024)  # > 16 rows per expert: the BLOCK_M = 64 kernel
 SMALL_M = (1, 8, 64, 256)
 KDA_B = (1, 4, 16, 64, 256)
+KDA_B_L2 = (8, 12, 24, 32, 48)  # split-V only: per-token state writes of 5-100 MB, around the H200's 60 MB L2
 MLA_B = (1, 8, 32, 64)
 MLA_S = (512, 2048, 8192, 32768, 131072)
 MLA_MAX_TOKENS = 8_400_000  # B x S: ~4.8 GB of FP8 latent cache
@@ -137,6 +141,8 @@ def gemm_points() -> list[Point]:
                  variant="out_fp32" if out == "fp32" else "")
            for key, model, layer, tp, K, N, out in _dense_gemm_shapes() for m in GEMM_M]
     pts += [Point("gemm", "torch_matmul", M=1, K=7168, N=n, variant="n_sweep") for n in N_SWEEP]
+    pts += [Point("gemm", "torch_matmul", M=m, K=k, N=n, variant="probe")
+            for k in GEMM_PROBE_K for n in GEMM_PROBE_N for m in GEMM_PROBE_M]
     return pts
 
 
@@ -193,16 +199,21 @@ def ceiling_points() -> list[Point]:
 
 
 def kda_points() -> list[Point]:
+    pts = _kda_grid(KDA_B)
+    # the same points on vLLM's split-V grid (16 one-warp programs per head, gated RMSNorm in a second launch)
+    pts += [replace(p, impl="triton_split_v") for p in pts]
+    return pts + [replace(p, impl="triton_split_v") for p in _kda_grid(KDA_B_L2)]
+
+
+def _kda_grid(batches: tuple[int, ...]) -> list[Point]:
     pts = []
     for tp, heads in ((8, 12), (16, 6)):
-        for b in KDA_B:
+        for b in batches:
             pts.append(Point("kda", "triton", "kda_decode", "kimi-k3", "kda", tp, M=b, B=b, heads=heads, T=1,
                              fmt="fp32", variant="final"))
             for write in ("final", "per_token"):
                 pts.append(Point("kda", "triton", "kda_decode", "kimi-k3", "kda", tp, M=8 * b, B=b, heads=heads, T=8,
                                  fmt="fp32", variant=write))
-    # the same points on vLLM's split-V grid (16 one-warp programs per head, gated RMSNorm in a second launch)
-    pts += [replace(p, impl="triton_split_v") for p in pts]
     return pts
 
 

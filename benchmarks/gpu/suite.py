@@ -44,6 +44,17 @@ def write_row(path: Path, row: dict) -> None:
         w.writerow(row)
 
 
+def measured_ids(folder: Path) -> set[str]:
+    """Ids of the ok rows in a folder's family CSVs (<family>.csv; side tables and predictions left out)."""
+    ids = set()
+    for path in (folder / f"{family}.csv" for family in FAMILY_MODULE):
+        if not path.exists():
+            continue
+        with path.open(newline="") as f:
+            ids |= {r["id"] for r in csv.DictReader(f) if r.get("status", "ok") == "ok" and "id" in r}
+    return ids
+
+
 def warm_up(torch, seconds: float = 3.0) -> None:
     """Bring the clocks up before the first timed point (an idle H200 sits at 345 MHz SM clock)."""
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -106,6 +117,8 @@ def main() -> int:
     ap.add_argument("--impl", action="append", help="only these implementations (repeatable)")
     ap.add_argument("--variant", action="append", help="only points of these variants (repeatable), e.g. bm64_sweep")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--skip-measured", type=Path, metavar="FOLDER",
+                    help="leave out points already measured in this folder's CSVs (e.g. calibration/h200)")
     ap.add_argument("--limit", type=int, default=0, help="at most this many points per family (0 = all)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting new points after this long")
     ap.add_argument("--check", action="store_true", help="numerical checks of the custom kernels")
@@ -124,6 +137,9 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     chosen = [p for p in pts.points_of(part=args.part) if (not args.family or p.family in args.family)
               and (not args.impl or p.impl in args.impl) and (not args.variant or p.variant in args.variant)]
+    if args.skip_measured:
+        done = measured_ids(args.skip_measured)
+        chosen = [p for p in chosen if p.id not in done]
     if args.limit:
         chosen = [p for f in dict.fromkeys(p.family for p in chosen)
                   for p in [q for q in chosen if q.family == f][:args.limit]]

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from simulator.cost.measured import normalise, price_row
+from simulator.cost.pricing import tiled_gemm_flops
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 
@@ -134,8 +135,9 @@ def moe_block(row: Mapping[str, Any]) -> int:
 def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, float]:
     """Named regressors of the family law: each multiplies one constant. `bytes` and `flops` are the two
     roofs (the law takes their max); every other term adds. Family by family:
-      gemm       t0 + max(W + X bytes / bw, flops / R) + out bytes / bw_out + K c_narrow [N <= 1024]
-                 (a narrow output splits K and reduces the partial sums in a second pass)
+      gemm       t0 + max(W + X bytes / bw, tiled flops / R) + out bytes / bw_out + K c_narrow [N <= 1024]
+                 (tiled: 64 x 128 output tiles in waves over the SMs, pricing.tiled_gemm_flops; a narrow
+                 output splits K and reduces the partial sums in a second pass)
       moe        t0 + max(bytes / bw, padded flops / R) + U c_U   (padded: whole BLOCK_M-row tiles)
       W4A16      t0 + bytes / bw + tiles K N c_dq + M k K ceil(N / BLOCK_N) c_a + U c_U  (per tile config:
                  each tile dequantises its slab, each N-program re-reads the routed rows)
@@ -167,6 +169,7 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
         f["bytes"] -= out
         f["out_bytes"] = float(out)
         f["narrow_k"] = row["K"] / 1000.0 if row["N"] <= NARROW_N else 0.0
+        f["flops"] = tiled_gemm_flops(row["M"], row["K"], row["N"], SM_COUNT)  # whole tiles, in waves
     if fam == "moe":  # padded tile math: every BLOCK_M-row block of an expert runs a full tile
         tiles, block = moe_tiles(row)  # as the cost model counts them: U experts share M k rows
         f["experts"] = float(row["U"])
@@ -340,16 +343,19 @@ def split_halves(points: list[Point]) -> None:
 
 
 def validate(folder: str | Path, hw: HardwareProfile) -> dict[str, Any]:
-    rows = read_measurements(folder)
+    return report(*fitted_points(folder, hw), hw)
+
+
+def fitted_points(folder: str | Path, hw: HardwareProfile) -> tuple[list[Point], dict[str, Fit]]:
+    """Every measured point priced, split into halves and refit: (points, the group laws)."""
     prereg = read_predictions(folder)
     points = []
-    for row in rows:
+    for row in read_measurements(folder):
         priced = price_row(row, hw)
         points.append(Point(row, row["measured_us"], priced["model_us"], prereg.get(row["id"]), False,
                             feats=features(row, priced)))
     split_halves(points)
-    fits = refit(points, hw)
-    return report(points, fits, hw)
+    return points, refit(points, hw)
 
 
 def refit(points: list[Point], hw: HardwareProfile | None = None) -> dict[str, Fit]:
