@@ -140,12 +140,55 @@ def test_gpu_suite_says_one_sentence_without_a_gpu(tmp_path):
 
 
 def test_compute_efficiency_is_the_measured_gemm_rate(report):
-    """No GEMM runs at the datasheet peak: the H200 profile's compute efficiency is the long-K cuBLAS rate
-    the validate law finds (720 of 989 TFLOP/s), and it brings the 8192^3 ceiling within 10 %."""
+    """No GEMM runs at the datasheet peak: the H200 profile's compute efficiency is within 0.05 of the
+    long-K cuBLAS rate the validate law finds (760 of 989 TFLOP/s on whole tiles: the law counts the tiles'
+    padding and idle SMs, so its rate is a little above the 8192^3 ceiling's 0.69-0.73 the profile takes),
+    and it brings the 8192^3 ceiling within 10 %."""
     hw = load_hardware("h200")
     measured_rate = report["fits"]["gemm/torch_matmul/long_k"]["tflops"] * 1e12 / hw.bf16_flops
-    assert abs(hw.compute_efficiency - measured_rate) < 0.02
+    assert abs(hw.compute_efficiency - measured_rate) < 0.05
     big = next(p for p in report["points"] if p["id"].endswith("variant=large_gemm"))
     assert abs(big["model_us"] / big["measured_us"] - 1) < 0.10
     at_peak = 2 * 8192 ** 3 / hw.bf16_flops * 1e6
     assert at_peak < 0.75 * big["measured_us"]  # the datasheet peak alone would be > 25 % fast
+
+
+def _probe_errors() -> dict[str, float]:
+    """|law / measured - 1| in % on the 126 GEMM probe shapes (calibration/h200/gemm_probe.csv), the law
+    fitted on the grid's fitted half: shapes no plan has, measured after the law was registered."""
+    import csv
+
+    from simulator.cost import validate as v
+    from simulator.cost.measured import normalise, price_row
+    hw = load_hardware("h200")
+    _, fits = v.fitted_points(DATA, hw)
+    out = {}
+    with (DATA / "gemm_probe.csv").open(newline="") as f:
+        for raw in csv.DictReader(f):
+            row = normalise(raw)
+            fit = fits[v.group_of(row)]
+            feats = v.features(row, price_row(row, hw))
+            out[row["id"]] = abs(fit.predict({n: feats.get(n, 0.0) for n in fit.names}) / float(raw["median_us"]) - 1) * 100
+    return out
+
+
+def test_tiled_gemm_law_out_of_sample(monkeypatch):
+    """The pre-registered probe (calibration/h200/README.md): the tiled GEMM law misses its own H1 (median
+    <= 8 %, worst <= 25 %: it scores ~8.4 / ~35 %), but where it and the untiled law disagree by more than
+    10 % it is the better one by far (~8 / ~24 % against ~18 / ~32 %). Held here as measured, so a change to
+    the law that loses either shows."""
+    import csv
+    import statistics
+
+    from simulator.cost import validate as v
+    tiled = _probe_errors()
+    monkeypatch.setattr(v, "tiled_gemm_flops", lambda m, k, n, sms: 2.0 * m * k * n)
+    flat = _probe_errors()
+    assert len(tiled) == len(flat) == 126
+    assert statistics.median(tiled.values()) <= 9.0 and max(tiled.values()) <= 40.0
+    assert statistics.median(tiled.values()) < statistics.median(flat.values())
+    with (DATA / "prereg_gemm_probe.csv").open(newline="") as f:  # the registered laws, before the run
+        differ = [r["id"] for r in csv.DictReader(f) if abs(float(r["law_after_us"]) / float(r["law_before_us"]) - 1) > 0.10]
+    assert len(differ) >= 20
+    assert statistics.median(tiled[i] for i in differ) < statistics.median(flat[i] for i in differ) - 5
+    assert max(tiled[i] for i in differ) < max(flat[i] for i in differ)

@@ -45,13 +45,14 @@ def write_row(path: Path, row: dict) -> None:
 
 
 def measured_ids(folder: Path) -> set[str]:
-    """Ids of the ok rows in a folder's family CSVs (<family>.csv; side tables and predictions left out)."""
+    """Ids of the ok rows in a folder's measurement CSVs (any with a median_us column: the family CSVs and
+    side sets such as gemm_probe.csv; predictions and pre-registrations have none)."""
     ids = set()
-    for path in (folder / f"{family}.csv" for family in FAMILY_MODULE):
-        if not path.exists():
-            continue
+    for path in folder.glob("*.csv"):
         with path.open(newline="") as f:
-            ids |= {r["id"] for r in csv.DictReader(f) if r.get("status", "ok") == "ok" and "id" in r}
+            rows = csv.DictReader(f)
+            if "median_us" in (rows.fieldnames or ()):
+                ids |= {r["id"] for r in rows if r.get("status", "ok") == "ok"}
     return ids
 
 
