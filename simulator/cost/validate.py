@@ -33,6 +33,7 @@ import numpy as np
 
 from simulator.cost.measured import normalise, price_row
 from simulator.cost.pricing import tiled_gemm_flops
+from simulator.plans.kda_kernels import KDA_BV, KDA_RESIDENT
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 
@@ -102,9 +103,8 @@ SM_COUNT = 132  # H200; the suite's kernels size their grids with it (benchmarks
 MLA_TILE = 64  # cache slots per tile of the suite's split-KV kernel
 SHORT_K = 1024  # reduction depth at or below which a GEMM tile runs <= 8 K-steps of 128
 # KDA decode grids: (programs per (sequence, head), programs resident per SM). One program per head (four
-# warps, the whole 128 x 128 state) against vLLM's split-V grid (one warp per 8 value columns, 16 programs
-# per head, ~8 resident per SM: the per-token time of the H200 split-V rows scales with B x heads x 16 / 1056)
-KDA_GRID = {"triton": (1, 1), "triton_split_v": (16, 8)}
+# warps, the whole 128 x 128 state) against vLLM's split-V grid, as the plans declare it (kda_kernels)
+KDA_GRID = {"triton": (1, 1), "triton_split_v": (128 // KDA_BV, KDA_RESIDENT)}
 L2_BYTES = 60 << 20  # H200: per-token state writes up to L2's size are absorbed there, the rest streams to HBM
 W4A16_BLOCK_N = {16: 32, 64: 64}  # the suite's W4A16 tile config: BLOCK_M -> BLOCK_N (fam_moe.TILE_CONFIG)
 NARROW_N = 1024  # output width at or below which cuBLAS splits K (two launches in calibration/h200/gemm.csv)

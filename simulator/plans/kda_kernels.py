@@ -55,6 +55,7 @@ def kda_conv(d: Dims, launch: Launch = PLAIN) -> Kernel:
 
 
 KDA_BV = 8  # value columns per program of vLLM's fused_recurrent grid (one warp each)
+KDA_RESIDENT = 8  # such programs resident per SM (the H200 split-V rows: per-token time scales with B x heads x 16 / 1056)
 
 
 def kda_recurrent(d: Dims, launch: Launch = PLAIN) -> Kernel:
@@ -70,7 +71,7 @@ def kda_recurrent(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   consts=(("batch", B), ("lower_bound", d.cfg.gate_lower_bound), ("checkpoints", T > 1)),
                   reads=(act("kda.qkv_conv", M, 3 * C), act("kda.z", M, C), act("kda.b", M, Nh), _state(d)),
                   weights=_gate_weights(d), writes=(act("kda.o", M, C), _state(d)) + checkpoints,
-                  flops=kda_ops.delta_rule_flops(M, Nh, H), math="fp32", ctas=B * Nh * (H // KDA_BV), ctas_per_sm=8,
+                  flops=kda_ops.delta_rule_flops(M, Nh, H), math="fp32", ctas=B * Nh * (H // KDA_BV), ctas_per_sm=KDA_RESIDENT,
                   serial_steps=T - 1, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
                   note="gate + beta + L2 norm + delta-rule update of the FP32 state; grid (B x heads, H/8) of "
                        "one-warp programs, the T tokens in order, the state stored after every token of a verify "
