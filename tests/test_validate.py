@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from simulator.cli import app
-from simulator.cost.validate import FAMILIES, features, fit_group, validate
+from simulator.cost.validate import FAMILIES, _law, features, fit_group, validate
 from simulator.hardware import load_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +88,20 @@ def test_fit_recovers_known_constants():
     assert c["tflops"] == pytest.approx(500, rel=1e-6)
 
 
+def test_roof_fit_recovers_a_max_of_two_roofs():
+    """A law max(a x1 + b x2, c x3) + t0 fitted on points where each roof wins somewhere recovers its constants
+    (the KDA law's own work against its HBM drain)."""
+    rng = np.random.default_rng(3)
+    names = ("t0", "serial", "state_bytes", "token_state_bytes", "drain_bytes", "drain_state_bytes")
+    X = np.column_stack([np.ones(40), rng.uniform(1, 50, 40), rng.uniform(1e6, 2e8, 40), rng.uniform(0, 5e8, 40),
+                         rng.uniform(0, 6e8, 40), rng.uniform(1e6, 2e8, 40)])
+    truth = (3.0, 1.0, 1 / 1.9e3, 1 / 6e3, 1 / 0.83e3, 1 / 0.92e3)  # µs per unit (bytes: per B at GB/s x 1e3)
+    t = np.array([_law(names, truth, dict(zip(names, x))) for x in X])
+    fit = fit_group(X, t, names)
+    pred = np.array([fit.predict(dict(zip(names, x))) for x in X])
+    assert np.max(np.abs(pred / t - 1)) < 1e-6
+
+
 def test_two_regime_fit_finds_the_protocol_switch():
     wire = np.geomspace(1e3, 6e7, 30)
     t = np.minimum(10 + wire / 2e5, 25 + wire / 4e5)  # a latency line and a bandwidth line
@@ -101,7 +115,11 @@ def test_features_follow_the_kernel_physics():
     f = features(kda, {})
     writes = 7 * 256 * 12 * 128 * 128 * 4  # seven more states written than the final one
     assert f["serial"] == math.ceil(256 * 12 / 132) * 8 and f["state_bytes"] == 2 * 256 * 12 * 128 * 128 * 4
-    assert f["token_state_bytes"] == 60 << 20 and f["token_state_dram_bytes"] == writes - (60 << 20)
+    state = 256 * 12 * 128 * 128 * 4
+    assert f["token_state_bytes"] == writes and f["drain_bytes"] == state + writes - (60 << 20)
+    assert f["drain_state_bytes"] == state
+    small = features(kda | {"B": 1}, {})  # 5 MB written: L2 holds it all, nothing drains
+    assert small["drain_bytes"] == 0.0
     split_v = features(kda | {"impl": "triton_split_v"}, {})  # 16 one-warp programs per head, 8 resident per SM
     assert split_v["serial"] == math.ceil(256 * 12 * 16 / (132 * 8)) * 8
     mla = {"family": "mla", "B": 1, "S": 32768, "T": 1, "heads": 12}

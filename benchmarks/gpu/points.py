@@ -94,6 +94,7 @@ SMALL_M = (1, 8, 64, 256)
 KDA_B = (1, 4, 16, 64, 256)
 KDA_B_L2 = (8, 12, 24, 32, 48)  # split-V only: per-token state writes of 5-100 MB, around the H200's 60 MB L2
 KDA_B_ABSORB = {8: (6, 20, 40), 16: (20, 40, 80, 96)}  # split-V only, T = 8 and T = 4: where L2 stops absorbing
+KDA_B_DRAIN = {8: (2, 10, 28, 56, 96), 16: (10, 28, 56, 112, 160)}  # split-V only, T = 2 and 6: the drain law's test
 MLA_B = (1, 8, 32, 64)
 MLA_S = (512, 2048, 8192, 32768, 131072)
 MLA_MAX_TOKENS = 8_400_000  # B x S: ~4.8 GB of FP8 latent cache
@@ -204,13 +205,14 @@ def kda_points() -> list[Point]:
     # the same points on vLLM's split-V grid (16 one-warp programs per head, gated RMSNorm in a second launch)
     pts += [replace(p, impl="triton_split_v") for p in pts]
     pts += [replace(p, impl="triton_split_v") for p in _kda_grid(KDA_B_L2)]
-    for tp, batches in KDA_B_ABSORB.items():
-        heads = 96 // tp
-        for b in batches:
-            for t, write in ((8, "final"), (8, "per_token"), (4, "per_token")):
-                pts.append(Point("kda", "triton_split_v", "kda_decode", "kimi-k3", "kda", tp, M=t * b, B=b,
-                                 heads=heads, T=t, fmt="fp32", variant=write))
-    return pts
+    pts += _kda_split_v(KDA_B_ABSORB, ((8, "final"), (8, "per_token"), (4, "per_token")))
+    return pts + _kda_split_v(KDA_B_DRAIN, ((2, "per_token"), (6, "final"), (6, "per_token")))
+
+
+def _kda_split_v(batches: dict[int, tuple[int, ...]], runs: tuple[tuple[int, str], ...]) -> list[Point]:
+    """Split-V points: for each TP degree its batches, each with the (T, state writes) runs."""
+    return [Point("kda", "triton_split_v", "kda_decode", "kimi-k3", "kda", tp, M=t * b, B=b, heads=96 // tp, T=t,
+                  fmt="fp32", variant=write) for tp, bs in batches.items() for b in bs for t, write in runs]
 
 
 def _kda_grid(batches: tuple[int, ...]) -> list[Point]:

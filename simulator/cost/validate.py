@@ -105,7 +105,7 @@ SHORT_K = 1024  # reduction depth at or below which a GEMM tile runs <= 8 K-step
 # KDA decode grids: (programs per (sequence, head), programs resident per SM). One program per head (four
 # warps, the whole 128 x 128 state) against vLLM's split-V grid, as the plans declare it (kda_kernels)
 KDA_GRID = {"triton": (1, 1), "triton_split_v": (128 // KDA_BV, KDA_RESIDENT)}
-L2_BYTES = 60 << 20  # H200: per-token state writes up to L2's size are absorbed there, the rest streams to HBM
+L2_BYTES = 60 << 20  # H200: written bytes L2 holds; the rest drains to HBM while the kernel runs
 W4A16_BLOCK_N = {16: 32, 64: 64}  # the suite's W4A16 tile config: BLOCK_M -> BLOCK_N (fam_moe.TILE_CONFIG)
 NARROW_N = 1024  # output width at or below which cuBLAS splits K (two launches in calibration/h200/gemm.csv)
 
@@ -142,8 +142,11 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
       W4A16      t0 + bytes / bw + tiles K N c_dq + M k K ceil(N / BLOCK_N) c_a + U c_U  (per tile config:
                  each tile dequantises its slab, each N-program re-reads the routed rows)
       small      t0[kernel] + bytes / bw         (a floor per kernel: a top-k is not a copy; one bw)
-      kda        t0 + waves T c_token + state bytes / bw + per-token state bytes / bw_t  (each program
-                 runs its T tokens in order; waves of the grid, KDA_GRID; vLLM's verify writes T states)
+      kda        t0 + max(waves T c_token + state bytes / bw + per-token state bytes / bw_L2,
+                          written bytes beyond L2 / bw_drain + state bytes read / bw_r)
+                 (each program runs its T tokens in order, waves of the grid, KDA_GRID, and writes its
+                 states into L2; what L2 cannot hold drains to HBM meanwhile, and the slower of the two
+                 ends the kernel. vLLM's verify writes T states)
       mla        t0 + ceil(B splits row-blocks / SMs) ceil(chunk / 64) c_tile + splits c_combine
                  (split-KV flash decoding: waves of programs, each over its chunk; a combine pass)
       collective t0 + wire bytes / beta                                     (NCCL: two protocols)
@@ -157,7 +160,8 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
         split, resident = KDA_GRID.get(row.get("impl", "triton"), (1, 1))
         waves = -(-row["B"] * row["heads"] * split // (SM_COUNT * resident))
         return {"t0": 1.0, "serial": float(waves * row["T"]), "state_bytes": 2.0 * state,
-                "token_state_bytes": float(min(extra, L2_BYTES)), "token_state_dram_bytes": float(max(0, extra - L2_BYTES))}
+                "token_state_bytes": float(extra), "drain_bytes": float(max(0, state + extra - L2_BYTES)),
+                "drain_state_bytes": float(state)}
     if fam == "mla":
         splits, chunk = mla_splits(row["B"], row["S"])
         programs = row["B"] * splits * -(-row["T"] * row["heads"] // 16)
@@ -203,7 +207,7 @@ class Fit:
         for i, coef in enumerate(self.regimes):
             tag = "" if len(self.regimes) == 1 else f"_regime{i + 1}"
             for name, c in zip(self.names, coef):
-                if name in ("bytes", "wire_bytes", "out_bytes", "state_bytes", "token_state_bytes", "token_state_dram_bytes"):
+                if name.endswith("bytes"):
                     out[f"{name}_gbps{tag}"] = 1e-3 / c if c > 0 else None
                 elif name == "flops":
                     out[f"tflops{tag}"] = 1e-6 / c if c > 0 else None
@@ -212,10 +216,25 @@ class Fit:
         return out
 
 
+# Roofs: a law whose features include both sides of a pair takes the slower side, not their sum.
+ROOFS = ((("bytes",), ("flops",)),  # a kernel's streaming against its math
+         (("serial", "state_bytes", "token_state_bytes"), ("drain_bytes", "drain_state_bytes")))  # KDA: own work against HBM
+
+
+def roof_of(names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The pair of roofs a law with these features takes the max of (at most one pair applies)."""
+    found = [r for r in ROOFS if all(any(n in names for n in side) for side in r)]
+    return found[0] if found else None
+
+
 def _law(names: tuple[str, ...], coef: tuple[float, ...], feats: Mapping[str, float]) -> float:
-    """t = max(bytes term, flops term) + every other term."""
+    """t = max(one roof's terms, the other's) + every other term (ROOFS)."""
     terms = {n: c * feats[n] for n, c in zip(names, coef)}
-    return max(terms.pop("bytes", 0.0), terms.pop("flops", 0.0)) + sum(terms.values())
+    roof = roof_of(names)
+    if roof is None:
+        return sum(terms.values())
+    sides = [sum(terms.pop(n, 0.0) for n in side) for side in roof]
+    return max(sides) + sum(terms.values())
 
 
 def _nnls(A: np.ndarray, b: np.ndarray, lower: np.ndarray | None = None) -> np.ndarray:
@@ -243,31 +262,35 @@ def _lower_bounds(names: tuple[str, ...], hw: HardwareProfile | None) -> np.ndar
     """Least µs per unit a physical kernel pays: bytes at the HBM peak, FLOPs at the fp8 peak."""
     if hw is None:
         return np.zeros(len(names))
-    per = {"bytes": 1e6 / hw.hbm_bandwidth, "token_state_bytes": 1e6 / hw.hbm_bandwidth,
-           "state_bytes": 1e6 / hw.hbm_bandwidth, "token_state_dram_bytes": 1e6 / hw.hbm_bandwidth,
+    per = {"bytes": 1e6 / hw.hbm_bandwidth, "state_bytes": 1e6 / hw.hbm_bandwidth,  # token_state_bytes land in L2
+           "drain_bytes": 1e6 / hw.hbm_bandwidth, "drain_state_bytes": 1e6 / hw.hbm_bandwidth,
            "flops": 1e6 / hw.peak_flops("fp8")}
     return np.array([per.get(n, 0.0) for n in names])
 
 
 def _fit_roofs(X: np.ndarray, t: np.ndarray, names: tuple[str, ...], lower: np.ndarray) -> np.ndarray:
-    """Fit the max(bytes, flops) law on relative error: assign each point to the memory or the compute
-    side, solve non-negative least squares, reassign by the fitted terms until the sides settle; started
-    from several FLOP/B splits, the best fit kept."""
-    if "bytes" not in names or "flops" not in names:
+    """Fit a max(roof A, roof B) law on relative error: assign each point to one roof, solve non-negative
+    least squares with the other roof's columns zeroed for it, reassign by the fitted terms until the
+    sides settle; started from several splits (points ordered by the ratio of their roof features), the
+    best fit kept."""
+    roof = roof_of(names)
+    if roof is None:
         return _nnls(X / t[:, None], np.ones_like(t), lower)
-    ib, iflop = names.index("bytes"), names.index("flops")
+    a = [names.index(n) for n in roof[0] if n in names]
+    b = [names.index(n) for n in roof[1] if n in names]
+    ratio = (X[:, b].sum(axis=1) + 1e-30) / (X[:, a].sum(axis=1) + 1e-30)
     best, best_err = np.zeros(len(names)), math.inf
-    for ridge in (25.0, 100.0, 206.0, 1000.0, math.inf):
-        memory_side = X[:, iflop] <= ridge * X[:, ib]
+    for cut in [-math.inf, math.inf] + list(np.quantile(ratio, (0.2, 0.4, 0.6, 0.8))) + [0.005, 0.01, 0.02, 0.05]:
+        on_a = ratio <= cut
         for _ in range(12):
             Xs = X.copy()
-            Xs[~memory_side, ib] = 0.0
-            Xs[memory_side, iflop] = 0.0
+            Xs[np.ix_(~on_a, a)] = 0.0
+            Xs[np.ix_(on_a, b)] = 0.0
             coef = _nnls(Xs / t[:, None], np.ones_like(t), lower)
-            side = X[:, ib] * coef[ib] >= X[:, iflop] * coef[iflop]
-            if np.array_equal(side, memory_side):
+            side = X[:, a] @ coef[a] >= X[:, b] @ coef[b]
+            if np.array_equal(side, on_a):
                 break
-            memory_side = side
+            on_a = side
         err = float(np.sum((np.array([_law(names, tuple(coef), dict(zip(names, x))) for x in X]) / t - 1) ** 2))
         if err < best_err:
             best_err, best = err, coef
