@@ -40,14 +40,14 @@ def test_held_back_error_meets_the_targets(report):
     assert report["worst_abs_pct_error"] <= 30.0, report["by_family"]
 
 
-def test_issue9_family_targets_where_met(report):
-    """Issue 9's per-family target (held-back median <= 8 %, worst <= 25 %) for the families that meet it.
-    moe meets it since W4A16 points are grouped by the tile config the kernel compiles (BLOCK_M 16 / 64,
-    confirmed by the pre-registered bm64_sweep run); gemm and kda do not yet (27.6 / 28.0 % worst)."""
-    for fam in ("moe", "mla", "collective", "small", "ceiling"):
-        got = report["by_family"][fam]
+def test_issue9_family_targets(report):
+    """Issue 9's per-family target (held-back median <= 8 %, worst <= 25 %), every family. moe meets it since
+    W4A16 points are grouped by the tile config the kernel compiles (BLOCK_M 16 / 64, confirmed by the
+    pre-registered bm64_sweep run); gemm since its law counts whole tiles in waves; kda since its law takes
+    the slower of the kernel's own work and HBM draining the state writes L2 cannot hold (both laws then
+    tested on points registered first: calibration/h200/README.md)."""
+    for fam, got in report["by_family"].items():
         assert got["median_abs_pct_error"] <= 8.0 and got["worst_abs_pct_error"] <= 25.0, (fam, got)
-    assert all(f["median_abs_pct_error"] <= 8.0 for f in report["by_family"].values())
 
 
 def test_preregistered_predictions_cover_every_measured_point(report):
