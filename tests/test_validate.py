@@ -172,10 +172,8 @@ def test_compute_efficiency_is_the_measured_gemm_rate(report):
 
 
 def _probe_errors() -> dict[str, float]:
-    """|law / measured - 1| in % on the 126 GEMM probe shapes (calibration/h200/gemm_probe.csv), the law
-    fitted on the grid's fitted half: shapes no plan has, measured after the law was registered."""
-    import csv
-
+    """|law / measured - 1| in % on each of the 126 GEMM probe shapes (calibration/h200/gemm_probe.csv), the
+    law fitted on the grid's fitted half: shapes no plan has, measured after the law was registered."""
     from simulator.cost import validate as v
     from simulator.cost.measured import normalise, price_row
     hw = load_hardware("h200")
@@ -186,8 +184,14 @@ def _probe_errors() -> dict[str, float]:
             row = normalise(raw)
             fit = fits[v.group_of(row)]
             feats = v.features(row, price_row(row, hw))
-            out[row["id"]] = abs(fit.predict({n: feats.get(n, 0.0) for n in fit.names}) / float(raw["median_us"]) - 1) * 100
+            out[row["id"]] = v.pct(fit.predict({n: feats.get(n, 0.0) for n in fit.names}), float(raw["median_us"]))
     return out
+
+
+def test_validate_reports_the_probe_as_the_test_computes_it(report):
+    errors = sorted(_probe_errors().values())
+    assert report["probes"]["gemm"]["n"] == len(errors) == 126
+    assert report["probes"]["gemm"]["worst_abs_pct_error"] == round(errors[-1], 2)
 
 
 def test_tiled_gemm_law_out_of_sample(monkeypatch):

@@ -366,7 +366,32 @@ def split_halves(points: list[Point]) -> None:
 
 
 def validate(folder: str | Path, hw: HardwareProfile) -> dict[str, Any]:
-    return report(*fitted_points(folder, hw), hw)
+    points, fits = fitted_points(folder, hw)
+    doc = report(points, fits, hw)
+    doc["probes"] = probes(folder, fits, hw)
+    return doc
+
+
+def probes(folder: str | Path, fits: Mapping[str, Fit], hw: HardwareProfile) -> dict[str, Any]:
+    """Out-of-sample sets, `<family>_probe.csv`: shapes no plan has, measured after the laws were registered
+    and never fitted. Each is priced by the laws fitted on the grid: {family: {n, median, worst}}."""
+    out = {}
+    for path in (Path(folder) / f"{family}_probe.csv" for family in FAMILIES):
+        if not path.is_file():
+            continue
+        errors = []
+        with path.open(newline="") as f:
+            for raw in csv.DictReader(f):
+                if raw.get("status", "ok") != "ok" or not raw.get("median_us"):
+                    continue
+                row = normalise(raw)
+                fit = fits.get(group_of(row))
+                if fit is None:
+                    continue
+                feats = features(row, price_row(row, hw))
+                errors.append(pct(fit.predict({n: feats.get(n, 0.0) for n in fit.names}), float(raw["median_us"])))
+        out[path.stem.removesuffix("_probe")] = summary(errors)
+    return out
 
 
 def fitted_points(folder: str | Path, hw: HardwareProfile) -> tuple[list[Point], dict[str, Fit]]:

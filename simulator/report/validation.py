@@ -36,6 +36,8 @@ def print_validation(doc: Mapping[str, Any]) -> None:
                   _cell({"n": doc["kernels"], "median_abs_pct_error": doc["median_abs_pct_error"],
                          "worst_abs_pct_error": doc["worst_abs_pct_error"]}))
     con.print(table)
+    for fam, s in doc.get("probes", {}).items():
+        con.print(f"{fam} probe (shapes off the grid, never fitted; the grid's laws): median / worst % {_cell(s)}")
     fits = Table("group", "points fitted", "constants of the family law (µs, GB/s, TFLOP/s)")
     for g, f in doc["fits"].items():
         fits.add_row(g, str(f["n"]), "  ".join(f"{k} {_num(v)}" for k, v in f.items() if k != "n"))
