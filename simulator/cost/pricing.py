@@ -168,34 +168,6 @@ def padded_grouped_flops(tokens: int, rows: int, experts: int, k_dim: int, n_dim
     return 2.0 * tiles * block * k_dim * n_dim
 
 
-GEMM_TILE = (64, 128)  # output rows x columns of one CTA's tile, as assumed for cuBLAS on Hopper (validate)
-SPLIT_K = (1, 2, 3, 4, 6, 8)  # K splits a library may choose; each split keeps >= MIN_SPLIT_DEPTH of K
-MIN_SPLIT_DEPTH = 512
-
-
-@functools.lru_cache(maxsize=4096)
-def tiled_gemm_flops(m: int, k: int, n: int, sms: int) -> float:
-    """FLOPs of a dense [m, k] x [k, n] GEMM as the SMs spend them: whole 64 x 128 output tiles, in waves
-    of one tile per SM, with the split of K that makes the fewest waves of work.
-
-        tiles = ceil(m / 64) ceil(n / 128);  waves(s) = ceil(tiles s / SMs)
-        F_tiled = min over s of  waves(s) x SMs x 2 x 64 x 128 x k / s
-
-    Every SM runs as long as the busiest one: a grid smaller than the GPU leaves SMs idle and a partial
-    tile computes its padding. At m = 2048, n = 560 (80 tiles on 132 SMs, no split that fits in one wave)
-    that is 1.65x the useful FLOPs; at n = 512 (64 tiles, split 2) 1.03x: the H200 router at n = 560 is
-    as slow as at n = 896 (41 against 40 µs, calibration/h200/gemm.csv). Large GEMMs approach the useful
-    FLOPs. The memory roof is unchanged; at decode m the padded math stays below it."""
-    bm, bn = GEMM_TILE
-    tiles = -(-m // bm) * -(-n // bn)
-    best = math.inf
-    for s in SPLIT_K:
-        if s > 1 and k / s < MIN_SPLIT_DEPTH:
-            break
-        best = min(best, -(-tiles * s // sms) * sms * 2.0 * bm * bn * k / s)
-    return best
-
-
 def grouped_gemm_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float]:
     """(per-expert µs, math µs) of a grouped GEMM: U groups to schedule, whole tiles of math, FP4 dequant."""
     if kernel.kind != "moe" or not kernel.group_rows or not kernel.weights:

@@ -22,6 +22,7 @@ Dimension legend: bytes through HBM as the plan declares them, flops, U unique e
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
 import math
 import statistics
@@ -32,7 +33,6 @@ from typing import Any, Mapping
 import numpy as np
 
 from simulator.cost.measured import normalise, price_row
-from simulator.cost.pricing import tiled_gemm_flops
 from simulator.plans.kda_kernels import KDA_BV, KDA_RESIDENT
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
@@ -110,6 +110,35 @@ W4A16_BLOCK_N = {16: 32, 64: 64}  # the suite's W4A16 tile config: BLOCK_M -> BL
 NARROW_N = 1024  # output width at or below which cuBLAS splits K (two launches in calibration/h200/gemm.csv)
 
 
+GEMM_TILE = (64, 128)  # output rows x columns of one CTA's tile, as assumed for cuBLAS on Hopper
+SPLIT_K = (1, 2, 3, 4, 6, 8)  # K splits a library may choose; each split keeps >= MIN_SPLIT_DEPTH of K
+MIN_SPLIT_DEPTH = 512
+
+
+@functools.lru_cache(maxsize=4096)
+def tiled_gemm_flops(m: int, k: int, n: int, sms: int) -> float:
+    """FLOPs of a dense [m, k] x [k, n] GEMM as the SMs spend them: whole 64 x 128 output tiles, in waves
+    of one tile per SM, with the split of K that makes the fewest waves of work.
+
+        tiles = ceil(m / 64) ceil(n / 128);  waves(s) = ceil(tiles s / SMs)
+        F_tiled = min over s of  waves(s) x SMs x 2 x 64 x 128 x k / s
+
+    Every SM runs as long as the busiest one: a grid smaller than the GPU leaves SMs idle and a partial tile
+    computes its padding. At decode m the 64-row tile is mostly padding, so a narrow GEMM costs about as
+    much at n = 256 as at n = 896 (the H200 router at m <= 64 takes 8.6-10.5 µs across that range). The
+    tile and the cheapest split are assumptions: cuBLAS chooses otherwise (calibration/h200/gemm_kernels.csv;
+    the n = 560 router at m = 2048 runs 128 x 80 tiles unsplit, one wave, and this law misses it by ~20 %).
+    Large GEMMs approach the useful FLOPs."""
+    bm, bn = GEMM_TILE
+    tiles = -(-m // bm) * -(-n // bn)
+    best = math.inf
+    for s in SPLIT_K:
+        if s > 1 and k / s < MIN_SPLIT_DEPTH:
+            break
+        best = min(best, -(-tiles * s // sms) * sms * 2.0 * bm * bn * k / s)
+    return best
+
+
 def mla_splits(batch: int, cached: int, sms: int = SM_COUNT, tile: int = MLA_TILE) -> tuple[int, int]:
     """(splits, chunk) of a flash-decoding grid: B x splits >= 2 x SMs where the cache has enough tiles."""
     want = max(1, min(-(-2 * sms // batch), -(-cached // tile)))
@@ -136,7 +165,7 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
     """Named regressors of the family law: each multiplies one constant. `bytes` and `flops` are the two
     roofs (the law takes their max); every other term adds. Family by family:
       gemm       t0 + max(W + X bytes / bw, tiled flops / R) + out bytes / bw_out + K c_narrow [N <= 1024]
-                 (tiled: 64 x 128 output tiles in waves over the SMs, pricing.tiled_gemm_flops; a narrow
+                 (tiled: 64 x 128 output tiles in waves over the SMs, tiled_gemm_flops; a narrow
                  output splits K and reduces the partial sums in a second pass)
       moe        t0 + max(bytes / bw, padded flops / R) + U c_U   (padded: whole BLOCK_M-row tiles)
       W4A16      t0 + bytes / bw + tiles K N c_dq + M k K ceil(N / BLOCK_N) c_a + U c_U  (per tile config:
