@@ -46,9 +46,18 @@ def representative_layer(cfg: ModelConfig, layer_type: str) -> int:
     return layers[len(layers) // 2]
 
 
-@lru_cache(maxsize=4096)  # plans are immutable and pure in their (hashable) arguments: sweeps reuse them
 def build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, layer_type: str,
                fusions: frozenset[str] | None = None, layer: int | None = None) -> Plan:
+    """The plan of one layer; one object per distinct plan (the default fusions asked for by name or as None
+    build the same), so pricings that remember plans by identity (the uncertainty draws) price it once."""
+    if variant == "specialized":
+        fusions = specialized.resolve_fusions(fusions)
+    return _build_plan(cfg, variant, tp, shape, layer_type, fusions if variant == "specialized" else None, layer)
+
+
+@lru_cache(maxsize=4096)  # plans are immutable and pure in their (hashable) arguments: sweeps reuse them
+def _build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, layer_type: str,
+                fusions: frozenset[str] | None, layer: int | None) -> Plan:
     if variant not in BUILDERS:
         raise UserError(f"variant '{variant}' is not one of {', '.join(BUILDERS)}.")
     index = representative_layer(cfg, layer_type) if layer is None else layer

@@ -11,7 +11,8 @@ from simulator.config import ModelConfig
 from simulator.cost.memory import memory_per_gpu
 from simulator.cost.step import StepEstimate, build_plan, estimate_step, representative_layer
 from simulator.cost.timeline import Span, Timeline, schedule
-from simulator.cost.uncertainty import IntervalSpec, Uncertainty, kernel_duration_draws, plan_draws, uncertainty_for
+from simulator.cost.uncertainty import (IntervalSpec, Uncertainty, kernel_duration_draws, plan_draws, schedule_plans,
+                                        uncertainty_for)
 from simulator.hardware import HardwareProfile
 from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans.head import head_plan
@@ -68,6 +69,7 @@ def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeSh
     if interval is not None:
         unc = uncertainty_for(hw, interval)
         plans = {v: build_plan(cfg, v, tp, shape, layer_type, fusions) for v in tls}
+        schedule_plans(list(plans.values()), unc.sample)  # both variants in one loop
         draws = {v: plan_draws(p, unc.sample) for v, p in plans.items()}
         for v, d in draws.items():
             doc["variants"][v]["layer_us_interval"] = unc.interval(d, 3)
@@ -111,8 +113,9 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
         doc["speedup"] = round(ests["standard"].step_us / ests["specialized"].step_us, 4)
     if interval is not None:
         unc = uncertainty_for(hw, interval)
-        draws = {v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions,
-                                  routing, makespan=unc.makespan) for v in ests}
+        draws = unc.price(lambda makespan: {
+            v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions, routing,
+                             makespan=makespan) for v in ests})
         for v, d in draws.items():
             row = doc["variants"][v]
             row["step_ms_interval"] = unc.interval(d.step_us / 1000, 4)
