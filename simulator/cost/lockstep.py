@@ -182,7 +182,8 @@ class _Streams:
             self.end.flat[self.base[r] + k] = self.now[r]
             self.cur[s, r] = self.succ[k]
             self.started[s, r] = False
-            self.pending[s, r] = False
+            self.pending[s, r] = False  # a prefetch not begun by now never will: its predecessor ended
+            self.t_pf[s, r] = np.inf
 
     def _stop_prefetches(self) -> None:
         """A prefetch stops when its bytes are in or its predecessor ended (the successor became current)."""
@@ -210,15 +211,20 @@ class _Streams:
             go = waiting & (self.ready <= soon)
             pf = None
             if self.pending.any():
-                self._prefetch_time(*np.nonzero(self.pending))
-                pf = self.t_pf <= soon
+                unknown = self.pending & np.isinf(self.t_pf)  # once known, a prefetch time stays put
+                if unknown.any():
+                    self._prefetch_time(*np.nonzero(unknown))
+                pf = self.pending & (self.t_pf <= soon)
             any_go, any_pf = go.any(), pf is not None and pf.any()
             if not (any_go or any_pf):
                 return again
-            if any_go:
-                again |= self._start(*np.nonzero(go))
             if any_pf:
                 again |= self._start_prefetch(*np.nonzero(pf))
+            if not any_go:
+                return again  # a prefetch that began enables nothing else at this instant
+            again |= self._start(*np.nonzero(go))
+            if not self.pending[go].any():
+                return again  # only a kernel after one just started could now begin (prefetch at once)
 
     def _waits_end(self, r, k) -> Array:
         """Latest end + event gap over kernel k's cross-stream waits, per (row, kernel); NaN while one runs."""
@@ -283,9 +289,11 @@ class _Streams:
         later = np.minimum(np.minimum(self.rem / rate, self.pf_rem / scale),
                            np.minimum(self.ready - self.now, self.t_pf - self.now))
         dt = later.min(axis=0)  # [R]
-        if np.isinf(dt[self.open]).any():
-            raise RuntimeError("timeline did not converge")
-        dt = np.where(self.open, dt, 0.0)
+        stuck = np.isinf(dt)
+        if stuck.any():
+            if (stuck & self.open).any():
+                raise RuntimeError("timeline did not converge")
+            dt = np.where(self.open, dt, 0.0)
         self.rem -= dt * rate
         self.pf_rem -= dt * scale
         self.now = self.now + dt
@@ -296,7 +304,7 @@ class _Streams:
         """[R] bytes/µs asked of HBM: work phases and prefetches. A sum of up to two asks is exact in any
         order; more are summed in kernel order, as events sums them (so the two agree to the bit)."""
         asks = np.concatenate([self.ask, self.pf_ask])  # [2S, R]
-        if len(asks) > 2 and ((asks != 0.0).sum(axis=0) > 2).any():
+        if len(asks) > 2 and (np.count_nonzero(asks, axis=0) > 2).any():
             index = np.concatenate([self.cur, self.succ[self.cur]])
             return np.cumsum(np.take_along_axis(asks, np.argsort(index, axis=0, kind="stable"), axis=0), axis=0)[-1]
         return asks.sum(axis=0)
