@@ -13,8 +13,10 @@ from numba import njit
 from numba.extending import register_jitable
 
 from simulator.cost import events
+from simulator.cost.timeline import Makespan
 
 for _helper in (events._prefetch_time, events._settle, events._try_start):
     register_jitable(_helper)
 
 simulate = njit(cache=True)(events.simulate)
+makespan_us = Makespan(simulate)  # what sweeps and the calibration fit price with (estimate_step caches it)

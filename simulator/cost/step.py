@@ -26,7 +26,7 @@ from functools import lru_cache, partial
 from typing import Any, Callable
 
 from simulator.config import ModelConfig
-from simulator.cost.timeline import Timeline, makespan_us, schedule
+from simulator.cost.timeline import Makespan, Timeline, makespan_us, schedule
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.ops.experts import UNIFORM, RoutingStats
@@ -67,11 +67,11 @@ def _build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, lay
 
 
 def layer_us(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
-             fusions: frozenset[str] | None = None) -> tuple[float, int]:
+             fusions: frozenset[str] | None = None, makespan: Makespan = makespan_us) -> tuple[float, int]:
     """(makespan in µs, kernel count) of one layer's plan on one GPU, shared by every shape that builds
     the same plan (`plan_shape`): a sweep's points differ in hardware, acceptance length or context far
     more often than in the kernels of a KDA layer."""
-    return _layer_us(cfg, hw, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions)
+    return _layer_us(cfg, hw, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions, makespan)
 
 
 def _layer(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
@@ -115,8 +115,8 @@ draft_us = lru_cache(maxsize=8192)(_draft)
 
 
 def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape,
-                   layer_type: str, fusions: frozenset[str] | None = None) -> Timeline:
-    return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions), hw)
+                   layer_type: str, fusions: frozenset[str] | None = None, makespan: Makespan = makespan_us) -> Timeline:
+    return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions), hw, makespan.loop)
 
 
 @lru_cache(maxsize=1024)  # the same plan objects for the same drafting: pricings that remember plans hit
@@ -177,13 +177,13 @@ def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, 
                   draft_tokens: int = 0, acceptance_length: float | None = None, drafter: str = "dspark-k3",
                   fusions: frozenset[str] | None = None, routing: RoutingStats = UNIFORM,
                   makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> StepEstimate:
-    """The step of one variant. `makespan` prices one plan: `makespan_us` (each layer, head and drafting
+    """The step of one variant. `makespan` prices one plan: a `Makespan` (each layer, head and drafting
     forward then priced once per plan shape and GPU, across calls), or a function returning an array of
     uncertainty draws (cost/uncertainty.py), in which case every time in the estimate is that array."""
-    cached = makespan is makespan_us  # draws are never cached: the same function may draw anew
-    layer = layer_us if cached else partial(_layer, makespan=makespan)
-    head = head_us if cached else partial(_head, makespan=makespan)
-    draft = draft_us if cached else partial(_draft, makespan=makespan)
+    cached = isinstance(makespan, Makespan)  # draws are never cached: the same function may draw anew
+    layer = partial(layer_us if cached else _layer, makespan=makespan)
+    head = partial(head_us if cached else _head, makespan=makespan)
+    draft = partial(draft_us if cached else _draft, makespan=makespan)
     accept = validate_speculation(draft_tokens, acceptance_length)
     shape = DecodeShape(batch, 1 + draft_tokens, context, routing)
     breakdown, per_layer, kernels = {}, {}, 0

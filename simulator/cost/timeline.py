@@ -24,6 +24,7 @@ B / BW + n alpha_min (sources.md §7.5); overlap the plan declares lowers it by 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -100,11 +101,15 @@ class Timeline:
         raise KeyError(key)
 
 
-def schedule(plan: Plan, hw: HardwareProfile) -> Timeline:
-    """Place every kernel of `plan` on its stream; see the module docstring for the rules."""
+Loop = Callable[..., tuple]  # events.simulate, or fastsim.simulate (the same loop compiled): same arguments, result
+
+
+def schedule(plan: Plan, hw: HardwareProfile, loop: Loop = simulate) -> Timeline:
+    """Place every kernel of `plan` on its stream; see the module docstring for the rules. `loop` runs the
+    events: the plain one by default, `fastsim.simulate` where thousands of plans amortise Numba's load."""
     costs = [price_kernel(k, hw) for k in plan]
     arrays = _arrays(plan, hw)
-    start, end, pf_start, pf_end, pf_bytes = simulate(*arrays)
+    start, end, pf_start, pf_end, pf_bytes = loop(*arrays)
     spans = []
     for i, (k, c) in enumerate(zip(plan, costs)):
         inputs_end = max([0.0] + [end[j] for j in _inputs(arrays, i)])
@@ -116,9 +121,18 @@ def schedule(plan: Plan, hw: HardwareProfile) -> Timeline:
     return Timeline(label, hw.name, tuple(spans), floor_us(plan, hw))
 
 
-def makespan_us(plan: Plan, hw: HardwareProfile) -> float:
-    """Just the layer time: what sweeps need, without building spans."""
-    return float(simulate(*_arrays(plan, hw))[1].max())
+@dataclass(frozen=True)
+class Makespan:
+    """Just the layer time of a plan on a GPU, without building spans, by one event loop. A plain number per
+    (plan, GPU), so `estimate_step` remembers it (unlike the uncertainty draws, which also price plans)."""
+
+    loop: Loop = simulate
+
+    def __call__(self, plan: Plan, hw: HardwareProfile) -> float:
+        return float(self.loop(*_arrays(plan, hw))[1].max())
+
+
+makespan_us = Makespan()  # the plain loop: ~2 ms a layer, no compiler to load
 
 
 def _inputs(arrays: tuple, i: int) -> list[int]:
