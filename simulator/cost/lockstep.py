@@ -169,35 +169,39 @@ class _Streams:
 
     def _finish_phases(self) -> None:
         """Phases that ran out give way to the next one with something left; a kernel with none left ends and
-        its successor on the stream becomes current."""
-        s, r = np.nonzero(self.rem <= EPS)
-        while r.size:
-            phase = self.phase[s, r] = self.phase[s, r] + 1
-            rem = self.rem[s, r] = self.lengths[phase, s, r]  # row 3: inf, nothing left
-            self.ask[s, r] = np.where(phase == 1, self.dem[s, r], 0.0)
-            s, r = s[rem <= EPS], r[rem <= EPS]
-        s, r = np.nonzero(self.started & (self.phase == 3))
-        if r.size:
-            k = self.cur[s, r]
-            self.end.flat[self.base[r] + k] = self.now[r]
-            self.cur[s, r] = self.succ[k]
-            self.started[s, r] = False
-            self.pending[s, r] = False  # a prefetch not begun by now never will: its predecessor ended
-            self.t_pf[s, r] = np.inf
+        its successor on the stream becomes current. (i: flat [S, R] offsets of the streams concerned.)"""
+        i = np.flatnonzero(self.rem <= EPS)
+        while i.size:
+            phase = np.take(self.phase, i) + 1
+            rem = np.take(self.lengths, phase * self.rem.size + i)  # row 3: inf, nothing left
+            np.put(self.phase, i, phase)
+            np.put(self.rem, i, rem)
+            np.put(self.ask, i, np.where(phase == 1, np.take(self.dem, i), 0.0))
+            i = i[rem <= EPS]
+        i = np.flatnonzero(self.started & (self.phase == 3))
+        if i.size:
+            k = np.take(self.cur, i)
+            r = i % self.now.size
+            np.put(self.end, self.base[r] + k, self.now[r])
+            np.put(self.cur, i, self.succ[k])
+            np.put(self.started, i, False)
+            np.put(self.pending, i, False)  # a prefetch not begun by now never will: its predecessor ended
+            np.put(self.t_pf, i, np.inf)
 
     def _stop_prefetches(self) -> None:
         """A prefetch stops when its bytes are in or its predecessor ended (the successor became current)."""
         if not self.pf_on.any():
             return
-        s, r = np.nonzero(self.pf_on & ((self.pf_rem <= EPS) | ~self.started))
-        if r.size:
-            cur = self.cur[s, r]
-            flat = self.base[r] + np.where(self.started[s, r], self.succ[cur], cur)
-            self.pf_bytes.flat[flat] -= np.maximum(0.0, self.pf_rem[s, r]) * np.take(self.bw, flat)
-            self.pf_end.flat[flat] = self.now[r]
-            self.pf_on[s, r] = False
-            self.pf_rem[s, r] = np.inf
-            self.pf_ask[s, r] = 0.0
+        i = np.flatnonzero(self.pf_on & ((self.pf_rem <= EPS) | ~self.started))
+        if i.size:
+            cur, r = np.take(self.cur, i), i % self.now.size
+            flat = self.base[r] + np.where(np.take(self.started, i), self.succ[cur], cur)
+            np.put(self.pf_bytes, flat, np.take(self.pf_bytes, flat)
+                   - np.maximum(0.0, np.take(self.pf_rem, i)) * np.take(self.bw, flat))
+            np.put(self.pf_end, flat, self.now[r])
+            np.put(self.pf_on, i, False)
+            np.put(self.pf_rem, i, np.inf)
+            np.put(self.pf_ask, i, 0.0)
 
     def _start_closure(self) -> bool:
         """Start kernels and prefetches until none more starts at `now`. True when another pass is due: a
@@ -207,22 +211,22 @@ class _Streams:
             waiting = ~self.started & (self.cur < self.n)
             fresh = waiting & np.isinf(self.ready)
             if fresh.any():
-                self._inputs_ready(*np.nonzero(fresh))
+                self._inputs_ready(np.flatnonzero(fresh))
             go = waiting & (self.ready <= soon)
             pf = None
             if self.pending.any():
                 unknown = self.pending & np.isinf(self.t_pf)  # once known, a prefetch time stays put
                 if unknown.any():
-                    self._prefetch_time(*np.nonzero(unknown))
+                    self._prefetch_time(np.flatnonzero(unknown))
                 pf = self.pending & (self.t_pf <= soon)
             any_go, any_pf = go.any(), pf is not None and pf.any()
             if not (any_go or any_pf):
                 return again
             if any_pf:
-                again |= self._start_prefetch(*np.nonzero(pf))
+                again |= self._start_prefetch(np.flatnonzero(pf))
             if not any_go:
                 return again  # a prefetch that began enables nothing else at this instant
-            again |= self._start(*np.nonzero(go))
+            again |= self._start(np.flatnonzero(go))
             if not self.pending[go].any():
                 return again  # only a kernel after one just started could now begin (prefetch at once)
 
@@ -230,54 +234,57 @@ class _Streams:
         """Latest end + event gap over kernel k's cross-stream waits, per (row, kernel); NaN while one runs."""
         return (np.take(self.end, self.base[r] + self.deps[:, k]) + self.gap_dep[r]).max(axis=0)
 
-    def _inputs_ready(self, s, r) -> None:
+    def _inputs_ready(self, i) -> None:
         """When each waiting current kernel may start: its predecessor's end + its gap, each wait's end +
         the event gap; left at inf while an input runs."""
-        k = self.cur[s, r]
+        k, r = np.take(self.cur, i), i % self.now.size
         t = np.maximum(np.take(self.end, self.base[r] + self.pred[k]) + np.take(self.gap_pred, self.base[r] + k),
                        self._waits_end(r, k))
-        self.ready[s, r] = np.where(np.isnan(t), np.inf, t)
+        np.put(self.ready, i, np.where(np.isnan(t), np.inf, t))
 
-    def _start(self, s, r) -> bool:
+    def _start(self, i) -> bool:
         """events._try_start's start: phase lengths from the bytes not prefetched. True if one ends at once."""
-        k = self.cur[s, r]
+        k, r = np.take(self.cur, i), i % self.now.size
         flat = self.base[r] + k
-        self.start.flat[flat] = self.ready[s, r]
-        self.started[s, r] = True
-        self.ready[s, r] = np.inf
+        np.put(self.start, flat, np.take(self.ready, i))
+        np.put(self.started, i, True)
+        np.put(self.ready, i, np.inf)
         prefetched = np.where(np.isnan(np.take(self.pf_start, flat)), 0.0, np.take(self.pf_bytes, flat))
         left = np.maximum(0.0, np.take(self.nbytes, flat) - prefetched)
         fixed, comm = np.take(self.fixed, flat), np.take(self.comm, flat)
         work = np.maximum(left / np.take(self.bw, flat), np.take(self.math, flat))
         dem = np.where(work > 0.0, left / work, 0.0)
         first = np.where(fixed > EPS, 0, np.where(work > EPS, 1, np.where(comm > EPS, 2, 3)))
-        self.lengths[0, s, r], self.lengths[1, s, r], self.lengths[2, s, r] = fixed, work, comm
-        self.dem[s, r] = dem
-        self.phase[s, r] = first
-        self.rem[s, r] = self.lengths[first, s, r]
-        self.ask[s, r] = np.where(first == 1, dem, 0.0)
-        self.pending[s, r] = self.may_pf[self.succ[k]]
+        size = self.rem.size
+        for phase, length in enumerate((fixed, work, comm)):
+            np.put(self.lengths, phase * size + i, length)
+        np.put(self.dem, i, dem)
+        np.put(self.phase, i, first)
+        np.put(self.rem, i, np.take(self.lengths, first * size + i))
+        np.put(self.ask, i, np.where(first == 1, dem, 0.0))
+        np.put(self.pending, i, self.may_pf[self.succ[k]])
         return bool((first == 3).any())
 
-    def _prefetch_time(self, s, r) -> None:
+    def _prefetch_time(self, i) -> None:
         """events._prefetch_time for the kernel after each running one that may still prefetch: when it may
         begin loading early (inf until its waits have ended)."""
-        k = self.cur[s, r]
+        k, r = np.take(self.cur, i), i % self.now.size
         t = np.maximum(np.take(self.start, self.base[r] + k) + self.gap_pdl[r], self._waits_end(r, self.succ[k]))
-        self.t_pf[s, r] = np.where(np.isnan(t), np.inf, t)
+        np.put(self.t_pf, i, np.where(np.isnan(t), np.inf, t))
 
-    def _start_prefetch(self, s, r) -> bool:
+    def _start_prefetch(self, i) -> bool:
         """Begin loading early; True if a prefetch with nothing to load must stop in another pass."""
-        k = self.succ[self.cur[s, r]]
+        k, r = self.succ[np.take(self.cur, i)], i % self.now.size
         flat = self.base[r] + k
         bw = np.take(self.bw, flat)
-        self.pf_on[s, r] = True
-        self.pf_rem[s, r] = rem = self.can_pf[k] / bw
-        self.pf_ask[s, r] = bw
-        self.pf_bytes.flat[flat] = self.can_pf[k]
-        self.pf_start.flat[flat] = self.now[r]
-        self.pending[s, r] = False
-        self.t_pf[s, r] = np.inf
+        rem = self.can_pf[k] / bw
+        np.put(self.pf_on, i, True)
+        np.put(self.pf_rem, i, rem)
+        np.put(self.pf_ask, i, bw)
+        np.put(self.pf_bytes, flat, self.can_pf[k])
+        np.put(self.pf_start, flat, self.now[r])
+        np.put(self.pending, i, False)
+        np.put(self.t_pf, i, np.inf)
         return bool((rem <= EPS).any())
 
     # -- advancing to the next event ------------------------------------------------------------------
