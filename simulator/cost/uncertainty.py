@@ -63,6 +63,9 @@ DEFAULT_DRAWS = 400
 DEFAULT_LEVEL = 0.9
 DEFAULT_SEED = 0
 _NORMAL = NormalDist()
+# the standard normal's cdf and quantile elementwise on arrays, each element through NormalDist's own C code
+# (the same bits as a Python loop over it, in a fraction of the time)
+_NORMAL_CDF, _NORMAL_INV_CDF = np.frompyfunc(_NORMAL.cdf, 1, 1), np.frompyfunc(_NORMAL.inv_cdf, 1, 1)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -196,7 +199,7 @@ class Parameter:
 
 
 def _cdf(z: Array) -> Array:
-    return np.array([_NORMAL.cdf(float(x)) for x in np.ravel(z)]).reshape(np.shape(z))
+    return np.asarray(_NORMAL_CDF(np.asarray(z, dtype=np.float64)), dtype=np.float64)
 
 
 def parameters(hw: HardwareProfile, res: Residuals, conditioned: tuple[str, ...] = ()) -> tuple[Parameter, ...]:
@@ -265,7 +268,7 @@ def realise(hw: HardwareProfile, params: tuple[Parameter, ...], z: Array, res: R
 def lhs_normal(n: int, k: int, rng: np.random.Generator) -> Array:
     """Latin hypercube normal scores [n, k]: each column hits each of n equal-probability strata once."""
     u = (np.argsort(rng.random((k, n)), axis=1).T + rng.random((n, k))) / n
-    return np.array([[_NORMAL.inv_cdf(float(x)) for x in row] for row in u])
+    return np.asarray(_NORMAL_INV_CDF(u), dtype=np.float64)
 
 
 def sqrt_psd(cov: Array) -> Array:
