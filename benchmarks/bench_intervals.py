@@ -10,8 +10,10 @@ For the default step (Kimi K3, GB300, TP16, batch 1, both variants) and for H200
   machine shared with other work, CPU time moves less than wall time);
 - in one warm process: drawing the sample (for GB300 the conditioning on the published figures) and
   pricing both variants' steps under it from scratch, median CPU seconds;
-- for reference, a fresh `python -c "import numba"` and `moe-sim step --help` (start-up, typer and the
-  imports every command pays).
+- for reference, `moe-sim step --help` (start-up, typer and the imports every command pays), and a fresh
+  `python -c "import numpy"` beside `"import numpy, numba"` (what importing Numba adds: the plans still
+  pull it in through their ops, though `step` runs no compiled code).
+Each set of commands takes turns run by run, so that load from other work falls on them alike.
 Medians of `--runs` runs; ratios in the text of docs/cost-model.md section 8 come from here.
 """
 
@@ -37,17 +39,21 @@ from simulator.hardware import load_hardware  # noqa: E402
 CASES = (("gb300", 16), ("h200", 8))
 
 
-def fresh(args: list[str], runs: int) -> dict[str, float]:
-    """Median wall and CPU seconds of a command in a new process each run."""
-    walls, cpus = [], []
+def fresh(*commands: list[str], runs: int) -> list[dict[str, float]]:
+    """Median wall and CPU seconds of each command in a new process each run; the commands take turns, so
+    that load from other work falls on all of them alike."""
+    walls: list[list[float]] = [[] for _ in commands]
+    cpus: list[list[float]] = [[] for _ in commands]
     for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t = time.perf_counter()
-        subprocess.run(args, check=True, capture_output=True)
-        walls.append(time.perf_counter() - t)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return {"wall_s": round(statistics.median(walls), 3), "cpu_s": round(statistics.median(cpus), 3)}
+        for i, args in enumerate(commands):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            subprocess.run(args, check=True, capture_output=True)
+            walls[i].append(time.perf_counter() - t)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus[i].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return [{"wall_s": round(statistics.median(w), 3), "cpu_s": round(statistics.median(c), 3)}
+            for w, c in zip(walls, cpus)]
 
 
 def warm_cpu(fn: Callable[[], object], runs: int) -> float:
@@ -74,13 +80,14 @@ def warm(hardware: str, tp: int, runs: int) -> dict[str, float]:
 
 def measure(runs: int) -> dict[str, object]:
     step = [sys.executable, "-m", "simulator", "step"]
-    doc: dict[str, object] = {"runs": runs, "draws": u.DEFAULT_DRAWS, "reference": {
-        "step_help": fresh(step + ["--help"], runs),
-        "import_numba": fresh([sys.executable, "-c", "import numba"], runs)}}
+    help_, numpy, numba = fresh(step + ["--help"], [sys.executable, "-c", "import numpy"],
+                                [sys.executable, "-c", "import numpy, numba"], runs=runs)
+    doc: dict[str, object] = {"runs": runs, "draws": u.DEFAULT_DRAWS,
+                              "reference": {"step_help": help_, "import_numpy": numpy, "import_numpy_numba": numba}}
     for hardware, tp in CASES:
         args = step + ["--hardware", hardware, "--tp", str(tp)]
-        doc[f"{hardware}_tp{tp}"] = {"with_interval": fresh(args, runs), "no_interval": fresh(args + ["--no-interval"], runs),
-                                     "warm": warm(hardware, tp, runs)}
+        on, off = fresh(args, args + ["--no-interval"], runs=runs)
+        doc[f"{hardware}_tp{tp}"] = {"with_interval": on, "no_interval": off, "warm": warm(hardware, tp, runs)}
     return doc
 
 
@@ -95,8 +102,9 @@ def main() -> None:
         return
     ref = doc["reference"]
     print(f"median of {opts.runs} fresh processes, wall / CPU seconds; `moe-sim step --help` "
-          f"{ref['step_help']['wall_s']:.2f} / {ref['step_help']['cpu_s']:.2f}, `import numba` "
-          f"{ref['import_numba']['wall_s']:.2f} / {ref['import_numba']['cpu_s']:.2f}")
+          f"{ref['step_help']['wall_s']:.2f} / {ref['step_help']['cpu_s']:.2f}, `import numpy` "
+          f"{ref['import_numpy']['wall_s']:.2f} / {ref['import_numpy']['cpu_s']:.2f}, `import numpy, numba` "
+          f"{ref['import_numpy_numba']['wall_s']:.2f} / {ref['import_numpy_numba']['cpu_s']:.2f}")
     for hardware, tp in CASES:
         d = doc[f"{hardware}_tp{tp}"]
         on, off, w = d["with_interval"], d["no_interval"], d["warm"]
