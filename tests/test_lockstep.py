@@ -115,11 +115,11 @@ def _fresh(script: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-STEP_THEN_REPORT = """
+COMMAND_THEN_REPORT = """
 import json, sys
 from simulator.cli import app
 try:
-    app(["step", "--json"] + {args!r})
+    app({args!r} + ["--json"])
 except SystemExit as exit:
     assert not exit.code, exit.code
 dispatchers = [f"{{m.__name__}}.{{k}}" for m in list(sys.modules.values()) for k, v in list(vars(m).items())
@@ -129,12 +129,13 @@ print(json.dumps({{"numba": "numba" in sys.modules, "fastsim": "simulator.cost.f
 """
 
 
-@pytest.mark.parametrize("args", [[], ["--no-interval"], ["--hardware", "h200", "--tp", "8"]],
-                         ids=["gb300", "gb300-no-interval", "h200"])
-def test_step_runs_no_compiled_code(args) -> None:
-    """`moe-sim step` schedules its central values with the plain loop and its draws with the lockstep one:
-    no Numba function is compiled or loaded from its cache (that load alone cost ~0.75 s of a cold command)."""
-    seen = _fresh(STEP_THEN_REPORT.format(args=args))
+@pytest.mark.parametrize("args", [["step"], ["step", "--no-interval"], ["step", "--hardware", "h200", "--tp", "8"],
+                                  ["layer"]], ids=["step-gb300", "step-gb300-no-interval", "step-h200", "layer"])
+def test_step_and_layer_run_no_compiled_code(args) -> None:
+    """`moe-sim step` and `layer` schedule their central values with the plain loop and their draws with the
+    lockstep one: no Numba function is compiled or loaded from its cache (that load alone cost ~0.75 s of a
+    cold command)."""
+    seen = _fresh(COMMAND_THEN_REPORT.format(args=args))
     assert not seen["fastsim"] and seen["compiled"] == [], seen
 
 
@@ -153,4 +154,4 @@ print(json.dumps({"numba": "numba" in sys.modules}))
     "the plans bind their ops (plans/common.py imports ops/linear.py), and simulator/fast.py and ops/kda.py "
     "import numba when imported: ~0.3 s of a cold `moe-sim step`. Remove this mark once they import it lazily."))
 def test_step_imports_no_numba() -> None:
-    assert not _fresh(STEP_THEN_REPORT.format(args=[]))["numba"]
+    assert not _fresh(COMMAND_THEN_REPORT.format(args=["step"]))["numba"]
