@@ -1,7 +1,7 @@
 """The timeline's event loop, one draw, in plain Python: the rules of the timeline module docstring on arrays.
 
 `timeline.schedule` and `makespan_us` run it for a central value (a layer's ~70 events in ~2 ms), so
-`step` and `layer` import no compiler. Two faster forms keep these exact rules: `lockstep.simulate_draws`
+`step` and `layer` run no compiled code (loading Numba's cached code cost ~0.75 s of a cold command). Two faster forms keep these exact rules: `lockstep.simulate_draws`
 runs the N draws of the uncertainty sample at once in NumPy, and `fastsim.simulate` is this loop compiled
 with Numba for sweeps, which schedule thousands of plans (`fastsim.simulate.py_func` is `simulate` here,
 STYLE item 14); tests check all three agree on random plans.

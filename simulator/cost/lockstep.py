@@ -1,23 +1,24 @@
 """The timeline's event loop in NumPy, vectorised over draws: every draw of a plan advances in lockstep.
 
-The rules are exactly those of `fastsim.simulate` (readable form: the timeline module docstring): launch
+The rules are exactly those of `events.simulate` (readable form: the timeline module docstring): launch
 gaps, cross-stream waits, fluid sharing of HBM bandwidth, PDL prefetch. What differs is the axis. A plan's
 structure (`pred`, `deps`, bytes, prefetch targets) is the same in every draw of the uncertainty sample;
-only phase lengths and scalars vary. So one loop runs all N draws at once: each iteration every draw
-settles what happens at its own `now`, then jumps to its own next event; a finished draw stands still.
+only phase lengths and scalars vary. So one loop runs all N draws at once, and several plans side by side
+(`simulate_plans`: a row per (plan, draw)): each iteration every row settles what happens at its own
+`now`, then jumps to its own next event; a finished row stands still, and finished rows are dropped.
 
 A stream runs its kernels in order (`pred` is the previous kernel on the same stream), so at any moment
 a stream has one kernel of interest, its *current* one (the first not ended: waiting or running), and at
 most one more, the kernel after it loading early while the current one runs. The state is therefore
-[N, S] (S streams, 1-3), not [N, n]: an iteration is a few dozen operations on a few hundred numbers,
-and the loop runs as many iterations as one draw has events (~3 per kernel). Napkin (2 cores, shared):
-a 23-kernel layer takes ~5 ms for one draw or for 400 (Numba, one draw at a time: ~60 µs a draw).
+[S, R] (S streams, 1-3; R rows), not [R, n]: an iteration is a few dozen array operations, and the loop
+runs as many iterations as the longest plan has events (~3 per kernel, ~80 for a 27-kernel layer), however
+many rows. Napkin (2 cores, shared, CPU): a 23-kernel layer under 400 draws ~20 ms, against ~60 ms for the
+compiled loop one draw at a time (~0.14 ms a draw) and ~2 s for the plain one; a step's ten plans under 400
+draws ~0.1 s in one loop. One draw takes ~13 ms, all overhead: a central value runs `events.simulate`
+(~2-5 ms) instead, and `fastsim.simulate` stays for sweeps, which schedule thousands of plans one draw
+each. tests/test_lockstep.py holds this loop to `events.simulate` on random plans and draws.
 
-A one-draw call serves the central value, so `step` and `layer` never import Numba (its import and
-cached-code load are ~0.7 s of a cold command); `fastsim.simulate` stays for sweeps, which schedule
-thousands of plans one draw each. Tests hold the two equal on random plans.
-
-Settling at one `now` follows fastsim's passes (kernels in index order, repeated until nothing changes):
+Settling at one `now` follows the plain loop's passes (kernels in index order, repeated until nothing changes):
 each pass first finishes the phases that ran out (A), then stops prefetches (B), then starts kernels and
 prefetches, repeated so that a kernel sees what an earlier one started in the same pass (C), as index
 order does; a kernel waits only on earlier ones, so this is the same fixed point reached the same way.
@@ -32,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 Array = npt.NDArray[np.float64]
-EPS = 1e-9  # fastsim.EPS: events closer than this are one event
+EPS = 1e-9  # events.EPS: events closer than this are one event
 
 
 def simulate(pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep, gap_pdl, capacity):
