@@ -59,8 +59,8 @@ def _step_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, A
     from simulator.report.summary import step_report
     doc = step_report(_model(point["model"], point["precision"]), _hardware(point["hardware"]), point["tp"],
                       point["batch"], point["context"], point["draft_tokens"], point["acceptance_length"],
-                      point["variant"], point["drafter"], _fusions(point), _routing(point), interval=_interval_spec(interval),
-                      makespan=makespan_us)
+                      point["variant"], point["drafter"], _fusions(point), _routing(point),
+                      interval=_interval_spec(interval), makespan=makespan_us)
     rows = []
     for variant, v in doc["variants"].items():
         row = {"variant": variant, "step_ms": v["step_ms"], "tokens_per_s": v["tokens_per_s"],

@@ -1,7 +1,7 @@
 """The lockstep loop (`lockstep.simulate_plans`: NumPy, every draw of every plan in one loop, for the
 uncertainty draws) agrees with `events.simulate` (plain Python, the reference; test_timeline holds
-`fastsim.simulate`, the same loop compiled by Numba, to it). Random plans from test_timeline, random per-draw phase lengths and
-GPU scalars, including the edge cases the rules spell out: zero gaps (a prefetch that may begin the instant
+`fastsim.simulate`, the same loop compiled by Numba, to it). Random plans from test_timeline, random
+per-draw phase lengths and GPU scalars, including the edge cases the rules spell out: zero gaps (a prefetch that may begin the instant
 its predecessor starts), kernels with nothing to do (they end in the pass after they start), prefetches of
 nothing."""
 

@@ -79,8 +79,9 @@ def _concatenate(plans: list[tuple]) -> tuple:
         deps.append(np.hstack([dep, np.full((n, width - dep.shape[1]), -1)]))
         firsts.append(offset)
         offset += n
-    cols = [np.concatenate([np.broadcast_to(np.asarray(p[j], dtype=np.float64), np.shape(plans[0][2])[:1] + (len(p[0]),))
-                            for p in plans], axis=1) for j in (2, 3, 4, 5, 6, 7)]
+    n_draws = np.shape(plans[0][2])[0]
+    cols = [np.concatenate([np.broadcast_to(np.asarray(p[j], dtype=np.float64), (n_draws, len(p[0]))) for p in plans],
+                           axis=1) for j in (2, 3, 4, 5, 6, 7)]
     can_pf = np.concatenate([np.asarray(p[8], dtype=np.float64) for p in plans])
     return np.concatenate(preds), np.vstack(deps), *cols, can_pf, np.array(firsts + [offset])
 

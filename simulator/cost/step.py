@@ -115,7 +115,8 @@ draft_us = lru_cache(maxsize=8192)(_draft)
 
 
 def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape,
-                   layer_type: str, fusions: frozenset[str] | None = None, makespan: Makespan = makespan_us) -> Timeline:
+                   layer_type: str, fusions: frozenset[str] | None = None,
+                   makespan: Makespan = makespan_us) -> Timeline:
     return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions), hw, makespan.loop)
 
 
