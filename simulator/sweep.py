@@ -55,10 +55,12 @@ def _interval_spec(interval: bool) -> Any:
 
 
 def _step_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, Any]]:
+    from simulator.cost.fastsim import makespan_us  # thousands of plans: the compiled loop repays its load
     from simulator.report.summary import step_report
     doc = step_report(_model(point["model"], point["precision"]), _hardware(point["hardware"]), point["tp"],
                       point["batch"], point["context"], point["draft_tokens"], point["acceptance_length"],
-                      point["variant"], point["drafter"], _fusions(point), _routing(point), interval=_interval_spec(interval))
+                      point["variant"], point["drafter"], _fusions(point), _routing(point),
+                      interval=_interval_spec(interval), makespan=makespan_us)
     rows = []
     for variant, v in doc["variants"].items():
         row = {"variant": variant, "step_ms": v["step_ms"], "tokens_per_s": v["tokens_per_s"],
@@ -72,9 +74,11 @@ def _step_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, A
 
 
 def _layer_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, Any]]:
+    from simulator.cost.fastsim import makespan_us
     from simulator.report.summary import layer_report
     doc = layer_report(_model(point["model"], point["precision"]), _hardware(point["hardware"]), point["tp"],
-                       _shape(point), point["layer"], point["variant"], _fusions(point), _interval_spec(interval))
+                       _shape(point), point["layer"], point["variant"], _fusions(point), _interval_spec(interval),
+                       makespan_us)
     return [{"variant": variant, "kernel_count": v["kernel_count"], "layer_us": v["layer_us"],
              "floor_us": v["floor_us"], "hbm_mb": round(v["hbm_bytes"] / 1e6, 3), "speedup": doc.get("speedup")}
             | _bounds("layer_us", v.get("layer_us_interval")) | _bounds("speedup", doc.get("speedup_interval"))
@@ -90,10 +94,11 @@ def _memory_columns(gb: dict[str, Any]) -> dict[str, Any]:
 
 def _ablation_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, Any]]:  # noqa: ARG001 (no interval)
     from simulator.cost.ablation import ablate
+    from simulator.cost.fastsim import makespan_us
     cfg, hw = _model(point["model"], point["precision"]), _hardware(point["hardware"])
     doc = ablate(cfg, hw, point["tp"],
                  point["batch"], point["tokens_per_seq"], point["context"], point["layer"], point["acceptance_length"],
-                 _routing(point))
+                 _routing(point), makespan_us)
     memory = _memory_columns(memory_per_gpu(cfg, hw.hbm_capacity, point["tp"], _shape(point)).as_gb())
     base = {"standard_layer_us": doc["standard"]["layer_us"], "specialized_layer_us": doc["specialized"]["layer_us"],
             "standard_step_ms": doc["standard"]["step_ms"], "specialized_step_ms": doc["specialized"]["step_ms"]}

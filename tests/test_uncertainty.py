@@ -221,14 +221,15 @@ def test_vectorised_pricing_equals_one_draw_at_a_time(k3, hardware):
         np.testing.assert_allclose(u.plan_draws(plan, s), want, rtol=1e-12, err_msg=f"{plan.variant} {plan.layer}")
 
 
-def test_only_collectives_fall_back_to_one_draw_at_a_time(k3, gb300):
-    """Pricing under drawn constants stays vectorised: only a collective's choice of the cheaper algorithm
-    branches on a drawn constant. A pricing change that makes any other kernel branch (Python max/min on
-    drawn constants) silently falls back to one call per draw and costs `step` most of a second."""
+def test_no_kernel_falls_back_to_one_draw_at_a_time(k3, gb300):
+    """Pricing under drawn constants stays vectorised, collectives included (the cheaper all-reduce is a
+    minimum per draw). A pricing change that branches on a drawn constant (Python max/min, `if` on an array)
+    silently falls back to one call per draw and costs `step` a good part of a second."""
     from simulator.cost.pricing import kernel_terms
+    from simulator.plans.head import head_plan
     s = u.uncertainty(gb300, u.IntervalSpec(draws=50, seed=1)).sample
-    for v in ("standard", "specialized"):
-        for t in ("kda", "mla", "dense"):
-            for k in build_plan(k3, v, 16, DecodeShape(1, 8, 512), t):
-                if k.collective is None:
-                    kernel_terms(k, s.stacked)  # raises on an array branch
+    plans = [build_plan(k3, v, 16, DecodeShape(1, 8, 512), t) for v in ("standard", "specialized")
+             for t in ("kda", "mla", "dense")] + [head_plan(k3, 16, DecodeShape(1, 1, 512), "specialized", True)]
+    for plan in plans:
+        for k in plan:
+            kernel_terms(k, s.stacked)  # raises on an array branch

@@ -19,7 +19,7 @@ from typing import Any
 
 from simulator.config import ModelConfig
 from simulator.cost.step import build_plan, estimate_step
-from simulator.cost.timeline import makespan_us
+from simulator.cost.timeline import Makespan, makespan_us
 from simulator.hardware import HardwareProfile
 from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans.kernel import DecodeShape
@@ -44,27 +44,28 @@ class AblationRow:
 
 
 def _layer_us(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer: str,
-              fusions: frozenset[str]) -> tuple[float, int]:
+              fusions: frozenset[str], makespan: Makespan) -> tuple[float, int]:
     plan = build_plan(cfg, "specialized", tp, shape, layer, fusions)
-    return makespan_us(plan, hw), len(plan)
+    return makespan(plan, hw), len(plan)
 
 
 def _step_ms(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, draft_tokens: int,
-             acceptance: float | None, fusions: frozenset[str]) -> float:
+             acceptance: float | None, fusions: frozenset[str], makespan: Makespan) -> float:
     return estimate_step(cfg, hw, "specialized", tp, shape.batch, shape.context, draft_tokens, acceptance,
-                         fusions=fusions, routing=shape.routing).step_us / 1000
+                         fusions=fusions, routing=shape.routing, makespan=makespan).step_us / 1000
 
 
 def ablate(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, tokens_per_seq: int, context: int,
            layer: str = "kda", acceptance_length: float | None = None,
-           routing: RoutingStats = UNIFORM) -> dict[str, Any]:
-    """Every view for every fusion; the step uses `tokens_per_seq - 1` draft tokens."""
+           routing: RoutingStats = UNIFORM, makespan: Makespan = makespan_us) -> dict[str, Any]:
+    """Every view for every fusion; the step uses `tokens_per_seq - 1` draft tokens. `makespan` says which
+    event loop schedules (a sweep passes the compiled one, `fastsim.makespan_us`)."""
     shape = DecodeShape(batch, tokens_per_seq, context, routing)
     draft = tokens_per_seq - 1
     acceptance_length = acceptance_length if draft else None  # no drafts: one token per step
     none, every = frozenset(), frozenset(FUSIONS)
-    lay = lambda f: _layer_us(cfg, hw, tp, shape, layer, f)  # noqa: E731
-    stp = lambda f: _step_ms(cfg, hw, tp, shape, draft, acceptance_length, f)  # noqa: E731
+    lay = lambda f: _layer_us(cfg, hw, tp, shape, layer, f, makespan)  # noqa: E731
+    stp = lambda f: _step_ms(cfg, hw, tp, shape, draft, acceptance_length, f, makespan)  # noqa: E731
     (base_l, base_k), (full_l, full_k) = lay(none), lay(every)
     base_s, full_s = stp(none), stp(every)
     rows, on = [], frozenset()

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from simulator.config import ModelConfig
+from simulator.cost.timeline import Makespan, makespan_us
 from simulator.hardware import HardwareProfile
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
@@ -65,14 +66,14 @@ CHECKS = (
 )
 
 
-def model_value(fig: Figure, cfg: ModelConfig, hw: HardwareProfile) -> float:
+def model_value(fig: Figure, cfg: ModelConfig, hw: HardwareProfile, makespan: Makespan = makespan_us) -> float:
     """The model's number for one figure, in the figure's metric."""
     from simulator.cost.step import estimate_step, layer_timeline
     from simulator.plans.kernel import DecodeShape
     if fig.metric == "layer_us":
         shape = DecodeShape(fig.batch, fig.tokens_per_seq, fig.context)
-        return layer_timeline(cfg, hw, fig.variant, fig.tp, shape, fig.layer or "kda").layer_us
-    step = estimate_step(cfg, hw, fig.variant, fig.tp, fig.batch, fig.context)
+        return layer_timeline(cfg, hw, fig.variant, fig.tp, shape, fig.layer or "kda", makespan=makespan).layer_us
+    step = estimate_step(cfg, hw, fig.variant, fig.tp, fig.batch, fig.context, makespan=makespan)
     if fig.metric == "step_ms":
         return step.step_us / 1000.0
     if fig.metric == "tokens_per_s":
@@ -85,8 +86,9 @@ def fitted_names(hw: HardwareProfile) -> tuple[str, ...]:
     return tuple(sorted(k for k, fit in hw.fits.items() if fit.fitted_to.startswith(PUBLISHED_PREFIX)))
 
 
-def loss(cfg: ModelConfig, hw: HardwareProfile, figures: tuple[Figure, ...] = FITTED) -> float:
-    return sum((model_value(f, cfg, hw) / f.published - 1.0) ** 2 for f in figures)
+def loss(cfg: ModelConfig, hw: HardwareProfile, figures: tuple[Figure, ...] = FITTED,
+         makespan: Makespan = makespan_us) -> float:
+    return sum((model_value(f, cfg, hw, makespan) / f.published - 1.0) ** 2 for f in figures)
 
 
 def _golden(f: Callable[[float], float], lo: float, hi: float, x0: float, tol: float) -> tuple[float, float]:
@@ -125,7 +127,9 @@ class FitResult:
 
 def fit(cfg: ModelConfig, hw: HardwareProfile, names: tuple[str, ...] | None = None,
         figures: tuple[Figure, ...] = FITTED, sweeps: int = 30) -> FitResult:
-    """Coordinate descent over `names` (default: the constants fitted to the published figures)."""
+    """Coordinate descent over `names` (default: the constants fitted to the published figures). Its several
+    hundred evaluations schedule with the compiled loop, which repays Numba's ~0.7 s load many times over."""
+    from simulator.cost.fastsim import makespan_us as compiled
     names = names or fitted_names(hw)
     ranges = {n: (hw.fits[n].low, hw.fits[n].high) for n in names}
     values = {n: float(getattr(hw, n)) for n in names}
@@ -134,7 +138,7 @@ def fit(cfg: ModelConfig, hw: HardwareProfile, names: tuple[str, ...] | None = N
     def at(vals: dict[str, float]) -> float:
         nonlocal count
         count += 1
-        return loss(cfg, replace(hw, **vals), figures)
+        return loss(cfg, replace(hw, **vals), figures, compiled)
 
     start = at(values)
     current = start

@@ -48,7 +48,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+import numpy as np
 
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
@@ -179,6 +181,15 @@ def collective_cost(collective: Collective, hw: HardwareProfile,
         raise ValueError(f"algorithm {algorithm!r} does not apply to {collective.op}")
     pick = {"one_shot": one_shot, "two_shot": two_shot, "nvls": nvls, "ring": ring}[algorithm]
     return pick(collective.nbytes, collective.ranks, hw)
+
+
+def collective_time_us(collective: Collective, hw: HardwareProfile) -> Any:
+    """`collective_cost(collective, hw).time_us` without the record, so that it also holds when the profile's
+    constants are arrays of draws (cost/uncertainty.py): the cheapest all-reduce is then a minimum per draw."""
+    if collective.op == "all_reduce" and not collective.in_kernel:
+        n, p = collective.nbytes, collective.ranks
+        return np.minimum(np.minimum(one_shot(n, p, hw).time_us, two_shot(n, p, hw).time_us), nvls(n, p, hw).time_us)
+    return collective_cost(collective, hw).time_us
 
 
 def min_alpha_us(op: CollectiveOp, ranks: int, hw: HardwareProfile) -> float:

@@ -1,155 +1,22 @@
-"""The timeline's event loop compiled with Numba: same rules as `timeline._simulate`, on arrays.
+"""The timeline's event loop (`events.simulate`) compiled with Numba, for sweeps.
 
-`timeline.schedule` keeps the readable object version for reports; `makespan` uses this one for sweeps,
-where thousands of layers are scheduled and only their times are needed. `simulate.py_func` is the
-pure-Python original of the jitted loop (STYLE item 14); tests check all three agree.
-
-Arrays, one entry per kernel (n kernels, µs and bytes):
-    pred[n]        same-stream predecessor (-1: none)        deps[n, d]  cross-stream waits (-1 padded)
-    gap_pred[n]    launch gap after the predecessor (PDL-dependent)
-    fixed, math, comm[n]   phase lengths alone (µs)          nbytes, bw[n]  bytes and solo bandwidth (B/µs)
-    can_pf[n]      bytes it may load early behind its predecessor (0: none)
-Scalars: gap_dep (gap after a cross-stream event), gap_pdl, capacity (shared HBM B/µs).
+A sweep schedules thousands of plans one draw each, where the compiled loop (~50 µs a layer) beats the
+plain one (~2 ms); a single command does not, since importing Numba and loading its cached code cost
+~0.7 s, so `step` and `layer` never import this module. `simulate.py_func` is `events.simulate`, the
+pure-Python original (STYLE item 14); its helpers are registered as jitable so the compiled loop calls
+compiled helpers while Python callers keep the plain functions.
 """
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
+from numba.extending import register_jitable
 
-EPS = 1e-9
+from simulator.cost import events
+from simulator.cost.timeline import Makespan
 
+for _helper in (events._prefetch_time, events._settle, events._try_start):
+    register_jitable(_helper)
 
-@njit(cache=True)
-def simulate(pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep, gap_pdl, capacity):  # noqa: C901
-    n = pred.shape[0]
-    start = np.full(n, -1.0)
-    end = np.full(n, -1.0)
-    ready = np.full(n, -1.0)
-    phase = np.zeros(n, dtype=np.int64)  # 0 fixed, 1 work, 2 comm, 3 done (valid once started)
-    rem = np.zeros((n, 3))
-    dem = np.zeros((n, 3))
-    pf_on = np.zeros(n, dtype=np.bool_)
-    pf_rem = np.zeros(n)
-    pf_rate = np.zeros(n)
-    pf_bytes = np.zeros(n)
-    pf_start = np.full(n, -1.0)
-    pf_end = np.full(n, -1.0)
-    now = 0.0
-    for _ in range(20 * n + 20):
-        _settle(now, pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep, gap_pdl,
-                start, end, ready, phase, rem, dem, pf_on, pf_rem, pf_rate, pf_bytes, pf_start, pf_end)
-        if np.all(end >= 0.0):
-            return start, end, pf_start, pf_end, pf_bytes
-        demand = 0.0
-        for i in range(n):
-            if start[i] >= 0.0 and end[i] < 0.0 and phase[i] < 3:
-                demand += dem[i, phase[i]]
-            if pf_on[i]:
-                demand += pf_rate[i]
-        scale = min(1.0, capacity / demand) if demand > 0.0 else 1.0
-        dt = -1.0
-        for i in range(n):
-            if start[i] >= 0.0 and end[i] < 0.0 and phase[i] < 3:
-                s = scale if dem[i, phase[i]] > 0.0 else 1.0
-                t = rem[i, phase[i]] / s
-                dt = t if dt < 0.0 or t < dt else dt
-            if pf_on[i]:
-                t = pf_rem[i] / scale
-                dt = t if dt < 0.0 or t < dt else dt
-            if start[i] < 0.0 and (pred[i] < 0 or start[pred[i]] >= 0.0):
-                for t_abs in (ready[i], _prefetch_time(i, pred, deps, can_pf, gap_dep, gap_pdl, start, end, pf_start)):
-                    if t_abs >= 0.0 and t_abs > now + EPS:
-                        dt = t_abs - now if dt < 0.0 or t_abs - now < dt else dt
-        if dt < 0.0:
-            break
-        for i in range(n):
-            if start[i] >= 0.0 and end[i] < 0.0 and phase[i] < 3:
-                rem[i, phase[i]] -= dt * (scale if dem[i, phase[i]] > 0.0 else 1.0)
-            if pf_on[i]:
-                pf_rem[i] -= dt * scale
-        now += dt
-    raise RuntimeError("timeline did not converge")
-
-
-@njit(cache=True)
-def _prefetch_time(i, pred, deps, can_pf, gap_dep, gap_pdl, start, end, pf_start):
-    """When kernel i may begin loading early, or -1 when it may not (now or ever)."""
-    p = pred[i]
-    if pf_start[i] >= 0.0 or can_pf[i] <= 0.0 or p < 0 or start[p] < 0.0 or end[p] >= 0.0:
-        return -1.0
-    t = start[p] + gap_pdl
-    for j in range(deps.shape[1]):
-        d = deps[i, j]
-        if d >= 0:
-            if end[d] < 0.0:
-                return -1.0
-            t = max(t, end[d] + gap_dep)
-    return t
-
-
-@njit(cache=True)
-def _settle(now, pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep, gap_pdl,
-            start, end, ready, phase, rem, dem, pf_on, pf_rem, pf_rate, pf_bytes, pf_start, pf_end):
-    n = pred.shape[0]
-    changed = True
-    while changed:
-        changed = False
-        for i in range(n):
-            if end[i] >= 0.0 or (pred[i] >= 0 and start[pred[i]] < 0.0):
-                continue
-            if start[i] >= 0.0:  # finish phases that ran out
-                while phase[i] < 3 and rem[i, phase[i]] <= EPS:
-                    phase[i] += 1
-                if phase[i] == 3:
-                    end[i] = now
-                    changed = True
-            if pf_on[i] and (pf_rem[i] <= EPS or end[pred[i]] >= 0.0):  # stop prefetch
-                pf_bytes[i] -= max(0.0, pf_rem[i]) * pf_rate[i]
-                pf_on[i] = False
-                pf_end[i] = now
-                changed = True
-            if start[i] < 0.0:
-                changed |= _try_start(i, now, pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep,
-                                      gap_pdl, start, end, ready, phase, rem, dem, pf_on, pf_rem, pf_rate, pf_bytes,
-                                      pf_start)
-
-
-@njit(cache=True)
-def _try_start(i, now, pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep, gap_pdl,
-               start, end, ready, phase, rem, dem, pf_on, pf_rem, pf_rate, pf_bytes, pf_start):
-    if ready[i] < 0.0:
-        t = 0.0
-        ok = True
-        p = pred[i]
-        if p >= 0:
-            ok = end[p] >= 0.0
-            t = end[p] + gap_pred[i]
-        else:
-            t = gap_pred[i]
-        for j in range(deps.shape[1]):
-            d = deps[i, j]
-            if d >= 0:
-                ok = ok and end[d] >= 0.0
-                t = max(t, end[d] + gap_dep)
-        if ok:
-            ready[i] = t
-    if ready[i] >= 0.0 and ready[i] <= now + EPS:
-        start[i] = ready[i]
-        left = max(0.0, nbytes[i] - (pf_bytes[i] if pf_start[i] >= 0.0 else 0.0))
-        work = max(left / bw[i], math[i])
-        rem[i, 0], rem[i, 1], rem[i, 2] = fixed[i], work, comm[i]
-        dem[i, 1] = left / work if work > 0.0 else 0.0
-        phase[i] = 0
-        while phase[i] < 3 and rem[i, phase[i]] <= EPS:
-            phase[i] += 1
-        return True
-    t_pf = _prefetch_time(i, pred, deps, can_pf, gap_dep, gap_pdl, start, end, pf_start)
-    if t_pf < 0.0 or t_pf > now + EPS:
-        return False
-    pf_on[i] = True
-    pf_rate[i] = bw[i]
-    pf_bytes[i] = can_pf[i]
-    pf_rem[i] = can_pf[i] / bw[i]
-    pf_start[i] = now
-    return True
+simulate = njit(cache=True)(events.simulate)
+makespan_us = Makespan(simulate)  # what sweeps and the calibration fit price with (estimate_step caches it)

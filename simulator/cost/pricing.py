@@ -45,7 +45,7 @@ import numpy as np
 from dataclasses import dataclass
 from typing import Literal
 
-from simulator.cost.collectives import collective_cost
+from simulator.cost.collectives import collective_cost, collective_time_us
 from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import Kernel
 
@@ -228,7 +228,7 @@ def serial_us(kernel: Kernel, hw: HardwareProfile) -> float:
 def kernel_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float, float, float, float]:
     """(launch µs, fixed + serial µs, math µs, comm µs, stream B/s): what the timeline needs, without a record."""
     _check_collective(kernel)
-    comm = collective_cost(kernel.collective, hw).time_us if kernel.collective else 0.0
+    comm = collective_time_us(kernel.collective, hw) if kernel.collective else 0.0
     experts_us, math_us = grouped_gemm_terms(kernel, hw)
     return (launch_gap_us(kernel, hw), fixed_us(kernel, hw) + experts_us + serial_us(kernel, hw),
             math_us, comm, stream_bandwidth(kernel, hw))

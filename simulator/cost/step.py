@@ -26,7 +26,7 @@ from functools import lru_cache, partial
 from typing import Any, Callable
 
 from simulator.config import ModelConfig
-from simulator.cost.timeline import Timeline, makespan_us, schedule
+from simulator.cost.timeline import Makespan, Timeline, makespan_us, schedule
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.ops.experts import UNIFORM, RoutingStats
@@ -46,9 +46,18 @@ def representative_layer(cfg: ModelConfig, layer_type: str) -> int:
     return layers[len(layers) // 2]
 
 
-@lru_cache(maxsize=4096)  # plans are immutable and pure in their (hashable) arguments: sweeps reuse them
 def build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, layer_type: str,
                fusions: frozenset[str] | None = None, layer: int | None = None) -> Plan:
+    """The plan of one layer; one object per distinct plan (the default fusions asked for by name or as None
+    build the same), so pricings that remember plans by identity (the uncertainty draws) price it once."""
+    if variant == "specialized":
+        fusions = specialized.resolve_fusions(fusions)
+    return _build_plan(cfg, variant, tp, shape, layer_type, fusions if variant == "specialized" else None, layer)
+
+
+@lru_cache(maxsize=4096)  # plans are immutable and pure in their (hashable) arguments: sweeps reuse them
+def _build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, layer_type: str,
+                fusions: frozenset[str] | None, layer: int | None) -> Plan:
     if variant not in BUILDERS:
         raise UserError(f"variant '{variant}' is not one of {', '.join(BUILDERS)}.")
     index = representative_layer(cfg, layer_type) if layer is None else layer
@@ -58,11 +67,11 @@ def build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, laye
 
 
 def layer_us(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
-             fusions: frozenset[str] | None = None) -> tuple[float, int]:
+             fusions: frozenset[str] | None = None, makespan: Makespan = makespan_us) -> tuple[float, int]:
     """(makespan in µs, kernel count) of one layer's plan on one GPU, shared by every shape that builds
     the same plan (`plan_shape`): a sweep's points differ in hardware, acceptance length or context far
     more often than in the kernels of a KDA layer."""
-    return _layer_us(cfg, hw, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions)
+    return _layer_us(cfg, hw, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions, makespan)
 
 
 def _layer(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
@@ -106,8 +115,9 @@ draft_us = lru_cache(maxsize=8192)(_draft)
 
 
 def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape,
-                   layer_type: str, fusions: frozenset[str] | None = None) -> Timeline:
-    return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions), hw)
+                   layer_type: str, fusions: frozenset[str] | None = None,
+                   makespan: Makespan = makespan_us) -> Timeline:
+    return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions), hw, makespan.loop)
 
 
 @lru_cache(maxsize=1024)  # the same plan objects for the same drafting: pricings that remember plans hit
@@ -168,13 +178,13 @@ def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, 
                   draft_tokens: int = 0, acceptance_length: float | None = None, drafter: str = "dspark-k3",
                   fusions: frozenset[str] | None = None, routing: RoutingStats = UNIFORM,
                   makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> StepEstimate:
-    """The step of one variant. `makespan` prices one plan: `makespan_us` (each layer, head and drafting
+    """The step of one variant. `makespan` prices one plan: a `Makespan` (each layer, head and drafting
     forward then priced once per plan shape and GPU, across calls), or a function returning an array of
     uncertainty draws (cost/uncertainty.py), in which case every time in the estimate is that array."""
-    cached = makespan is makespan_us  # draws are never cached: the same function may draw anew
-    layer = layer_us if cached else partial(_layer, makespan=makespan)
-    head = head_us if cached else partial(_head, makespan=makespan)
-    draft = draft_us if cached else partial(_draft, makespan=makespan)
+    cached = isinstance(makespan, Makespan)  # draws are never cached: the same function may draw anew
+    layer = partial(layer_us if cached else _layer, makespan=makespan)
+    head = partial(head_us if cached else _head, makespan=makespan)
+    draft = partial(draft_us if cached else _draft, makespan=makespan)
     accept = validate_speculation(draft_tokens, acceptance_length)
     shape = DecodeShape(batch, 1 + draft_tokens, context, routing)
     breakdown, per_layer, kernels = {}, {}, 0

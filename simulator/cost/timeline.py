@@ -24,11 +24,12 @@ B / BW + n alpha_min (sources.md §7.5); overlap the plan declares lowers it by 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from simulator.cost.collectives import min_alpha_us
-from simulator.cost.fastsim import simulate
+from simulator.cost.events import simulate
 from simulator.cost.pricing import Bound, KernelCost, kernel_terms, price_kernel
 from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import Kernel, Plan
@@ -100,11 +101,15 @@ class Timeline:
         raise KeyError(key)
 
 
-def schedule(plan: Plan, hw: HardwareProfile) -> Timeline:
-    """Place every kernel of `plan` on its stream; see the module docstring for the rules."""
+Loop = Callable[..., tuple]  # events.simulate, or fastsim.simulate (the same loop compiled): same arguments, result
+
+
+def schedule(plan: Plan, hw: HardwareProfile, loop: Loop = simulate) -> Timeline:
+    """Place every kernel of `plan` on its stream; see the module docstring for the rules. `loop` runs the
+    events: the plain one by default, `fastsim.simulate` where thousands of plans amortise Numba's load."""
     costs = [price_kernel(k, hw) for k in plan]
     arrays = _arrays(plan, hw)
-    start, end, pf_start, pf_end, pf_bytes = simulate(*arrays)
+    start, end, pf_start, pf_end, pf_bytes = loop(*arrays)
     spans = []
     for i, (k, c) in enumerate(zip(plan, costs)):
         inputs_end = max([0.0] + [end[j] for j in _inputs(arrays, i)])
@@ -116,9 +121,18 @@ def schedule(plan: Plan, hw: HardwareProfile) -> Timeline:
     return Timeline(label, hw.name, tuple(spans), floor_us(plan, hw))
 
 
-def makespan_us(plan: Plan, hw: HardwareProfile) -> float:
-    """Just the layer time: what sweeps need, without building spans."""
-    return float(simulate(*_arrays(plan, hw))[1].max())
+@dataclass(frozen=True)
+class Makespan:
+    """Just the layer time of a plan on a GPU, without building spans, by one event loop. A plain number per
+    (plan, GPU), so `estimate_step` remembers it (unlike the uncertainty draws, which also price plans)."""
+
+    loop: Loop = simulate
+
+    def __call__(self, plan: Plan, hw: HardwareProfile) -> float:
+        return float(self.loop(*_arrays(plan, hw))[1].max())
+
+
+makespan_us = Makespan()  # the plain loop: ~2 ms a layer, no compiler to load
 
 
 def _inputs(arrays: tuple, i: int) -> list[int]:
@@ -127,30 +141,37 @@ def _inputs(arrays: tuple, i: int) -> list[int]:
 
 
 def _arrays(plan: Plan, hw: HardwareProfile) -> tuple:
-    """Price every kernel and lay the plan out as the arrays `fastsim.simulate` reads."""
+    """Price every kernel and lay the plan out as the arrays `events.simulate` reads."""
+    pred, deps, nbytes, can_pf = plan_layout(plan)
+    terms = np.array([kernel_terms(k, hw) for k in plan], dtype=np.float64).reshape(len(plan), 5)
+    gap_pred, fixed, math, comm, stream = terms.T.copy()
+    return pred, deps, gap_pred, fixed, math, comm, nbytes, stream * 1e-6, can_pf, *plan_scalars(hw)
+
+
+def plan_layout(plan: Plan) -> tuple:
+    """What no GPU constant changes: (pred [n] the same-stream predecessor, deps [n, w] the cross-stream
+    waits (-1 padded), nbytes [n], can_pf [n] the bytes each kernel may load early behind its predecessor)."""
     index: dict[str, int] = {}
     last: dict[str, int] = {}
     n = len(plan)
     width = max([len(k.deps) for k in plan] + [1])
-    pred, deps, rows = [], [], []
+    pred, deps, nbytes, can_pf = [], [], [], []
     for i, k in enumerate(plan):
         unknown = [d for d in k.deps if d not in index]
         if k.key in index or unknown:
             raise ValueError(f"kernel {k.key!r}: duplicate key or deps on unknown/later kernels {unknown}")
-        launch, fixed, math_us, comm, stream = kernel_terms(k, hw)
         pred.append(last.get(k.stream, -1))
         deps.append([index[d] for d in k.deps] + [-1] * (width - len(k.deps)))
-        rows.append((launch, fixed, math_us, comm, k.hbm_bytes, stream * 1e-6,
-                     _prefetch_target(k) if pred[-1] >= 0 else 0.0))
+        nbytes.append(k.hbm_bytes)
+        can_pf.append(_prefetch_target(k) if pred[-1] >= 0 else 0.0)
         index[k.key] = last[k.stream] = i
-    gap_pred, fixed, math, comm, nbytes, bw, can_pf = np.array(rows, dtype=np.float64).T.copy()
     return (np.array(pred, dtype=np.int64), np.array(deps, dtype=np.int64).reshape(n, width),
-                   gap_pred, fixed, math, comm, nbytes, bw, can_pf, *plan_scalars(hw))
+            np.array(nbytes, dtype=np.float64), np.array(can_pf, dtype=np.float64))
 
 
 def plan_scalars(hw: HardwareProfile) -> tuple:
     """(gap after a cross-stream event, gap after a PDL launch, shared HBM capacity in B/µs): the arguments of
-    `fastsim.simulate` that belong to the GPU, not to a kernel."""
+    `events.simulate` that belong to the GPU, not to a kernel."""
     return hw.launch_gap_us, hw.launch_gap_pdl_us, hw.hbm_efficiency * hw.hbm_bandwidth * 1e-6
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any, Callable, Mapping
@@ -48,11 +48,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import numpy.typing as npt
 
-from numba import njit
-
-from simulator.cost.fastsim import simulate
+from simulator.cost import lockstep
 from simulator.cost.pricing import kernel_terms
-from simulator.cost.timeline import _arrays, plan_scalars
+from simulator.cost.timeline import plan_layout, plan_scalars
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.plans import VARIANTS
@@ -65,6 +63,9 @@ DEFAULT_DRAWS = 400
 DEFAULT_LEVEL = 0.9
 DEFAULT_SEED = 0
 _NORMAL = NormalDist()
+# the standard normal's cdf and quantile elementwise on arrays, each element through NormalDist's own C code
+# (the same bits as a Python loop over it, in a fraction of the time)
+_NORMAL_CDF, _NORMAL_INV_CDF = np.frompyfunc(_NORMAL.cdf, 1, 1), np.frompyfunc(_NORMAL.inv_cdf, 1, 1)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -198,7 +199,7 @@ class Parameter:
 
 
 def _cdf(z: Array) -> Array:
-    return np.array([_NORMAL.cdf(float(x)) for x in np.ravel(z)]).reshape(np.shape(z))
+    return np.asarray(_NORMAL_CDF(np.asarray(z, dtype=np.float64)), dtype=np.float64)
 
 
 def parameters(hw: HardwareProfile, res: Residuals, conditioned: tuple[str, ...] = ()) -> tuple[Parameter, ...]:
@@ -230,7 +231,6 @@ class Sample:
 
     params: tuple[Parameter, ...]
     z: Array  # [N, K]
-    profiles: tuple[HardwareProfile, ...]
     stacked: HardwareProfile  # one profile whose drawn constants are arrays [N] (vectorised pricing)
     factors: Array  # [N, len(FAMILIES) + 1]; the last column is 1 (kernels of no family)
     structure: Array  # [N, len(VARIANTS)]: each variant's whole-layer factor
@@ -242,12 +242,18 @@ class Sample:
     def n(self) -> int:
         return self.z.shape[0]
 
+    @cached_property
+    def profiles(self) -> tuple[HardwareProfile, ...]:
+        """Each draw's own profile (for pricing that cannot take arrays, and for tests)."""
+        drawn = [p.name for p in self.params if p.kind == "constant"]
+        return tuple(replace(self.stacked, **{c: float(getattr(self.stacked, c)[i]) for c in drawn})
+                     for i in range(self.n))
+
 
 def realise(hw: HardwareProfile, params: tuple[Parameter, ...], z: Array, res: Residuals) -> Sample:
     """Profiles and family factors at normal scores z [N, K]."""
     values = {p.name: p.at(z[:, k], res) for k, p in enumerate(params)}
     consts = [p.name for p in params if p.kind == "constant"]
-    profiles = tuple(replace(hw, **{c: float(values[c][i]) for c in consts}) for i in range(z.shape[0]))
     stacked = replace(hw, **{c: np.asarray(values[c], dtype=np.float64) for c in consts})
     factors = np.ones((z.shape[0], len(FAMILIES) + 1))
     structure = np.ones((z.shape[0], len(VARIANTS)))
@@ -256,13 +262,13 @@ def realise(hw: HardwareProfile, params: tuple[Parameter, ...], z: Array, res: R
             factors[:, FAMILIES.index(p.name)] = values[p.name]
         elif p.kind == "structure":
             structure[:, VARIANTS.index(p.name)] = values[p.name]
-    return Sample(params, z, profiles, stacked, factors, structure)
+    return Sample(params, z, stacked, factors, structure)
 
 
 def lhs_normal(n: int, k: int, rng: np.random.Generator) -> Array:
     """Latin hypercube normal scores [n, k]: each column hits each of n equal-probability strata once."""
     u = (np.argsort(rng.random((k, n)), axis=1).T + rng.random((n, k))) / n
-    return np.array([[_NORMAL.inv_cdf(float(x)) for x in row] for row in u])
+    return np.asarray(_NORMAL_INV_CDF(u), dtype=np.float64)
 
 
 def sqrt_psd(cov: Array) -> Array:
@@ -291,31 +297,39 @@ def kernel_duration_draws(plan: Plan, sample: Sample) -> Array:
 def _scheduled(plan: Plan, sample: Sample) -> tuple[Array, Array]:
     seen = sample.timelines.get(id(plan))
     if seen is None or seen[0] is not plan:
-        seen = sample.timelines[id(plan)] = (plan, _schedule_draws(plan, sample))
+        schedule_plans([plan], sample)
+        seen = sample.timelines[id(plan)]
     return seen[1]
 
 
-def _schedule_draws(plan: Plan, sample: Sample) -> tuple[Array, Array]:
-    """(makespans [N], kernel spans [N, n]) of `plan` under the sample's profiles and family factors (no
-    structural factor)."""
-    layout = _arrays(plan, sample.profiles[0])  # pred, deps, bytes and prefetch targets: the same in every draw
-    terms = np.stack([kernel_draws(k, sample) for k in plan], axis=2)  # [5, N, n]
-    launch, fixed, math_us, comm, stream = terms
+def schedule_plans(plans: list[Plan], sample: Sample) -> None:
+    """Schedule under every draw each plan the sample has not seen, all in one lockstep loop (`lockstep`:
+    the loop runs as long as the longest plan, not all of them), and remember (makespans [N], kernel spans
+    [N, n]) before any structural factor."""
+    todo = list({id(p): p for p in plans if sample.timelines.get(id(p), (None,))[0] is not p}.values())
+    if not todo:
+        return
+    scalars = (np.broadcast_to(np.asarray(x, dtype=np.float64), (sample.n,)) for x in plan_scalars(sample.stacked))
+    for plan, (start, end, *_) in zip(todo, lockstep.simulate_plans([_draw_arrays(p, sample) for p in todo], *scalars)):
+        sample.timelines[id(plan)] = (plan, (end.max(axis=1), end - start))
+
+
+def _draw_arrays(plan: Plan, sample: Sample) -> tuple:
+    """The plan's `events.simulate` arrays under every draw: phases [N, n] re-priced on the drawn constants and
+    scaled by the kernels' family factors; the layout (deps, bytes, prefetch targets) is the same in all."""
+    pred, deps, nbytes, can_pf = plan_layout(plan)
+    launch, fixed, math_us, comm, stream = np.stack([kernel_draws(k, sample) for k in plan], axis=2)  # [5, N, n]
     index = {f: j for j, f in enumerate(FAMILIES)}
     none = len(FAMILIES)
     fams = [kernel_families(k) for k in plan]
     fw = sample.factors[:, [index.get(w, none) if w else none for w, _ in fams]]  # [N, n]
     fc = sample.factors[:, [index.get(c, none) if c else none for _, c in fams]]
-    gap_dep, gap_pdl, capacity = (np.broadcast_to(np.asarray(x, dtype=np.float64), (sample.n,)).copy()
-                                  for x in plan_scalars(sample.stacked))
-    return simulate_draws(layout[0], layout[1], launch, fixed * fw, math_us * fw, comm * fc, layout[6],
-                          stream * 1e-6 / fw, layout[8], gap_dep, gap_pdl, capacity)
+    return pred, deps, launch, fixed * fw, math_us * fw, comm * fc, nbytes, stream * 1e-6 / fw, can_pf
 
 
 def kernel_draws(kernel: Kernel, sample: Sample) -> Array:
-    """`kernel_terms` under every draw [5, N]: one call on a profile whose drawn constants are arrays, or, where
-    the pricing branches on a drawn constant (the cheaper collective algorithm, a min of bandwidths: numpy
-    refuses to branch on an array), one call per draw."""
+    """`kernel_terms` under every draw [5, N]: one call on a profile whose drawn constants are arrays, or, should
+    the pricing branch on a drawn constant (numpy refuses to branch on an array), one call per draw."""
     try:
         terms = kernel_terms(kernel, sample.stacked)
         return np.stack([np.broadcast_to(np.asarray(t, dtype=np.float64), (sample.n,)) for t in terms])
@@ -323,17 +337,17 @@ def kernel_draws(kernel: Kernel, sample: Sample) -> Array:
         return np.array([kernel_terms(kernel, hw) for hw in sample.profiles], dtype=np.float64).T
 
 
-@njit(cache=True)
-def simulate_draws(pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep, gap_pdl, capacity):
-    """`fastsim.simulate` once per draw (rows of the [N, n] arrays): (makespans [N], kernel spans [N, n])."""
-    out = np.empty(gap_pred.shape[0])
-    spans = np.empty(gap_pred.shape)
-    for d in range(gap_pred.shape[0]):
-        start, end, _, _, _ = simulate(pred, deps, gap_pred[d], fixed[d], math[d], comm[d], nbytes, bw[d], can_pf,
-                                       gap_dep[d], gap_pdl[d], capacity[d])
-        out[d] = end.max()
-        spans[d] = end - start
-    return out, spans
+def priced(sample: Sample, price: Callable[[Callable[[Plan, HardwareProfile], Array]], Any]) -> Any:
+    """`price(makespan)` under the sample's draws, every plan it asks for scheduled together first: a dry
+    run with a stand-in makespan names the plans, one lockstep loop schedules them, the real run reads them."""
+    asked: list[Plan] = []
+
+    def record(plan: Plan, hw: HardwareProfile) -> Array:
+        asked.append(plan)
+        return np.ones(sample.n)
+    price(record)
+    schedule_plans(asked, sample)
+    return price(makespan_with(sample))
 
 
 def makespan_with(sample: Sample) -> Callable[[Plan, HardwareProfile], Array]:
@@ -349,20 +363,18 @@ def makespan_with(sample: Sample) -> Callable[[Plan, HardwareProfile], Array]:
 
 def figure_values(cfg: Any, sample: Sample, figures: tuple) -> Array:
     """[N, F] the published figures' model values under each draw, in each figure's metric."""
+    return priced(sample, lambda makespan: np.stack([_figure(cfg, sample, f, makespan) for f in figures], axis=1))
+
+
+def _figure(cfg: Any, sample: Sample, fig: Any, makespan: Callable[[Plan, HardwareProfile], Array]) -> Array:
     from simulator.cost.step import build_plan, estimate_step
     from simulator.plans.kernel import DecodeShape
-    cols = []
-    for fig in figures:
-        if fig.metric == "layer_us":
-            plan = build_plan(cfg, fig.variant, fig.tp, DecodeShape(fig.batch, fig.tokens_per_seq, fig.context),
-                              fig.layer or "kda")
-            cols.append(plan_draws(plan, sample))
-            continue
-        step = estimate_step(cfg, sample.profiles[0], fig.variant, fig.tp, fig.batch, fig.context,
-                             makespan=makespan_with(sample))
-        us = np.asarray(step.step_us)
-        cols.append(us / 1000.0 if fig.metric == "step_ms" else fig.batch * step.tokens_per_step / (us * 1e-6))
-    return np.stack(cols, axis=1)
+    if fig.metric == "layer_us":
+        shape = DecodeShape(fig.batch, fig.tokens_per_seq, fig.context)
+        return makespan(build_plan(cfg, fig.variant, fig.tp, shape, fig.layer or "kda"), sample.stacked)
+    step = estimate_step(cfg, sample.stacked, fig.variant, fig.tp, fig.batch, fig.context, makespan=makespan)
+    us = np.asarray(step.step_us)
+    return us / 1000.0 if fig.metric == "step_ms" else fig.batch * step.tokens_per_step / (us * 1e-6)
 
 
 def posterior(cfg: Any, hw: HardwareProfile, params: tuple[Parameter, ...], res: Residuals,
@@ -433,6 +445,10 @@ class Uncertainty:
     def makespan(self) -> Callable[[Plan, HardwareProfile], Array]:
         """A drop-in for `timeline.makespan_us` returning the N draws (`estimate_step(makespan=...)`)."""
         return makespan_with(self.sample)
+
+    def price(self, price: Callable[[Callable[[Plan, HardwareProfile], Array]], Any]) -> Any:
+        """`price(makespan)` under the draws, its plans scheduled together first (`priced`)."""
+        return priced(self.sample, price)
 
     def interval(self, values: Array, digits: int = 4) -> list[float]:
         lo, hi = weighted_quantile(values, self.weights, [(1 - self.spec.level) / 2, (1 + self.spec.level) / 2])

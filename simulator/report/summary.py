@@ -10,8 +10,9 @@ from typing import Any
 from simulator.config import ModelConfig
 from simulator.cost.memory import memory_per_gpu
 from simulator.cost.step import StepEstimate, build_plan, estimate_step, representative_layer
-from simulator.cost.timeline import Span, Timeline, schedule
-from simulator.cost.uncertainty import IntervalSpec, Uncertainty, kernel_duration_draws, plan_draws, uncertainty_for
+from simulator.cost.timeline import Makespan, Span, Timeline, makespan_us, schedule
+from simulator.cost.uncertainty import (IntervalSpec, Uncertainty, kernel_duration_draws, plan_draws, schedule_plans,
+                                        uncertainty_for)
 from simulator.hardware import HardwareProfile
 from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans.head import head_plan
@@ -45,14 +46,18 @@ def _span_row(span: Span) -> dict[str, Any]:
 
 
 def layer_timelines(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer_type: str,
-                    variant: str, fusions: frozenset[str] | None = None) -> dict[str, Timeline]:
-    return {v: schedule(build_plan(cfg, v, tp, shape, layer_type, fusions), hw) for v in variants_of(variant)}
+                    variant: str, fusions: frozenset[str] | None = None,
+                    makespan: Makespan = makespan_us) -> dict[str, Timeline]:
+    return {v: schedule(build_plan(cfg, v, tp, shape, layer_type, fusions), hw, makespan.loop)
+            for v in variants_of(variant)}
 
 
 def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer_type: str,
                  variant: str = "both", fusions: frozenset[str] | None = None,
-                 interval: IntervalSpec | None = None) -> dict[str, Any]:
-    tls = layer_timelines(cfg, hw, tp, shape, layer_type, variant, fusions)
+                 interval: IntervalSpec | None = None, makespan: Makespan = makespan_us) -> dict[str, Any]:
+    """One layer's report; `makespan` says which event loop schedules the central values (a sweep passes the
+    compiled one, `fastsim.makespan_us`)."""
+    tls = layer_timelines(cfg, hw, tp, shape, layer_type, variant, fusions, makespan)
     doc: dict[str, Any] = {
         "metric": LAYER_METRIC, "model": cfg.name, "hardware": hw.name, "tp": tp, "batch": shape.batch,
         "tokens_per_seq": shape.tokens_per_seq, "tokens": shape.tokens, "context": shape.context,
@@ -68,6 +73,7 @@ def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeSh
     if interval is not None:
         unc = uncertainty_for(hw, interval)
         plans = {v: build_plan(cfg, v, tp, shape, layer_type, fusions) for v in tls}
+        schedule_plans(list(plans.values()), unc.sample)  # both variants in one loop
         draws = {v: plan_draws(p, unc.sample) for v, p in plans.items()}
         for v, d in draws.items():
             doc["variants"][v]["layer_us_interval"] = unc.interval(d, 3)
@@ -95,9 +101,12 @@ def _step_row(est: StepEstimate) -> dict[str, Any]:
 def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, context: int, draft_tokens: int = 0,
                 acceptance_length: float | None = None, variant: str = "both", drafter: str = "dspark-k3",
                 fusions: frozenset[str] | None = None, routing: RoutingStats = UNIFORM,
-                bracket: bool = False, interval: IntervalSpec | None = None) -> dict[str, Any]:
+                bracket: bool = False, interval: IntervalSpec | None = None,
+                makespan: Makespan = makespan_us) -> dict[str, Any]:
+    """One step's report; `makespan` says which event loop schedules the central values (a sweep passes the
+    compiled one, `fastsim.makespan_us`)."""
     ests = {v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions,
-                             routing) for v in variants_of(variant)}
+                             routing, makespan) for v in variants_of(variant)}
     first = next(iter(ests.values()))
     doc: dict[str, Any] = {
         "metric": STEP_METRIC, "model": cfg.name, "hardware": hw.name, "tp": tp, "batch": batch,
@@ -111,8 +120,9 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
         doc["speedup"] = round(ests["standard"].step_us / ests["specialized"].step_us, 4)
     if interval is not None:
         unc = uncertainty_for(hw, interval)
-        draws = {v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions,
-                                  routing, makespan=unc.makespan) for v in ests}
+        draws = unc.price(lambda makespan: {
+            v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions, routing,
+                             makespan=makespan) for v in ests})
         for v, d in draws.items():
             row = doc["variants"][v]
             row["step_ms_interval"] = unc.interval(d.step_us / 1000, 4)
@@ -124,7 +134,7 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
         doc["routing_bracket"] = {
             name: {"expert_skew": r.skew, "draft_correlation": r.draft_correlation,
                    "variants": {v: _step_row(estimate_step(cfg, hw, v, tp, batch, context, draft_tokens,
-                                                           acceptance_length, drafter, fusions, r))
+                                                           acceptance_length, drafter, fusions, r, makespan))
                                 for v in variants_of(variant)}}
             for name, r in ends.items()}
     return doc
