@@ -11,7 +11,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "simulator"
 LAYERS = [  # lowest first; a module belongs to the first prefix that matches it
-    ("simulator.errors", "simulator.paths", "simulator.limits", "simulator.dtypes", "simulator.config",
+    ("simulator.errors", "simulator.jit", "simulator.paths", "simulator.limits", "simulator.dtypes", "simulator.config",
      "simulator.fast"),
     ("simulator.weights", "simulator.hardware"),
     ("simulator.ops",),

@@ -35,11 +35,10 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import numba
 import numpy as np
-from numba.extending import register_jitable
 
 from simulator.dtypes import Array
+from simulator.jit import jitable, lazy_njit
 from simulator.ops.pointwise import sigmoid
 
 L2_EPS = 1e-6  # added to the sum of squares in the q/k L2 norm (first-party KDA)
@@ -140,7 +139,7 @@ def _launch_fused(
     return out, new_state, new_hist
 
 
-@numba.njit(cache=True)
+@lazy_njit(cache=True)
 def _kda_fused_kernel(  # type: ignore[no-untyped-def]
     x, conv_w, z, dt_bias, a_log, beta_logits, gate, o_norm_w, c, hist, state, out
 ):
@@ -164,7 +163,7 @@ def _kda_fused_kernel(  # type: ignore[no-untyped-def]
                 _gated_norm_head(o, gate[b, t], o_norm_w, n, c, out[b, t])
 
 
-@register_jitable
+@jitable
 def _sigmoid_scalar(x, c):  # type: ignore[no-untyped-def]
     """pointwise.sigmoid for one scalar inside the jitted kernel, in the kernel's dtype `c.one`."""
     if x >= 0:
@@ -173,7 +172,7 @@ def _sigmoid_scalar(x, c):  # type: ignore[no-untyped-def]
     return e / (c.one + e)
 
 
-@register_jitable
+@jitable
 def _conv_silu_head(x_t, conv_w, hist_b, n, N, H, c, qkv):  # type: ignore[no-untyped-def]
     """q, k, v channels of head n: conv over [hist, x_t], SiLU into qkv [3, H]; shifts hist left by one."""
     W = conv_w.shape[1]
@@ -187,7 +186,7 @@ def _conv_silu_head(x_t, conv_w, hist_b, n, N, H, c, qkv):  # type: ignore[no-un
             qkv[part, i] = acc * _sigmoid_scalar(acc, c)
 
 
-@register_jitable
+@jitable
 def _l2_normalise_head(x, c, scale):  # type: ignore[no-untyped-def]
     ss = c.one - c.one
     for i in range(x.shape[0]):
@@ -197,7 +196,7 @@ def _l2_normalise_head(x, c, scale):  # type: ignore[no-untyped-def]
         x[i] *= inv
 
 
-@register_jitable
+@jitable
 def _delta_rule_head(S, qkv, alpha, beta, c, o):  # type: ignore[no-untyped-def]
     """Column j of S (one value channel) is independent of the others: decay, u_j, update, o_j."""
     H = S.shape[0]
@@ -214,7 +213,7 @@ def _delta_rule_head(S, qkv, alpha, beta, c, o):  # type: ignore[no-untyped-def]
         o[j] = acc
 
 
-@register_jitable
+@jitable
 def _gated_norm_head(o, gate_t, o_norm_w, n, c, out_t):  # type: ignore[no-untyped-def]
     H = o.shape[0]
     ss = c.one - c.one

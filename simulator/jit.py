@@ -1,0 +1,91 @@
+"""Numba on first call: a module that defines compiled kernels costs no Numba import until one of them runs.
+
+Importing Numba and loading its cached machine code takes ~0.3-0.7 s, more than the cost model needs to
+price a step. The plans import the ops they bind (`plans/common.py` -> `ops/linear.py` -> `fast.py`), so a
+kernel module that imported Numba at the top would charge that to `moe-sim step`, which runs none of them.
+
+    @lazy_njit(cache=True)      a kernel: a proxy whose first call imports Numba and compiles it; `.py_func`
+    def kernel(...): ...        is the plain Python function (STYLE item 14), runnable without Numba
+    @jitable                    a helper the kernels call: stays a plain Python function, registered with
+    def helper(...): ...        Numba (register_jitable) when the kernels compile
+    prange = range              a module's parallel loops; the compile binds it to numba.prange
+
+Kernels call helpers and each other by their module-level names, which Numba resolves when it types a
+kernel. So the first call compiles every registered module at once: each module's proxies are replaced in
+its namespace by their Numba dispatchers (which compile per signature on their own first call), its
+helpers are registered, and its `prange` is bound. Code that imported a proxy by name keeps working: the
+proxy forwards to its dispatcher.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable
+
+_MODULES: list[str] = []  # modules holding lazy kernels or helpers, in import order
+_HELPERS: list[Callable[..., Any]] = []
+_compiled = False
+
+
+class LazyJit:
+    """A function Numba compiles on its first call (module docstring)."""
+
+    def __init__(self, fn: Callable[..., Any], options: dict[str, Any]) -> None:
+        self.py_func = fn
+        self.options = options
+        self.dispatcher: Any = None
+        functools.update_wrapper(self, fn)
+        _register(fn.__module__)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.dispatcher is None:
+            compile_all()
+        return self.dispatcher(*args, **kwargs)
+
+
+def lazy_njit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """`numba.njit(**options)`, compiled on the first call instead of at import."""
+    if fn is None:
+        return lambda f: LazyJit(f, options)
+    return LazyJit(fn, options)
+
+
+def jitable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`numba.extending.register_jitable`, registered when the kernels compile; until then a plain function."""
+    _HELPERS.append(fn)
+    _register(fn.__module__)
+    return fn
+
+
+def compiled() -> bool:
+    """Whether any kernel has been compiled (and Numba imported) in this process."""
+    return _compiled
+
+
+def compile_all() -> None:
+    """Import Numba, register the helpers, put a dispatcher in place of every lazy kernel, bind `prange`."""
+    global _compiled
+    import numba
+    from numba.extending import register_jitable
+
+    for fn in _HELPERS:
+        register_jitable(fn)
+    _HELPERS.clear()
+    for name in _MODULES:
+        namespace = vars(sys.modules[name])
+        if "prange" in namespace:
+            namespace["prange"] = numba.prange
+        for key, obj in list(namespace.items()):
+            if isinstance(obj, LazyJit):
+                if obj.dispatcher is None:
+                    obj.dispatcher = numba.njit(**obj.options)(obj.py_func)
+                namespace[key] = obj.dispatcher
+    _compiled = True
+
+
+def _register(module: str) -> None:
+    if module not in _MODULES:
+        _MODULES.append(module)
+    if _compiled:  # a module imported after the first compile: bring it up to date now
+        compile_all()
