@@ -156,47 +156,53 @@ def e2m1_value(code, s):  # type: ignore[no-untyped-def]
 
 
 # ===================================================================== MXFP4 packing (weight generation)
-def mxfp4_quantize_t(w: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+def mxfp4_quantize_t(w: npt.NDArray[np.float32], amax_t: npt.NDArray[np.float32] | None = None,
+                     ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
     """Pack W^T as MXFP4 for W [K, N] float32: codes [N, K/2] and E8M0 scale bits [N, K/32].
 
-    Bit-identical to `dtypes.mxfp4_quantize(W.T)`: the block maxima come from one pass over W, the
-    scale exponent from the same NumPy expression (float32 log2, as the reference rounds it), the
-    codes from round-to-nearest-even onto the E2M1 grid with saturation at 6 (ml_dtypes' rule)."""
-    amax = _block_amax_t(w)  # [N, K/32]
-    exp = np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - 2  # float32, as mxfp4_quantize computes it
+    Bit-identical to `dtypes.mxfp4_quantize(W.T)`: the block maxima come from one pass over W (or from
+    the drawing kernel, `amax_t` [K/32, N]), the scale exponent from the same NumPy expression (float32
+    log2, as the reference rounds it: just below a power of two it can round up, so the exponent is not
+    read off the bits), the codes from round-to-nearest-even onto the E2M1 grid with saturation at 6
+    (ml_dtypes' rule). Dividing by a power of two is multiplying by its reciprocal, exactly."""
+    amax_t = _block_amax_t(w) if amax_t is None else amax_t  # [K/32, N]
+    exp = np.floor(np.log2(np.where(amax_t > 0, amax_t, 1.0))) - 2  # float32, as mxfp4_quantize computes it
     exp = np.clip(exp, -127, 127)
-    scale = np.exp2(exp).astype(np.float32)  # [N, K/32]
     packed = np.empty((w.shape[1], w.shape[0] // 2), np.uint8)  # [N, K/2]
-    _pack_codes_t(w, np.ascontiguousarray(scale.T), packed)
-    return packed, (exp + 127).astype(np.uint8)
+    _pack_codes_t(w, np.exp2(-exp).astype(np.float32), packed)
+    return packed, np.ascontiguousarray((exp + 127).astype(np.uint8).T)
 
 
 @njit(cache=True, nogil=True)
 def _block_amax_t(w):  # type: ignore[no-untyped-def]
     K, N = w.shape
-    amax = np.zeros((N, K // 32), np.float32)
-    for i in range(K):  # row-major walk of W: contiguous reads
-        b = i // 32
+    amax_t = np.zeros((K // 32, N), np.float32)
+    for i in range(K):  # row-major walk of W: contiguous reads and a contiguous row of maxima
+        row = amax_t[i // 32]
         for n in range(N):
-            a = abs(w[i, n])
-            if a > amax[n, b]:
-                amax[n, b] = a
-    return amax
+            row[n] = max(row[n], abs(w[i, n]))
+    return amax_t
+
+
+TRANSPOSE_TILE = 32  # a 32 x 32 byte tile: its source and destination lines both stay in L1
 
 
 @njit(cache=True, nogil=True)
-def _pack_codes_t(w, scale_t, packed):  # type: ignore[no-untyped-def]
-    """Codes of W / scale, one block of 32 rows of W at a time: the rows are coded along N (contiguous,
-    vectorised), then the [32, N] tile is transposed into two nibbles per byte of W^T."""
+def _pack_codes_t(w, inv_scale_t, packed):  # type: ignore[no-untyped-def]
+    """Codes of W * (1 / scale): rows 2j and 2j+1 of W coded along N into one row of byte pairs
+    (contiguous, vectorised), then the [K/2, N] pairs transposed tile by tile into W^T's [N, K/2]."""
     K, N = w.shape
-    tile = np.empty((32, N), np.uint8)
-    for b in range(K // 32):
-        for i in range(32):
-            for n in range(N):
-                tile[i, n] = e2m1_code(w[32 * b + i, n] / scale_t[b, n])
+    pairs = np.empty((K // 2, N), np.uint8)
+    for j in range(K // 2):
+        even, odd, inv, out = w[2 * j], w[2 * j + 1], inv_scale_t[j // 16], pairs[j]
         for n in range(N):
-            for j in range(16):
-                packed[n, 16 * b + j] = tile[2 * j, n] | (tile[2 * j + 1, n] << 4)
+            out[n] = e2m1_code(even[n] * inv[n]) | (e2m1_code(odd[n] * inv[n]) << 4)
+    T = TRANSPOSE_TILE
+    for n0 in range(0, N, T):
+        for j0 in range(0, K // 2, T):
+            for n in range(n0, min(n0 + T, N)):
+                for j in range(j0, min(j0 + T, K // 2)):
+                    packed[n, j] = pairs[j, n]
 
 
 @njit(cache=True, nogil=True, inline="always")

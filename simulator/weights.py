@@ -32,7 +32,7 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from simulator import fast
+from simulator import fast, rng
 from simulator.config import ModelConfig
 from simulator.dtypes import Array, round_bf16, round_fp8, round_mxfp4
 
@@ -41,8 +41,12 @@ FP32_KINDS = ("a_log", "bias")  # FP32 in the checkpoint; every other non-expert
 Packed = tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]  # MXFP4 W^T: codes [N, K/2], E8M0 bits [N, K/32]
 
 
+def _seed(seed: int, layer: int, name: str) -> np.random.SeedSequence:
+    return np.random.SeedSequence([seed, layer, zlib.crc32(name.encode())])
+
+
 def _rng(seed: int, layer: int, name: str) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([seed, layer, zlib.crc32(name.encode())]))
+    return np.random.default_rng(_seed(seed, layer, name))
 
 
 def _normal(seed: int, layer: int, name: str, shape: tuple[int, ...], std: float) -> Array:
@@ -214,9 +218,14 @@ class LayerWeights:
 
     def _make_packed(self, name: str) -> Packed:
         """MXFP4 expert `name` straight from its stream to codes + scales: the same draws, scaling and
-        rounding as `_make`, without its float32 round trip."""
+        rounding as `_make` (rng.py draws NumPy's numbers 2-3x as fast, taking the block maxima as it
+        goes), without its float32 round trip."""
         shape, _ = weight_spec(self.cfg, name)
-        return fast.mxfp4_quantize_t(_normal(self.seed, self.layer, name, shape, shape[0] ** -0.5))
+        w = np.empty(shape, np.float32)  # [K, N]
+        amax_t = np.empty((shape[0] // 32, shape[1]), np.float32)  # [K/32, N]
+        rng.normal_block_amax(rng.pcg64_words(_seed(self.seed, self.layer, name)), np.float32(shape[0] ** -0.5),
+                              w, amax_t)
+        return fast.mxfp4_quantize_t(w, amax_t)
 
     def _make(self, name: str) -> Array:
         """The weight's values: FP32 kinds and experts as float32 containers, the rest as bfloat16."""
