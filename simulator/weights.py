@@ -26,7 +26,7 @@ import zlib
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import ml_dtypes
 import numpy as np
@@ -111,9 +111,11 @@ class LayerWeights:
     seed: int
     expert_cache_bytes: int = 4 << 30
     copy_cache_bytes: int = 512 << 20
+    stream_chunk_bytes: int = 512 << 20  # packed expert parts held per streamed chunk: ~29 full-size K3 experts
     _held: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     _experts: BoundedCache = field(init=False, repr=False)
     _copies: BoundedCache = field(init=False, repr=False)
+    _streamed: dict[tuple[int, str], Packed] = field(default_factory=dict, repr=False)  # the chunk in flight
     expert_generations: int = 0  # expert parts generated (more than the touched parts x 3 means evictions)
     generate_s: float = 0.0  # wall seconds spent drawing and packing weights (benchmarks take it out)
 
@@ -159,16 +161,49 @@ class LayerWeights:
 
     def expert_part(self, e: int, part: str) -> Packed:
         """One part of routed expert e as MXFP4 W^T: codes [N, K/2] and E8M0 scale bits [N, K/32]."""
-        def make() -> Packed:
-            t0 = time.perf_counter()
-            q = self._make_packed(f"expert.{e}.{part}")
-            self.expert_generations += 1
-            self.generate_s += time.perf_counter() - t0
-            return q
-        return self._experts.get((e, part), make, _packed_bytes)
+        if (e, part) in self._streamed:
+            return self._streamed[(e, part)]
+        return self._experts.get((e, part), lambda: self._draw_parts([(e, part)])[0], _packed_bytes)
 
     def expert_packed(self, e: int) -> tuple[Packed, Packed, Packed]:
         return tuple(self.expert_part(e, p) for p in PARTS)
+
+    def stream_experts(self, experts: Iterable[int], parts: Iterable[str] = PARTS) -> Iterator[list[int]]:
+        """The experts in order, a chunk of about `stream_chunk_bytes` of packed parts at a time: the chunk's
+        parts missing from the cache are drawn on all cores and held (`expert_part` finds them) until
+        the next chunk is asked for. A pass that runs every rank over a chunk before the next (expert-
+        major) then draws each touched expert once, holding one chunk beside the bounded cache: at
+        batch 64, 442 experts x 17.5 MB = 7.8 GB would not fit, and a rank-major pass drew the overflow
+        once per rank."""
+        experts, parts = [int(e) for e in experts], list(parts)
+        if not self.packs_experts:
+            yield experts
+            return
+        per_chunk = max(1, self.stream_chunk_bytes // (len(parts) * self._part_bytes))
+        try:
+            for i in range(0, len(experts), per_chunk):
+                keys = [(e, p) for e in experts[i:i + per_chunk] for p in parts]
+                missing = [key for key in keys if key not in self._experts.items]
+                drawn = dict(zip(missing, self._draw_parts(missing)))
+                self._streamed = {key: self._experts.items.get(key) or drawn[key] for key in keys}
+                for key, q in drawn.items():  # the cache keeps what it has room for
+                    self._experts.get(key, lambda q=q: q, _packed_bytes)
+                yield experts[i:i + per_chunk]
+        finally:
+            self._streamed = {}
+
+    def _draw_parts(self, keys: list[tuple[int, str]]) -> list[Packed]:
+        """Expert parts drawn and packed on all cores (each from its own stream: order changes nothing)."""
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=min(len(keys), os.cpu_count() or 1) or 1) as pool:
+            made = list(pool.map(lambda key: self._make_packed(f"expert.{key[0]}.{key[1]}"), keys))
+        self.generate_s += time.perf_counter() - t0
+        self.expert_generations += len(keys)
+        return made
+
+    @property
+    def _part_bytes(self) -> int:
+        return self.cfg.expert_in_dim * self.cfg.moe_intermediate * 17 // 32  # codes (1/2 B) + scales (1/32 B)
 
     @property
     def packs_experts(self) -> bool:
@@ -183,23 +218,15 @@ class LayerWeights:
     def cached_experts(self) -> list[int]:
         return sorted({e for e, _ in self._experts.items})
 
-    def materialize(self, names: Iterable[str] = (), experts: Iterable[int] = (), workers: int | None = None) -> None:
-        """Generate the named weights and experts now, on `workers` threads: NumPy's generators and the
-        packing kernels release the GIL, and each tensor has its own stream, so no value changes."""
+    def materialize(self, names: Iterable[str] = (), workers: int | None = None) -> None:
+        """Generate the named weights now, on `workers` threads: NumPy's generators release the GIL, and
+        each tensor has its own stream, so no value changes."""
         names = [n for n in names if n not in self._held]
-        parts = [(int(e), p) for e in experts for p in PARTS if (int(e), p) not in self._experts.items]
-        part_bytes = self.cfg.expert_in_dim * self.cfg.moe_intermediate * 17 // 32  # codes + scales
-        room = max(0, self._experts.limit - self._experts.nbytes) // part_bytes  # the rest: made on use
-        parts = parts[:room] if self.packs_experts else []
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
             made = list(pool.map(lambda n: self._make_held(n), names))
-            packed = list(pool.map(lambda q: self._make_packed(f"expert.{q[0]}.{q[1]}"), parts))
         self.generate_s += time.perf_counter() - t0
         self._held.update(zip(names, made))
-        for key, q in zip(parts, packed):
-            self._experts.get(key, lambda q=q: q, _packed_bytes)
-        self.expert_generations += len(parts)
 
     # ------------------------------------------------------------------ generation
     def _held_weight(self, name: str) -> np.ndarray:
