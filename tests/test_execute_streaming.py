@@ -75,3 +75,18 @@ def test_streamed_layer_equals_one_chunk_bit_for_bit(tiny, layer, precision):
     for streamed, whole in zip(*results):
         np.testing.assert_array_equal(streamed.delta, whole.delta)
         np.testing.assert_array_equal(streamed.prefix, whole.prefix)
+
+
+def test_reference_rows_together_equal_rows_alone(tiny):
+    """The reference runs the rows that chose an expert together; on packed experts each row is still its
+    own product with each dequantized chunk, so every row has the bits of the token-by-token form."""
+    from simulator.ops.linear import MXFP4Weight
+    w = LayerWeights(tiny, 1, 3)
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((6, tiny.expert_in_dim))
+    r = route_reference(rng.standard_normal((6, tiny.num_experts)), np.zeros(tiny.num_experts), tiny)
+    expert = lambda e: tuple(MXFP4Weight(*q, form="reference") for q in w.expert_packed(e))  # noqa: E731
+    slots = ex.expert_outputs_reference(z, r.topk_idx, expert, tiny)
+    for t in range(6):
+        for j, e in enumerate(r.topk_idx[t]):
+            np.testing.assert_array_equal(slots[t, j], ex.mlp_reference(z[t:t + 1], *expert(int(e)), tiny)[0])

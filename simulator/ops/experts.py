@@ -64,14 +64,14 @@ def routed_experts_reference(z: Array, topk_idx: npt.NDArray[np.int64], topk_wei
 
 def expert_outputs_reference(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, cfg: ModelConfig, *,
                              only: Collection[int] | None = None, out: Array | None = None) -> Array:
-    """MLP_e(z_t) for every (token t, slot j) choosing e, one row at a time in float64, expert by expert.
-    [M, Din] -> [M, k, Din]. `only` / `out`: see `expert_fc1`."""
+    """MLP_e(z_t) for every (token t, slot j) choosing e, in float64, expert by expert: the rows that
+    chose e together (a packed expert's reference product still takes them one row at a time, sharing
+    each dequantized chunk: ops.linear.mxfp4_linear_chunked).   [M, Din] -> [M, k, Din].
+    `only` / `out`: see `expert_fc1`."""
     if out is None:
         out = np.zeros(topk_idx.shape + (z.shape[1],), dtype=z.dtype)  # [M, k, Din]
     for e, rows, slots in _groups(topk_idx, only):
-        w_gate, w_up, w_down = expert(e)
-        for t, j in zip(rows, slots):
-            out[t, j] = mlp_reference(z[t:t + 1], w_gate, w_up, w_down, cfg)[0]
+        out[rows, slots] = mlp_reference(z[rows], *expert(e), cfg)  # [n_e, Din]
     return out
 
 
