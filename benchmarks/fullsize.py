@@ -9,7 +9,7 @@ What it measures, in one process:
   from its on-disk cache (`cache_hits` / `cache_misses` say which): the first run after an install pays
   the compile, later runs the cache load;
 - drawing (`draw_s`): the layer's dense weights drawn once on all cores (one stream per tensor), then per
-  path the routed experts it draws. Experts stream expert-major: a chunk of touched experts (512 MB
+  path the routed experts it draws. Experts stream expert-major: a chunk of touched experts (256 MB
   packed, `--stream-chunk-gb`) is drawn on all cores, every simulated rank runs its share of it, and the
   next chunk follows; what the bounded cache kept (`--expert-cache-gb`) a later path does not draw again.
   `draw_rate_mparams_s` is expert parameters drawn and packed per second (both cores);
@@ -187,8 +187,8 @@ def main() -> int:
     ap.add_argument("--tp", type=int, default=16)
     ap.add_argument("--precision", choices=("fp64", "fp32", "bf16"), default="fp64")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--expert-cache-gb", type=float, default=4.0, help="bound of the packed expert cache")
-    ap.add_argument("--stream-chunk-gb", type=float, default=0.5, help="packed experts drawn per streamed chunk")
+    ap.add_argument("--expert-cache-gb", type=float, default=0.5, help="bound of the packed expert cache")
+    ap.add_argument("--stream-chunk-gb", type=float, default=0.25, help="packed experts drawn per streamed chunk")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.batch < 1:

@@ -17,12 +17,14 @@ weights.py and ops/ (they import neither) so the weight store can pack and widen
 
 Dimension legend: M rows (tokens), K reduction width, N output width, S sources, E experts, k picks.
 
-Napkin math (this machine, 2 cores, 21-42 GB/s in-process copy, benchmarks/fullsize.py): a full-size K3
-expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB packed; at batch 1 a rank touches 16 of them,
-16 ranks -> 280 MB per layer, ~10 ms at copy speed. The dequantize-then-GEMM form moves 8x (float32) or
-15x (float64) those bytes, and writes them first. Measured, the MXFP4 kernel decodes about one weight
-per cycle (1.1 GB/s of packed bytes on one thread): the nibble lookup is not vectorised (no byte
-shuffle from Numba), so it is compute-bound well below the copy rate (docs/architecture.md).
+Napkin math (this machine, 2 cores, 37-42 GB/s in-process copy when quiet, benchmarks/fullsize.py): a
+full-size K3 expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB packed; at batch 1 a rank touches
+16 of them, 16 ranks -> 280 MB per layer, ~10 ms at copy speed. The dequantize-then-GEMM form moves 8x
+(float32) or 15x (float64) those bytes, and writes them first. The MXFP4 kernel decodes a 32-weight block
+with one byte shuffle per nibble (`decode_block`); measured (benchmarks/mxfp4_roofline.py), decoding
+alone runs at ~5 GB/s of packed bytes per core, 10 GB/s on both (28 % of the copy), and decode plus the
+float64 dot at 1.8 GB/s per core: the kernel is bound by its arithmetic, not by memory
+(docs/architecture.md).
 
 Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
 run the NumPy forms that way); every fused op in ops/ asks it per call, so there is no module state.
@@ -128,7 +130,7 @@ def _decode_block_simd(typingctx, row, j, half_scale, even, odd):  # type: ignor
     """`decode_block` in LLVM vector IR: load 16 bytes, split the nibbles, look each 16-lane vector up in
     the 16-entry table, widen to float32, scale, store. The lookup is written as 16 lane extracts from a
     constant vector, which LLVM turns into one `pshufb` (x86) or `tbl` (Arm); Numba's own vectoriser
-    makes a table lookup a gather or scalar loads (2.5-4x slower, tests/../docs/architecture.md)."""
+    makes a table lookup a gather or scalar loads (several times slower: benchmarks/mxfp4_roofline.py)."""
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
         bytes16, floats16 = ir.VectorType(i8, 16), ir.VectorType(f32, 16)

@@ -4,7 +4,9 @@ sharding helpers.
 Every tensor is drawn from its own stream, `SeedSequence([seed, layer, crc32(name)])`, so a tensor's
 values do not depend on which other tensors were generated first. That is what lets the routed
 experts be lazy: a full-size Kimi K3 layer at batch 1 generates only the k selected experts
-(16 x 17.5 MB in MXFP4 instead of 896 of them), and regenerate one that was evicted.
+(16 x 17.5 MB in MXFP4 instead of 896 of them), regenerate one that was evicted, and stream the
+442 a batch of 64 touches a chunk at a time in any order. Routed experts are drawn by rng.py (NumPy's
+PCG64 and ziggurat in Numba: the same numbers, 2-3x as fast), the dense weights by NumPy itself.
 
 Scaling keeps activations O(1) (STYLE item 13): a linear `[in, out]` is N(0, 1/in); norm weights
 are 1 + N(0, 0.1^2); AttnRes projections are N(0, 1/D). Weights are rounded to their checkpoint
@@ -102,7 +104,8 @@ class LayerWeights:
 
     Held: each dense weight once, in its checkpoint format (bf16 or FP32); routed MXFP4 experts packed
     per part in a cache of `expert_cache_bytes`, regenerated from their own stream when evicted (the
-    same numbers every time). Float copies for computing (`get`, `shard`, `expert`) are made on
+    same numbers every time). A pass over many experts streams them (`stream_experts`): a chunk of
+    `stream_chunk_bytes` drawn on all cores, used by every rank, then the next. Float copies for computing (`get`, `shard`, `expert`) are made on
     request; full copies are kept in a second cache of `copy_cache_bytes`, so P simulated ranks and the
     reference share one float64 copy of a small weight while a 1.9 GB one is not kept."""
 
