@@ -21,8 +21,8 @@ What it measures, in one process:
 - max_rel_rms_error of both plans against the reference, so that a fast wrong answer cannot pass.
 
 Napkin math, batch 1: 16 experts x 17.5 MB = 280 MB packed, 14 ms at 20 GB/s; drawing them is 16 x 3 x
-11 M normal floats, ~2 s on 2 cores at ~250 M parameters/s: the drawing, not the arithmetic, is the floor
-of a fresh layer. Batch 64: 442 experts x 33 M = 14.6 G parameters, about a minute of drawing.
+11 M normal floats, ~3 s on 2 cores at ~180 M parameters/s: the drawing, not the arithmetic, is the floor
+of a fresh layer. Batch 64: 442 experts x 33 M = 14.6 G parameters, ~80 s of drawing per full pass.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ full-size K3 expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB packed; at
 16 of them, 16 ranks -> 280 MB per layer, ~10 ms at copy speed. The dequantize-then-GEMM form moves 8x
 (float32) or 15x (float64) those bytes, and writes them first. The MXFP4 kernel decodes a 32-weight block
 with one byte shuffle per nibble (`decode_block`); measured (benchmarks/mxfp4_roofline.py), decoding
-alone runs at ~5 GB/s of packed bytes per core, 10 GB/s on both (28 % of the copy), and decode plus the
-float64 dot at 1.8 GB/s per core: the kernel is bound by its arithmetic, not by memory
+alone runs at ~5 GB/s of packed bytes per core, 10-12 GB/s on both (about a third of the copy), and decode
+plus the float64 dot at 1.8 GB/s per core: the kernel is bound by its arithmetic, not by memory
 (docs/architecture.md).
 
 Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
