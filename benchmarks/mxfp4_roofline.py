@@ -34,7 +34,7 @@ from simulator import fast  # noqa: E402
 GB = 1e9
 
 
-@numba.njit(parallel=True, cache=True, fastmath=fast.FAST)
+@numba.njit(parallel=True, fastmath=fast.FAST)
 def _decode_only(packed, scale_bits, half_scale, sink):  # type: ignore[no-untyped-def]
     N, H = packed.shape
     for c in numba.prange(numba.get_num_threads()):
@@ -51,15 +51,16 @@ PAIRS = np.stack([fast.E2M1[np.arange(256) & 15], fast.E2M1[np.arange(256) >> 4]
 PAIRS = PAIRS.view(np.uint64)[:, 0].copy()  # byte -> both nibbles' values, the former decode
 
 
-@numba.njit(parallel=True, cache=True, fastmath=fast.FAST)
+@numba.njit(parallel=True, fastmath=fast.FAST)
 def _decode_pairs(packed, pairs, sink):  # type: ignore[no-untyped-def]
     N, H = packed.shape
     for c in numba.prange(numba.get_num_threads()):
         w = np.empty(H, np.uint64)
         keep = np.uint64(0)
         for n in range(c * N // numba.get_num_threads(), (c + 1) * N // numba.get_num_threads()):
+            row = packed[n]
             for j in range(H):
-                w[j] = pairs[packed[n, j]]
+                w[j] = pairs[row[j]]
             keep += w[n % H]
         sink[16 * c] = np.float32(keep & np.uint64(1))
 

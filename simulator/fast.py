@@ -130,7 +130,7 @@ def _decode_block_simd(typingctx, row, j, half_scale, even, odd):  # type: ignor
     """`decode_block` in LLVM vector IR: load 16 bytes, split the nibbles, look each 16-lane vector up in
     the 16-entry table, widen to float32, scale, store. The lookup is written as 16 lane extracts from a
     constant vector, which LLVM turns into one `pshufb` (x86) or `tbl` (Arm); Numba's own vectoriser
-    makes a table lookup a gather or scalar loads (several times slower: benchmarks/mxfp4_roofline.py)."""
+    makes a table lookup a gather or scalar loads (2.5-3x slower: benchmarks/mxfp4_roofline.py)."""
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
         bytes16, floats16 = ir.VectorType(i8, 16), ir.VectorType(f32, 16)
