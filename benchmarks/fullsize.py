@@ -8,18 +8,21 @@ What it measures, in one process:
 - compile: a tiny-k3 check of the same layer type first, so every Numba kernel is compiled or loaded
   from its on-disk cache (`cache_hits` / `cache_misses` say which): the first run after an install pays
   the compile, later runs the cache load;
-- generate: the layer's dense weights drawn once on all cores (one stream per tensor); routed experts
-  are drawn on demand on all cores as soon as the routing is known, inside the first path that needs
-  them, and kept packed in a bounded cache the later paths hit (what does not fit is drawn again);
-- wall_s per path (reference, standard, specialized) without the weight drawing inside it
-  (`generate_s` per path, and `wall_incl_generate_s`); peak RSS after each path (ru_maxrss);
+- drawing (`draw_s`): the layer's dense weights drawn once on all cores (one stream per tensor), then per
+  path the routed experts it draws. Experts stream expert-major: a chunk of touched experts (256 MB
+  packed, `--stream-chunk-gb`) is drawn on all cores, every simulated rank runs its share of it, and the
+  next chunk follows; what the bounded cache kept (`--expert-cache-gb`) a later path does not draw again.
+  `draw_rate_mparams_s` is expert parameters drawn and packed per second (both cores);
+- wall_s per path (reference, standard, specialized): the path's compute, drawing taken out;
+  `wall_incl_draw_s` is the same with it in. Peak RSS after each path (ru_maxrss);
 - expert_gbps: the specialized plan's routed-expert kernels (FC1, FC2 + finalize, all 16 ranks) timed
   in place, bytes = the packed MXFP4 bytes of the touched experts (every rank reads its 1/P of each);
 - copy_gbps: STREAM copy (dst[:] = src[:], bytes read + written) of 2 x 256 MB on all threads, best of 5;
 - max_rel_rms_error of both plans against the reference, so that a fast wrong answer cannot pass.
 
 Napkin math, batch 1: 16 experts x 17.5 MB = 280 MB packed, 14 ms at 20 GB/s; drawing them is 16 x 3 x
-11 M normal floats, ~5 s on 2 cores: the drawing, not the arithmetic, is the floor of a fresh layer.
+11 M normal floats, ~3 s on 2 cores at ~180 M parameters/s: the drawing, not the arithmetic, is the floor
+of a fresh layer. Batch 64: 442 experts x 33 M = 14.6 G parameters, ~80 s of drawing per full pass.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def timed_experts(plan: Plan, clock: dict[str, float], weights: LayerWeights) ->
     return replace(plan, kernels=tuple(replace(k, op=wrap(k.op)) if k.kind == "moe" else k for k in plan.kernels))
 
 
-def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: float,
+def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: float, chunk_gb: float,
         step: Callable[[str], None]) -> dict[str, Any]:
     cfg = load_model("kimi-k3")
     shape = DecodeShape(batch, 1, 64)
@@ -116,17 +119,17 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
     doc["compile"] = compile_kernels(layer)
     step("copy bandwidth")
     doc["copy_gbps"] = round(copy_gbps(), 2)
-    weights = LayerWeights(cfg, d.layer, seed, expert_cache_bytes=int(cache_gb * GB))
+    weights = LayerWeights(cfg, d.layer, seed, expert_cache_bytes=int(cache_gb * GB), stream_chunk_bytes=int(chunk_gb * GB))
     step("dense weights")
     t0 = time.perf_counter()
     weights.materialize(layer_weight_names(cfg, layer))
-    doc["generate_dense_s"] = round(time.perf_counter() - t0, 2)
+    draw = {"dense": time.perf_counter() - t0}
     io, state = make_inputs(cfg, d, np.random.default_rng(seed))
-    wall, gen, rss, errors, clock = {}, {}, {}, {}, {"s": 0.0}
+    wall, rss, errors, clock = {}, {}, {}, {"s": 0.0}
     step("reference")
     g0, t0 = weights.generate_s, time.perf_counter()
     ref_io, ref_state, ref_diag = reference_layer(cfg, d.layer, shape, weights, io, state)
-    wall["reference"], gen["reference"] = time.perf_counter() - t0, weights.generate_s - g0
+    wall["reference"], draw["reference"] = time.perf_counter() - t0, weights.generate_s - g0
     rss["reference"] = peak_rss_gb()
     for name, build in (("standard", standard.build), ("specialized", specialized.build)):
         step(name)
@@ -134,18 +137,22 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
         plan = timed_experts(plan, clock, weights) if name == "specialized" else plan
         g0, t0 = weights.generate_s, time.perf_counter()
         out, new_state, _ = run_plan(plan, d, weights, io, state, prec)
-        wall[name], gen[name] = time.perf_counter() - t0, weights.generate_s - g0
+        wall[name], draw[name] = time.perf_counter() - t0, weights.generate_s - g0
         rss[name] = peak_rss_gb()
         found = _output_errors(out, ref_io, np.ones(d.M, bool), precision) + _state_errors(new_state, ref_state, d, precision)
         errors[name] = max(e.rel_rms_error for e in found)
     experts = np.unique(ref_diag["topk_idx"]) if "topk_idx" in ref_diag else np.empty(0, int)
     part_bytes = cfg.expert_in_dim * cfg.moe_intermediate * 17 // 32  # codes (1/2 B) + scales (1/32 B)
-    doc |= {"wall_s": {k: round(v - gen[k], 3) for k, v in wall.items()},
-            "wall_incl_generate_s": {k: round(v, 3) for k, v in wall.items()},
-            "generate_s": {k: round(v, 3) for k, v in gen.items()}, "peak_rss_gb": round(peak_rss_gb(), 3),
-            "peak_rss_gb_after": {k: round(v, 3) for k, v in rss.items()},
-            "experts_touched": len(experts), "expert_part_generations": weights.expert_generations,
-            "expert_cache_gb": cache_gb, "max_rel_rms_error": {k: float(f"{v:.3g}") for k, v in errors.items()}}
+    expert_draw_s = sum(v for k, v in draw.items() if k != "dense")
+    doc |= {"wall_s": {k: round(v - draw[k], 3) for k, v in wall.items()},
+            "wall_incl_draw_s": {k: round(v, 3) for k, v in wall.items()},
+            "draw_s": {k: round(v, 3) for k, v in draw.items()} | {"total": round(sum(draw.values()), 3)},
+            "peak_rss_gb": round(peak_rss_gb(), 3), "peak_rss_gb_after": {k: round(v, 3) for k, v in rss.items()},
+            "experts_touched": len(experts), "expert_part_draws": weights.expert_generations,
+            "draw_rate_mparams_s": round(weights.expert_generations * cfg.expert_in_dim * cfg.moe_intermediate
+                                         / max(expert_draw_s, 1e-9) / 1e6, 1),
+            "expert_cache_gb": cache_gb, "stream_chunk_gb": chunk_gb,
+            "max_rel_rms_error": {k: float(f"{v:.3g}") for k, v in errors.items()}}
     doc["specialized_vs_standard"] = round(doc["wall_s"]["standard"] / doc["wall_s"]["specialized"], 2)
     if len(experts):
         doc["expert_kernel_s"] = round(clock["s"], 4)
@@ -160,9 +167,10 @@ def report(doc: dict[str, Any]) -> str:
              f"{doc['precision']}, {doc['threads']} threads",
              f"  compile (tiny run): {doc['compile']['seconds']} s, cache hits {doc['compile']['cache_hits']}, "
              f"misses {doc['compile']['cache_misses']}",
-             f"  dense weights drawn in {doc['generate_dense_s']} s"]
+             f"  dense weights drawn in {doc['draw_s']['dense']} s; {doc['expert_part_draws']} expert parts drawn at "
+             f"{doc['draw_rate_mparams_s']} M params/s"]
     for k, v in doc["wall_s"].items():
-        lines.append(f"  {k:12s} {v:8.2f} s  (+{doc['generate_s'][k]:.2f} s drawing weights)  peak RSS so far "
+        lines.append(f"  {k:12s} {v:8.2f} s  (+{doc['draw_s'][k]:.2f} s drawing experts)  peak RSS so far "
                      f"{doc['peak_rss_gb_after'][k]:.2f} GB  rel RMS error {doc['max_rel_rms_error'].get(k, 0):.1e}")
     if "expert_gbps" in doc:
         lines.append(f"  routed experts (specialized, {doc['experts_touched']} touched): {doc['expert_bytes_gb']} GB "
@@ -179,7 +187,8 @@ def main() -> int:
     ap.add_argument("--tp", type=int, default=16)
     ap.add_argument("--precision", choices=("fp64", "fp32", "bf16"), default="fp64")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--expert-cache-gb", type=float, default=4.0, help="bound of the packed expert cache")
+    ap.add_argument("--expert-cache-gb", type=float, default=0.5, help="bound of the packed expert cache")
+    ap.add_argument("--stream-chunk-gb", type=float, default=0.25, help="packed experts drawn per streamed chunk")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.batch < 1:
@@ -192,7 +201,8 @@ def main() -> int:
         def step(phase: str) -> None:
             bar.update(task, description=phase, completed=PHASES.index(phase), rss=f"peak RSS {peak_rss_gb():.2f} GB")
 
-        doc = run(args.batch, args.layer, args.tp, args.precision, args.seed, args.expert_cache_gb, step)
+        doc = run(args.batch, args.layer, args.tp, args.precision, args.seed, args.expert_cache_gb,
+                      args.stream_chunk_gb, step)
     print(json.dumps(doc, indent=2) if args.json else report(doc))
     return 0
 

@@ -82,7 +82,9 @@ def run_kernel(kernel: Kernel, ranks: list[Rank], weights: LayerWeights, prec: P
     consts = {k: options[v.name] if isinstance(v, RunOption) else v for k, v in kernel.consts}
     args = [[_read(kernel, rank, t) for t in kernel.reads] + [_weight(kernel, rank, weights, prec, t)
                                                                 for t in kernel.weights] for rank in ranks]
-    if kernel.scope == "rank":
+    if kernel.scope == "rank" and _routed_parts(kernel):
+        outs = [_outputs(kernel, out) for out in _expert_major(kernel, ranks, weights, args, consts)]
+    elif kernel.scope == "rank":
         outs = [_outputs(kernel, kernel.op(*a, **consts)) for a in args]
     else:
         per_output = _outputs(kernel, kernel.op(*[list(col) for col in zip(*args)], **consts))
@@ -94,6 +96,26 @@ def run_kernel(kernel: Kernel, ranks: list[Rank], weights: LayerWeights, prec: P
             _store(kernel, rank, t, prec.store(value, t.dtype))
         for name, value in zip(kernel.diagnostics, out[len(kernel.writes):]):
             rank.buf[f"diag.{name}"] = value
+
+
+def _routed_parts(kernel: Kernel) -> list[str]:
+    """The routed-expert parts ("w_gate", ...) a kernel's weights declare; none for other kernels."""
+    return [name[len(EXPERT):] for t in kernel.weights for name, _ in (t.parts or ((t.name, "full"),))
+            if name.startswith(EXPERT)]
+
+
+def _expert_major(kernel: Kernel, ranks: list[Rank], weights: LayerWeights, args: list[list[Any]],
+                  consts: dict[str, Any]) -> list[Any]:
+    """A routed-expert kernel on every rank, expert-major: the touched experts stream a chunk at a time
+    (each chunk's parts drawn once, on all cores) and every rank runs its groups of the chunk before the
+    next chunk is drawn. Each rank's op continues its own output (`only` / `out`, ops/experts.py), so
+    the result is one call per rank's, bit for bit, while memory holds one chunk of experts, not all."""
+    idx = [ranks[0].buf[t.name] for t in kernel.reads if t.dtype == "int32"]  # topk.idx, the same on every rank
+    touched = np.unique(idx[0]) if idx else np.empty(0, np.int64)
+    outs: list[Any] = [None] * len(ranks)
+    for chunk in weights.stream_experts(touched, _routed_parts(kernel)):
+        outs = [kernel.op(*a, **consts, only=chunk, out=out) for a, out in zip(args, outs)]
+    return outs
 
 
 def _outputs(kernel: Kernel, result: Any) -> tuple[Any, ...]:
@@ -178,9 +200,6 @@ def _expert_weights(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Pre
     """e -> the declared parts of expert e's shard; each checked against the declared per-expert shape."""
     per_expert = (t.unpadded or t.shape)[1:]
     packed = weights.packs_experts and fast.numba_enabled()
-    if packed and rank.r == 0:  # generate the touched experts on all cores once, before rank 0 needs them
-        ids = [rank.buf[r.name] for r in kernel.reads if r.dtype == "int32"]  # the routing: topk.idx
-        weights.materialize(experts=np.unique(ids[0]) if ids else ())
 
     def part(e: int, name: str, shard: str) -> Array | MXFP4Weight:
         if packed:

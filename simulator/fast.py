@@ -17,12 +17,14 @@ weights.py and ops/ (they import neither) so the weight store can pack and widen
 
 Dimension legend: M rows (tokens), K reduction width, N output width, S sources, E experts, k picks.
 
-Napkin math (this machine, 2 cores, 21-42 GB/s in-process copy, benchmarks/fullsize.py): a full-size K3
-expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB packed; at batch 1 a rank touches 16 of them,
-16 ranks -> 280 MB per layer, ~10 ms at copy speed. The dequantize-then-GEMM form moves 8x (float32) or
-15x (float64) those bytes, and writes them first. Measured, the MXFP4 kernel decodes about one weight
-per cycle (1.1 GB/s of packed bytes on one thread): the nibble lookup is not vectorised (no byte
-shuffle from Numba), so it is compute-bound well below the copy rate (docs/architecture.md).
+Napkin math (this machine, 2 cores, 37-42 GB/s in-process copy when quiet, benchmarks/fullsize.py): a
+full-size K3 expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB packed; at batch 1 a rank touches
+16 of them, 16 ranks -> 280 MB per layer, ~10 ms at copy speed. The dequantize-then-GEMM form moves 8x
+(float32) or 15x (float64) those bytes, and writes them first. The MXFP4 kernel decodes a 32-weight block
+with one byte shuffle per nibble (`decode_block`); measured (benchmarks/mxfp4_roofline.py), decoding
+alone runs at ~5 GB/s of packed bytes per core, 10-12 GB/s on both (about a third of the copy), and decode
+plus the float64 dot at 1.8 GB/s per core: the kernel is bound by its arithmetic, not by memory
+(docs/architecture.md).
 
 Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
 run the NumPy forms that way); every fused op in ops/ asks it per call, so there is no module state.
@@ -38,7 +40,9 @@ import numpy as np
 import numpy.typing as npt
 
 import numba
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic, overload
 
 Array = npt.NDArray[np.floating]
 FAST = {"reassoc", "contract", "nsz"}  # reassociation lets LLVM vectorise the dot products; no nnan/ninf
@@ -56,56 +60,97 @@ def numba_enabled() -> bool:
 # ===================================================================== MXFP4 x activations
 PARALLEL_BYTES = 4 << 20  # a kernel reading less runs on one thread: waking the pool costs more than it
 # saves, and when another process holds a core the pool's barrier waits for a time slice (ms) per call
-E2M1_PAIRS = np.stack([E2M1[np.arange(256) & 15], E2M1[np.arange(256) >> 4]], axis=1).astype(np.float32)
-E2M1_PAIRS = E2M1_PAIRS.view(np.uint64)[:, 0].copy()  # byte p -> (e2m1(low nibble), e2m1(high nibble)) as 2 x f32
+E2M1_X2 = (2 * E2M1).astype(np.int8)  # twice the E2M1 values are the integers 0, +-1, 2, 3, 4, 6, 8, 12
+with np.errstate(over="ignore"):
+    E8M0_HALF_F32 = (E8M0 / 2).astype(np.float32)  # the scale over 2, to undo the 2 of E2M1_X2 (exactly)
 
 
 def mxfp4_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np.uint8]) -> Array:
     """y = x @ W for W^T stored as MXFP4 codes [N, K/2] and E8M0 scale bits [N, K/32].   [M, K] -> [M, N]
 
-    Each output column decodes its row of W^T into a K-wide float32 scratch row (L1-resident: the
-    registers / shared memory of a GPU tile): one 8-byte table load per code byte gives both nibbles'
-    E2M1 values, one multiply per element applies the block scale, then the row is dotted with every
-    token row in x's dtype. E2M1 values times a power of two are exact in float32 (for scales below
-    2^126, i.e. E8M0 bits < 253: anything larger goes through the element-wise kernel in x's dtype),
-    so only the summation order differs from `x @ dequantize(W^T).T`."""
+    Each output column decodes its row of W^T, a 32-weight block (16 code bytes) at a time, into two
+    float32 scratch rows (L1-resident: the registers / shared memory of a GPU tile): the low nibbles
+    (even k) and the high nibbles (odd k), each looked up in a 16-entry table by a byte shuffle and
+    times the block scale (`decode_block`); x is split into its even and odd columns to match, and
+    the two rows are dotted with every token row in x's dtype. E2M1 values times a power of two are
+    exact in float32 (for scales below 2^126, i.e. E8M0 bits < 253: anything larger goes through the
+    element-wise kernel in x's dtype), so only the summation order differs from `x @ dequantize(W^T).T`."""
     if scale_bits.size and scale_bits.max() >= 253:
         return mxfp4_matmul_slice(x, packed, scale_bits, 0)
     x = np.ascontiguousarray(x)
+    xe, xo = np.ascontiguousarray(x[:, 0::2]), np.ascontiguousarray(x[:, 1::2])  # [M, K/2] each
+    packed = packed if packed.strides[-1] == 1 else np.ascontiguousarray(packed)
     out = np.empty((x.shape[0], packed.shape[0]), x.dtype)
     if packed.nbytes < PARALLEL_BYTES:
-        _mxfp4_rows(x, packed, scale_bits, E2M1_PAIRS, E8M0_F32, out, 0, packed.shape[0])
+        _mxfp4_rows(xe, xo, packed, scale_bits, E8M0_HALF_F32, out, 0, packed.shape[0])
     else:
-        _mxfp4_matmul_parallel(x, packed, scale_bits, E2M1_PAIRS, E8M0_F32, out, 4 * numba.get_num_threads())
+        _mxfp4_matmul_parallel(xe, xo, packed, scale_bits, E8M0_HALF_F32, out, 4 * numba.get_num_threads())
     return out
 
 
 @njit(parallel=True, cache=True)
-def _mxfp4_matmul_parallel(x, packed, scale_bits, pairs, scale_lut, out, chunks):  # type: ignore[no-untyped-def]
+def _mxfp4_matmul_parallel(xe, xo, packed, scale_bits, half_scale, out, chunks):  # type: ignore[no-untyped-def]
     N = packed.shape[0]
     for c in prange(chunks):
-        _mxfp4_rows(x, packed, scale_bits, pairs, scale_lut, out, c * N // chunks, (c + 1) * N // chunks)
+        _mxfp4_rows(xe, xo, packed, scale_bits, half_scale, out, c * N // chunks, (c + 1) * N // chunks)
 
 
 @njit(cache=True, fastmath=FAST)
-def _mxfp4_rows(x, packed, scale_bits, pairs, scale_lut, out, n0, n1):  # type: ignore[no-untyped-def]
+def _mxfp4_rows(xe, xo, packed, scale_bits, half_scale, out, n0, n1):  # type: ignore[no-untyped-def]
     """Output columns n0 .. n1-1 of `mxfp4_matmul`, on one thread."""
-    M, K = x.shape
-    w_pairs = np.empty(K // 2, np.uint64)
-    w = w_pairs.view(np.float32)  # [K] W^T[n, :] decoded, in order (the low nibble is the even element)
+    M, H = xe.shape
+    even, odd = np.empty(H, np.float32), np.empty(H, np.float32)  # W^T[n, 0::2] and W^T[n, 1::2]
     for n in range(n0, n1):
-        for j in range(K // 2):
-            w_pairs[j] = pairs[packed[n, j]]
-        for b in range(K // 32):
-            s = scale_lut[scale_bits[n, b]]
-            base = 32 * b
-            for i in range(32):
-                w[base + i] *= s
+        row = packed[n]
+        for b in range(H // 16):
+            decode_block(row, 16 * b, half_scale[scale_bits[n, b]], even, odd)
         for m in range(M):
-            acc = x[m, 0] - x[m, 0]
-            for i in range(K):
-                acc += x[m, i] * w[i]
+            acc = xe[m, 0] - xe[m, 0]
+            for j in range(H):
+                acc += xe[m, j] * even[j] + xo[m, j] * odd[j]
             out[m, n] = acc
+
+
+def decode_block(row: npt.NDArray[np.uint8], j: int, half_scale: float, even: Array, odd: Array) -> None:
+    """One MXFP4 block, code bytes row[j:j+16]: even[j:j+16] = e2m1(low nibbles) * scale and odd[j:j+16]
+    = e2m1(high nibbles) * scale, float32, with half_scale = scale / 2 (the table holds 2 x E2M1). The
+    plain form; jitted code runs `_decode_block_simd`, the same table as one byte shuffle per nibble."""
+    codes = row[j:j + 16]
+    even[j:j + 16] = E2M1_X2[codes & 15].astype(np.float32) * np.float32(half_scale)
+    odd[j:j + 16] = E2M1_X2[codes >> 4].astype(np.float32) * np.float32(half_scale)
+
+
+@overload(decode_block, jit_options={"fastmath": FAST})
+def _decode_block_jit(row, j, half_scale, even, odd):  # type: ignore[no-untyped-def]
+    return lambda row, j, half_scale, even, odd: _decode_block_simd(row, j, half_scale, even, odd)
+
+
+@intrinsic
+def _decode_block_simd(typingctx, row, j, half_scale, even, odd):  # type: ignore[no-untyped-def]
+    """`decode_block` in LLVM vector IR: load 16 bytes, split the nibbles, look each 16-lane vector up in
+    the 16-entry table, widen to float32, scale, store. The lookup is written as 16 lane extracts from a
+    constant vector, which LLVM turns into one `pshufb` (x86) or `tbl` (Arm); Numba's own vectoriser
+    makes a table lookup a gather or scalar loads (2.5-3x slower: benchmarks/mxfp4_roofline.py)."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+        bytes16, floats16 = ir.VectorType(i8, 16), ir.VectorType(f32, 16)
+        src = context.make_array(signature.args[0])(context, builder, args[0])
+        codes = builder.load(builder.bitcast(builder.gep(src.data, [args[1]]), bytes16.as_pointer()), align=1)
+        scale = builder.insert_element(ir.Constant(floats16, ir.Undefined), builder.fptrunc(args[2], f32)
+                                       if signature.args[2] != types.float32 else args[2], ir.Constant(i32, 0))
+        scale = builder.shuffle_vector(scale, scale, ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+        table = ir.Constant(bytes16, [int(v) for v in E2M1_X2])
+        nibbles = (builder.and_(codes, ir.Constant(bytes16, [15] * 16)), builder.lshr(codes, ir.Constant(bytes16, [4] * 16)))
+        for nib, arg, ty in zip(nibbles, args[3:], signature.args[3:]):
+            looked = ir.Constant(bytes16, ir.Undefined)
+            for lane in range(16):
+                value = builder.extract_element(table, builder.extract_element(nib, ir.Constant(i32, lane)))
+                looked = builder.insert_element(looked, value, ir.Constant(i32, lane))
+            values = builder.fmul(builder.sitofp(looked, floats16), scale)
+            dst = context.make_array(ty)(context, builder, arg)
+            builder.store(values, builder.bitcast(builder.gep(dst.data, [args[1]]), floats16.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return types.void(row, j, half_scale, even, odd), codegen
 
 
 def mxfp4_matmul_slice(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np.uint8], k0: int) -> Array:
@@ -156,47 +201,53 @@ def e2m1_value(code, s):  # type: ignore[no-untyped-def]
 
 
 # ===================================================================== MXFP4 packing (weight generation)
-def mxfp4_quantize_t(w: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+def mxfp4_quantize_t(w: npt.NDArray[np.float32], amax_t: npt.NDArray[np.float32] | None = None,
+                     ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
     """Pack W^T as MXFP4 for W [K, N] float32: codes [N, K/2] and E8M0 scale bits [N, K/32].
 
-    Bit-identical to `dtypes.mxfp4_quantize(W.T)`: the block maxima come from one pass over W, the
-    scale exponent from the same NumPy expression (float32 log2, as the reference rounds it), the
-    codes from round-to-nearest-even onto the E2M1 grid with saturation at 6 (ml_dtypes' rule)."""
-    amax = _block_amax_t(w)  # [N, K/32]
-    exp = np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - 2  # float32, as mxfp4_quantize computes it
+    Bit-identical to `dtypes.mxfp4_quantize(W.T)`: the block maxima come from one pass over W (or from
+    the drawing kernel, `amax_t` [K/32, N]), the scale exponent from the same NumPy expression (float32
+    log2, as the reference rounds it: just below a power of two it can round up, so the exponent is not
+    read off the bits), the codes from round-to-nearest-even onto the E2M1 grid with saturation at 6
+    (ml_dtypes' rule). Dividing by a power of two is multiplying by its reciprocal, exactly."""
+    amax_t = _block_amax_t(w) if amax_t is None else amax_t  # [K/32, N]
+    exp = np.floor(np.log2(np.where(amax_t > 0, amax_t, 1.0))) - 2  # float32, as mxfp4_quantize computes it
     exp = np.clip(exp, -127, 127)
-    scale = np.exp2(exp).astype(np.float32)  # [N, K/32]
     packed = np.empty((w.shape[1], w.shape[0] // 2), np.uint8)  # [N, K/2]
-    _pack_codes_t(w, np.ascontiguousarray(scale.T), packed)
-    return packed, (exp + 127).astype(np.uint8)
+    _pack_codes_t(w, np.exp2(-exp).astype(np.float32), packed)
+    return packed, np.ascontiguousarray((exp + 127).astype(np.uint8).T)
 
 
 @njit(cache=True, nogil=True)
 def _block_amax_t(w):  # type: ignore[no-untyped-def]
     K, N = w.shape
-    amax = np.zeros((N, K // 32), np.float32)
-    for i in range(K):  # row-major walk of W: contiguous reads
-        b = i // 32
+    amax_t = np.zeros((K // 32, N), np.float32)
+    for i in range(K):  # row-major walk of W: contiguous reads and a contiguous row of maxima
+        row = amax_t[i // 32]
         for n in range(N):
-            a = abs(w[i, n])
-            if a > amax[n, b]:
-                amax[n, b] = a
-    return amax
+            row[n] = max(row[n], abs(w[i, n]))
+    return amax_t
+
+
+TRANSPOSE_TILE = 32  # a 32 x 32 byte tile: its source and destination lines both stay in L1
 
 
 @njit(cache=True, nogil=True)
-def _pack_codes_t(w, scale_t, packed):  # type: ignore[no-untyped-def]
-    """Codes of W / scale, one block of 32 rows of W at a time: the rows are coded along N (contiguous,
-    vectorised), then the [32, N] tile is transposed into two nibbles per byte of W^T."""
+def _pack_codes_t(w, inv_scale_t, packed):  # type: ignore[no-untyped-def]
+    """Codes of W * (1 / scale): rows 2j and 2j+1 of W coded along N into one row of byte pairs
+    (contiguous, vectorised), then the [K/2, N] pairs transposed tile by tile into W^T's [N, K/2]."""
     K, N = w.shape
-    tile = np.empty((32, N), np.uint8)
-    for b in range(K // 32):
-        for i in range(32):
-            for n in range(N):
-                tile[i, n] = e2m1_code(w[32 * b + i, n] / scale_t[b, n])
+    pairs = np.empty((K // 2, N), np.uint8)
+    for j in range(K // 2):
+        even, odd, inv, out = w[2 * j], w[2 * j + 1], inv_scale_t[j // 16], pairs[j]
         for n in range(N):
-            for j in range(16):
-                packed[n, 16 * b + j] = tile[2 * j, n] | (tile[2 * j + 1, n] << 4)
+            out[n] = e2m1_code(even[n] * inv[n]) | (e2m1_code(odd[n] * inv[n]) << 4)
+    T = TRANSPOSE_TILE
+    for n0 in range(0, N, T):
+        for j0 in range(0, K // 2, T):
+            for n in range(n0, min(n0 + T, N)):
+                for j in range(j0, min(j0 + T, K // 2)):
+                    packed[n, j] = pairs[j, n]
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -25,7 +25,7 @@ from simulator.ops import mla as mla_ops
 from simulator.ops.linear import BF16Weight, MXFP4Weight
 from simulator.ops.norm import attn_res_mix_reference, rms_norm_reference
 from simulator.ops.pointwise import sigmoid
-from simulator.ops.router import route_reference
+from simulator.ops.router import Routing, route_reference
 from simulator.state import DecodeShape, LayerIO, LayerState, block_boundary
 from simulator.weights import LayerWeights
 
@@ -117,19 +117,26 @@ def _experts(w: LayerWeights):
     return lambda e: tuple(MXFP4Weight(*q, form="reference") for q in w.expert_packed(e))
 
 
+def _routed_experts(w: LayerWeights, z: np.ndarray, routing: Routing, cfg: ModelConfig) -> np.ndarray:
+    """`ex.routed_experts_reference` with the touched experts streamed a chunk at a time (each drawn
+    once, on all cores; memory holds a chunk): the slot outputs expert by expert, then the weighted sum."""
+    expert, slots = _experts(w), None
+    for chunk in w.stream_experts(np.unique(routing.topk_idx)):
+        slots = ex.expert_outputs_reference(z, routing.topk_idx, expert, cfg, only=chunk, out=slots)  # [M, k, Din]
+    return ex.routed_sum_reference(slots, routing.topk_weight)
+
+
 def moe_reference(cfg: ModelConfig, w: LayerWeights, W, x2: np.ndarray, diag: dict) -> np.ndarray:
     routing = route_reference(x2 @ W("router.w"), W("router.bias"), cfg)
     diag["topk_idx"], diag["margin"] = routing.topk_idx, routing.margin
-    w.materialize(experts=np.unique(routing.topk_idx))  # generated on all cores, each from its own stream
-    expert = _experts(w)
     if cfg.latent_dim:
         z = x2 @ W("latent.w_down")  # [M, L]
-        y = ex.routed_experts_reference(z, routing.topk_idx, routing.topk_weight, expert, cfg)
+        y = _routed_experts(w, z, routing, cfg)
         if cfg.latent_norm:
             y = rms_norm_reference(y, W("latent.norm"), cfg.rms_norm_eps)
         y = y @ W("latent.w_up")  # [M, D]
     else:
-        y = ex.routed_experts_reference(x2, routing.topk_idx, routing.topk_weight, expert, cfg)
+        y = _routed_experts(w, x2, routing, cfg)
     if cfg.num_shared_experts:
         y = y + ex.mlp_reference(x2, W("shared.w_gate"), W("shared.w_up"), W("shared.w_down"), cfg)
     return y

@@ -4,7 +4,9 @@ sharding helpers.
 Every tensor is drawn from its own stream, `SeedSequence([seed, layer, crc32(name)])`, so a tensor's
 values do not depend on which other tensors were generated first. That is what lets the routed
 experts be lazy: a full-size Kimi K3 layer at batch 1 generates only the k selected experts
-(16 x 17.5 MB in MXFP4 instead of 896 of them), and regenerate one that was evicted.
+(16 x 17.5 MB in MXFP4 instead of 896 of them), regenerate one that was evicted, and stream the
+442 a batch of 64 touches a chunk at a time in any order. Routed experts are drawn by rng.py (NumPy's
+PCG64 and ziggurat in Numba: the same numbers, 2-3x as fast), the dense weights by NumPy itself.
 
 Scaling keeps activations O(1) (STYLE item 13): a linear `[in, out]` is N(0, 1/in); norm weights
 are 1 + N(0, 0.1^2); AttnRes projections are N(0, 1/D). Weights are rounded to their checkpoint
@@ -26,13 +28,13 @@ import zlib
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from simulator import fast
+from simulator import fast, rng
 from simulator.config import ModelConfig
 from simulator.dtypes import Array, round_bf16, round_fp8, round_mxfp4
 
@@ -41,8 +43,12 @@ FP32_KINDS = ("a_log", "bias")  # FP32 in the checkpoint; every other non-expert
 Packed = tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]  # MXFP4 W^T: codes [N, K/2], E8M0 bits [N, K/32]
 
 
+def _seed(seed: int, layer: int, name: str) -> np.random.SeedSequence:
+    return np.random.SeedSequence([seed, layer, zlib.crc32(name.encode())])
+
+
 def _rng(seed: int, layer: int, name: str) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([seed, layer, zlib.crc32(name.encode())]))
+    return np.random.default_rng(_seed(seed, layer, name))
 
 
 def _normal(seed: int, layer: int, name: str, shape: tuple[int, ...], std: float) -> Array:
@@ -98,7 +104,8 @@ class LayerWeights:
 
     Held: each dense weight once, in its checkpoint format (bf16 or FP32); routed MXFP4 experts packed
     per part in a cache of `expert_cache_bytes`, regenerated from their own stream when evicted (the
-    same numbers every time). Float copies for computing (`get`, `shard`, `expert`) are made on
+    same numbers every time). A pass over many experts streams them (`stream_experts`): a chunk of
+    `stream_chunk_bytes` drawn on all cores, used by every rank, then the next. Float copies for computing (`get`, `shard`, `expert`) are made on
     request; full copies are kept in a second cache of `copy_cache_bytes`, so P simulated ranks and the
     reference share one float64 copy of a small weight while a 1.9 GB one is not kept."""
 
@@ -107,9 +114,11 @@ class LayerWeights:
     seed: int
     expert_cache_bytes: int = 4 << 30
     copy_cache_bytes: int = 512 << 20
+    stream_chunk_bytes: int = 512 << 20  # packed expert parts held per streamed chunk: ~29 full-size K3 experts
     _held: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     _experts: BoundedCache = field(init=False, repr=False)
     _copies: BoundedCache = field(init=False, repr=False)
+    _streamed: dict[tuple[int, str], Packed] = field(default_factory=dict, repr=False)  # the chunk in flight
     expert_generations: int = 0  # expert parts generated (more than the touched parts x 3 means evictions)
     generate_s: float = 0.0  # wall seconds spent drawing and packing weights (benchmarks take it out)
 
@@ -155,16 +164,49 @@ class LayerWeights:
 
     def expert_part(self, e: int, part: str) -> Packed:
         """One part of routed expert e as MXFP4 W^T: codes [N, K/2] and E8M0 scale bits [N, K/32]."""
-        def make() -> Packed:
-            t0 = time.perf_counter()
-            q = self._make_packed(f"expert.{e}.{part}")
-            self.expert_generations += 1
-            self.generate_s += time.perf_counter() - t0
-            return q
-        return self._experts.get((e, part), make, _packed_bytes)
+        if (e, part) in self._streamed:
+            return self._streamed[(e, part)]
+        return self._experts.get((e, part), lambda: self._draw_parts([(e, part)])[0], _packed_bytes)
 
     def expert_packed(self, e: int) -> tuple[Packed, Packed, Packed]:
         return tuple(self.expert_part(e, p) for p in PARTS)
+
+    def stream_experts(self, experts: Iterable[int], parts: Iterable[str] = PARTS) -> Iterator[list[int]]:
+        """The experts in order, a chunk of about `stream_chunk_bytes` of packed parts at a time: the chunk's
+        parts missing from the cache are drawn on all cores and held (`expert_part` finds them) until
+        the next chunk is asked for. A pass that runs every rank over a chunk before the next (expert-
+        major) then draws each touched expert once, holding one chunk beside the bounded cache: at
+        batch 64, 442 experts x 17.5 MB = 7.8 GB would not fit, and a rank-major pass drew the overflow
+        once per rank."""
+        experts, parts = [int(e) for e in experts], list(parts)
+        if not self.packs_experts:
+            yield experts
+            return
+        per_chunk = max(1, self.stream_chunk_bytes // (len(parts) * self._part_bytes))
+        try:
+            for i in range(0, len(experts), per_chunk):
+                keys = [(e, p) for e in experts[i:i + per_chunk] for p in parts]
+                missing = [key for key in keys if key not in self._experts.items]
+                drawn = dict(zip(missing, self._draw_parts(missing)))
+                self._streamed = {key: self._experts.items.get(key) or drawn[key] for key in keys}
+                for key, q in drawn.items():  # the cache keeps what it has room for
+                    self._experts.get(key, lambda q=q: q, _packed_bytes)
+                yield experts[i:i + per_chunk]
+        finally:
+            self._streamed = {}
+
+    def _draw_parts(self, keys: list[tuple[int, str]]) -> list[Packed]:
+        """Expert parts drawn and packed on all cores (each from its own stream: order changes nothing)."""
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=min(len(keys), os.cpu_count() or 1) or 1) as pool:
+            made = list(pool.map(lambda key: self._make_packed(f"expert.{key[0]}.{key[1]}"), keys))
+        self.generate_s += time.perf_counter() - t0
+        self.expert_generations += len(keys)
+        return made
+
+    @property
+    def _part_bytes(self) -> int:
+        return self.cfg.expert_in_dim * self.cfg.moe_intermediate * 17 // 32  # codes (1/2 B) + scales (1/32 B)
 
     @property
     def packs_experts(self) -> bool:
@@ -179,23 +221,15 @@ class LayerWeights:
     def cached_experts(self) -> list[int]:
         return sorted({e for e, _ in self._experts.items})
 
-    def materialize(self, names: Iterable[str] = (), experts: Iterable[int] = (), workers: int | None = None) -> None:
-        """Generate the named weights and experts now, on `workers` threads: NumPy's generators and the
-        packing kernels release the GIL, and each tensor has its own stream, so no value changes."""
+    def materialize(self, names: Iterable[str] = (), workers: int | None = None) -> None:
+        """Generate the named weights now, on `workers` threads: NumPy's generators release the GIL, and
+        each tensor has its own stream, so no value changes."""
         names = [n for n in names if n not in self._held]
-        parts = [(int(e), p) for e in experts for p in PARTS if (int(e), p) not in self._experts.items]
-        part_bytes = self.cfg.expert_in_dim * self.cfg.moe_intermediate * 17 // 32  # codes + scales
-        room = max(0, self._experts.limit - self._experts.nbytes) // part_bytes  # the rest: made on use
-        parts = parts[:room] if self.packs_experts else []
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
             made = list(pool.map(lambda n: self._make_held(n), names))
-            packed = list(pool.map(lambda q: self._make_packed(f"expert.{q[0]}.{q[1]}"), parts))
         self.generate_s += time.perf_counter() - t0
         self._held.update(zip(names, made))
-        for key, q in zip(parts, packed):
-            self._experts.get(key, lambda q=q: q, _packed_bytes)
-        self.expert_generations += len(parts)
 
     # ------------------------------------------------------------------ generation
     def _held_weight(self, name: str) -> np.ndarray:
@@ -214,9 +248,14 @@ class LayerWeights:
 
     def _make_packed(self, name: str) -> Packed:
         """MXFP4 expert `name` straight from its stream to codes + scales: the same draws, scaling and
-        rounding as `_make`, without its float32 round trip."""
+        rounding as `_make` (rng.py draws NumPy's numbers 2-3x as fast, taking the block maxima as it
+        goes), without its float32 round trip."""
         shape, _ = weight_spec(self.cfg, name)
-        return fast.mxfp4_quantize_t(_normal(self.seed, self.layer, name, shape, shape[0] ** -0.5))
+        w = np.empty(shape, np.float32)  # [K, N]
+        amax_t = np.empty((shape[0] // 32, shape[1]), np.float32)  # [K/32, N]
+        rng.normal_block_amax(rng.pcg64_words(_seed(self.seed, self.layer, name)), np.float32(shape[0] ** -0.5),
+                              w, amax_t)
+        return fast.mxfp4_quantize_t(w, amax_t)
 
     def _make(self, name: str) -> Array:
         """The weight's values: FP32 kinds and experts as float32 containers, the rest as bfloat16."""

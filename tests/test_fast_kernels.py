@@ -5,6 +5,7 @@ with the per-dtype tolerance of tests/numerics.py, reference as `desired`.
 """
 
 import ml_dtypes
+import numba
 import numpy as np
 import pytest
 
@@ -55,10 +56,36 @@ def test_mxfp4_matmul_fused_matches_reference(m, k, n, dtype):
     assert jitted.shape == (m, n) and jitted.dtype == dtype
     assert_close(jitted, ref, dtype)
     py, parallel = np.empty_like(jitted), np.empty_like(jitted)
-    fast._mxfp4_rows.py_func(x, q.packed, bits, fast.E2M1_PAIRS, fast.E8M0_F32, py, 0, n)
-    fast._mxfp4_matmul_parallel(x, q.packed, bits, fast.E2M1_PAIRS, fast.E8M0_F32, parallel, 3)
+    xe, xo = np.ascontiguousarray(x[:, 0::2]), np.ascontiguousarray(x[:, 1::2])
+    fast._mxfp4_rows.py_func(xe, xo, q.packed, bits, fast.E8M0_HALF_F32, py, 0, n)
+    fast._mxfp4_matmul_parallel(xe, xo, q.packed, bits, fast.E8M0_HALF_F32, parallel, 3)
     assert_close(jitted, py, dtype)
     assert_close(parallel, py, dtype)
+    strided = np.zeros((n, k), np.uint8)  # a row shard of a wider packed weight is a strided view
+    strided[:, 3:3 + k // 2] = q.packed
+    assert_close(fast.mxfp4_matmul(x, strided[:, 3:3 + k // 2], bits), jitted, dtype)
+
+
+@pytest.mark.parametrize("bits", [0, 1, 120, 127, 140, 252], ids=lambda b: f"E8M0-{b}")
+def test_decode_block_shuffle_equals_table(bits):
+    """The byte-shuffle decode (LLVM vector IR) == the plain table form, exactly, for every code byte
+    and scales from 2^-127 (subnormal halves) to 2^125."""
+    row = np.arange(256, dtype=np.uint8)
+    half = fast.E8M0_HALF_F32[bits]
+    want = np.full((2, 256), np.nan, np.float32)
+    got = want.copy()
+    for j in range(0, 256, 16):
+        fast.decode_block(row, j, half, *want)
+    _decode_all(row, half, *got)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(want[0], (fast.E2M1[row & 15] * fast.E8M0[bits]).astype(np.float32))
+    np.testing.assert_array_equal(want[1], (fast.E2M1[row >> 4] * fast.E8M0[bits]).astype(np.float32))
+
+
+@numba.njit
+def _decode_all(row, half, even, odd):
+    for j in range(0, row.size, 16):
+        fast.decode_block(row, j, half, even, odd)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 import numpy.typing as npt
@@ -59,21 +59,42 @@ def mlp_reference(x: Array, w_gate: Array, w_up: Array, w_down: Array, cfg: Mode
 def routed_experts_reference(z: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array,
                              expert: ExpertFn, cfg: ModelConfig) -> Array:
     """Token by token, slot by slot, float64: y_t = sum_j w_tj MLP_e(z_t).   [M, Din] -> [M, Din]"""
-    y = np.zeros(z.shape, dtype=np.float64)
-    for t in range(z.shape[0]):
-        for j, e in enumerate(topk_idx[t]):
-            w_gate, w_up, w_down = expert(int(e))
-            y[t] += float(topk_weight[t, j]) * mlp_reference(z[t:t + 1], w_gate, w_up, w_down, cfg)[0]
-    return y.astype(z.dtype)
+    return routed_sum_reference(expert_outputs_reference(z, topk_idx, expert, cfg), topk_weight)
+
+
+def expert_outputs_reference(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, cfg: ModelConfig, *,
+                             only: Collection[int] | None = None, out: Array | None = None) -> Array:
+    """MLP_e(z_t) for every (token t, slot j) choosing e, in float64, expert by expert: the rows that
+    chose e together (a packed expert's reference product still takes them one row at a time, sharing
+    each dequantized chunk: ops.linear.mxfp4_linear_chunked).   [M, Din] -> [M, k, Din].
+    `only` / `out`: see `expert_fc1`."""
+    if out is None:
+        out = np.zeros(topk_idx.shape + (z.shape[1],), dtype=z.dtype)  # [M, k, Din]
+    for e, rows, slots in _groups(topk_idx, only):
+        out[rows, slots] = mlp_reference(z[rows], *expert(e), cfg)  # [n_e, Din]
+    return out
+
+
+def routed_sum_reference(slots: Array, topk_weight: Array) -> Array:
+    """y_t = sum_j w_tj slots[t, j], token by token in slot order, float64, cast back.   [M, k, Din] -> [M, Din]"""
+    y = np.zeros((slots.shape[0], slots.shape[2]), dtype=np.float64)
+    for t in range(slots.shape[0]):
+        for j in range(slots.shape[1]):
+            y[t] += float(topk_weight[t, j]) * slots[t, j]
+    return y.astype(slots.dtype)
 
 
 # ===================================================================== unfused kernels (standard plan)
-def expert_fc1(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, cfg: ModelConfig) -> Array:
+# The grouped kernels take `only` and `out` so that the executor can stream the touched experts a chunk
+# at a time (weights.stream_experts): a call runs the groups of the experts in `only` and continues
+# `out`, what the call over the chunks before returned. The groups run in expert order either way, so
+# the chunked calls compute the single call's result bit for bit (tests/test_execute_streaming.py).
+def expert_fc1(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, cfg: ModelConfig, *,
+               only: Collection[int] | None = None, out: Array | None = None) -> Array:
     """FC1: gate+up GEMM per selected expert, activation in the epilogue; expert(e) = (w_gate, w_up).
     [M, Din] -> [M, k, F/P]"""
     m, k = topk_idx.shape
-    out = None
-    for e, rows, slots in _groups(topk_idx):
+    for e, rows, slots in _groups(topk_idx, only):
         w_gate, w_up = expert(e)  # [Din, F/P] each
         h = glu(z[rows] @ w_gate, z[rows] @ w_up, cfg)  # [n_e, F/P]
         if out is None:
@@ -82,11 +103,11 @@ def expert_fc1(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, cfg:
     return out
 
 
-def expert_fc2(h: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn) -> Array:
+def expert_fc2(h: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, *,
+               only: Collection[int] | None = None, out: Array | None = None) -> Array:
     """FC2: down GEMM per selected expert, one output row per (token, slot); expert(e) = (w_down,).
     [M, k, F/P] -> [M, k, Din]"""
-    out = None
-    for e, rows, slots in _groups(topk_idx):
+    for e, rows, slots in _groups(topk_idx, only):
         (w_down,) = expert(e)  # [F/P, Din]
         y = h[rows, slots] @ w_down  # [n_e, Din]
         if out is None:
@@ -101,17 +122,17 @@ def expert_finalize(y: Array, topk_weight: Array) -> Array:
 
 
 # ===================================================================== fused
-def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array, expert: ExpertFn) -> Array:
+def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array, expert: ExpertFn, *,
+                        only: Collection[int] | None = None, out: Array | None = None) -> Array:
     """FC2 with the routing weight and the scatter-add in its epilogue; expert(e) = (w_down,).
     [M, k, F/P] -> [M, Din]. Never writes the [M, k, Din] slot outputs: at M = 8, k = 16, Din = 3584
     that is 0.9 MB of bf16 not written and not re-read, and one launch fewer."""
-    y = None
-    for e, rows, slots in _groups(topk_idx):
+    for e, rows, slots in _groups(topk_idx, only):
         (w_down,) = expert(e)  # [F/P, Din]
-        if y is None:
-            y = np.zeros((topk_idx.shape[0], w_down.shape[1]), dtype=h.dtype)  # [M, Din]
-        np.add.at(y, rows, topk_weight[rows, slots, None].astype(h.dtype) * (h[rows, slots] @ w_down))
-    return y
+        if out is None:
+            out = np.zeros((topk_idx.shape[0], w_down.shape[1]), dtype=h.dtype)  # [M, Din]
+        np.add.at(out, rows, topk_weight[rows, slots, None].astype(h.dtype) * (h[rows, slots] @ w_down))
+    return out
 
 
 def routed_experts_fused(z: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array,
@@ -122,16 +143,19 @@ def routed_experts_fused(z: Array, topk_idx: npt.NDArray[np.int64], topk_weight:
     return expert_fc2_finalize(h, topk_idx, topk_weight, lambda e: expert(e)[2:])
 
 
-def _groups(topk_idx: npt.NDArray[np.int64]):
-    """(expert, token rows, slot columns) for every expert selected at least once, in expert order."""
+def _groups(topk_idx: npt.NDArray[np.int64], only: Collection[int] | None = None):
+    """(expert, token rows, slot columns) for every expert selected at least once (and in `only`, when
+    given), in expert order."""
     flat = topk_idx.ravel()
     order = np.argsort(flat, kind="stable")
     experts, starts = np.unique(flat[order], return_index=True)
     bounds = list(starts[1:]) + [len(flat)]
     k = topk_idx.shape[1]
-    for e, lo, hi in zip(experts, starts, bounds):
-        pos = order[lo:hi]
-        yield int(e), pos // k, pos % k
+    keep = np.ones(len(experts), bool) if only is None else np.isin(experts, np.asarray(list(only)))
+    for e, lo, hi, kept in zip(experts, starts, bounds, keep):
+        if kept:
+            pos = order[lo:hi]
+            yield int(e), pos // k, pos % k
 
 
 # ===================================================================== dense kernels of the plans

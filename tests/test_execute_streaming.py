@@ -1,0 +1,92 @@
+"""Expert-major execution (execute._expert_major, weights.stream_experts): the touched experts stream a
+chunk at a time and every rank runs its groups of a chunk before the next is drawn. It must compute
+what one call per rank computes, bit for bit, and draw each touched expert part once per pass however
+small the expert cache is (a rank-major pass drew what did not fit once per rank)."""
+
+import numpy as np
+import pytest
+
+from simulator.check import make_inputs
+from simulator.dtypes import Precision
+from simulator.execute import run_plan
+from simulator.ops import experts as ex
+from simulator.ops.router import route_reference
+from simulator.plans import specialized, standard
+from simulator.plans.common import make_dims
+from simulator.plans.kernel import DecodeShape
+from simulator.reference import reference_layer
+from simulator.weights import PARTS, LayerWeights
+
+
+def _chunks(experts: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """The touched experts cut at random places, single-expert chunks included."""
+    cuts = np.sort(rng.choice(np.arange(1, len(experts)), size=min(4, len(experts) - 1), replace=False))
+    return np.split(experts, cuts)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_chunked_grouped_ops_equal_one_call(tiny, m, dtype):
+    w = LayerWeights(tiny, 1, 0)
+    rng = np.random.default_rng(m)
+    z = rng.standard_normal((m, tiny.expert_in_dim)).astype(dtype)
+    r = route_reference(rng.standard_normal((m, tiny.num_experts)), np.zeros(tiny.num_experts), tiny)
+    weight = r.topk_weight.astype(dtype)
+    expert = lambda e: tuple(t.astype(dtype) for t in w.expert(e))  # noqa: E731
+    gate_up, down = (lambda e: expert(e)[:2]), (lambda e: expert(e)[2:])
+    h = ex.expert_fc1(z, r.topk_idx, gate_up, tiny)
+    whole = {"fc1": h, "fc2": ex.expert_fc2(h, r.topk_idx, down),
+             "fc2_finalize": ex.expert_fc2_finalize(h, r.topk_idx, weight, down),
+             "outputs_reference": ex.expert_outputs_reference(z, r.topk_idx, expert, tiny)}
+    calls = {"fc1": lambda c, o: ex.expert_fc1(z, r.topk_idx, gate_up, tiny, only=c, out=o),
+             "fc2": lambda c, o: ex.expert_fc2(h, r.topk_idx, down, only=c, out=o),
+             "fc2_finalize": lambda c, o: ex.expert_fc2_finalize(h, r.topk_idx, weight, down, only=c, out=o),
+             "outputs_reference": lambda c, o: ex.expert_outputs_reference(z, r.topk_idx, expert, tiny, only=c, out=o)}
+    for name, call in calls.items():
+        out = None
+        for chunk in _chunks(np.unique(r.topk_idx), rng):
+            out = call(chunk, out)
+        assert out.shape == whole[name].shape and out.dtype == whole[name].dtype
+        np.testing.assert_array_equal(out, whole[name], err_msg=name)
+
+
+@pytest.mark.parametrize("layer", ["kda", "mla"])
+@pytest.mark.parametrize("precision", ["fp64", "bf16"])
+def test_streamed_layer_equals_one_chunk_bit_for_bit(tiny, layer, precision):
+    """One expert per chunk and a cache of one part against one chunk holding every expert: the same
+    bits out of all three paths, and each touched part drawn once per pass in the streamed run."""
+    shape = DecodeShape(5, 1, 6)
+    d = make_dims(tiny, 4, shape, None, layer)
+    io, state = make_inputs(tiny, d, np.random.default_rng(7))
+    part = tiny.expert_in_dim * tiny.moe_intermediate * 17 // 32
+    results = []
+    for chunk_bytes, cache_bytes in ((1, part), (1 << 40, 1 << 40)):
+        w = LayerWeights(tiny, d.layer, 7, expert_cache_bytes=cache_bytes, stream_chunk_bytes=chunk_bytes)
+        ref_io, _, diag = reference_layer(tiny, d.layer, shape, w, io, state)
+        touched = len(np.unique(diag["topk_idx"]))
+        assert w.expert_generations <= touched * len(PARTS)  # the reference pass: each part at most once
+        outs = [ref_io]
+        for build in (standard.build, specialized.build):
+            made = w.expert_generations
+            out, _, _ = run_plan(build(tiny, 4, shape, layer, d.layer), d, w, io, state, Precision(precision))
+            assert w.expert_generations - made <= touched * len(PARTS)  # not once per rank
+            outs.append(out)
+        results.append(outs)
+    for streamed, whole in zip(*results):
+        np.testing.assert_array_equal(streamed.delta, whole.delta)
+        np.testing.assert_array_equal(streamed.prefix, whole.prefix)
+
+
+def test_reference_rows_together_equal_rows_alone(tiny):
+    """The reference runs the rows that chose an expert together; on packed experts each row is still its
+    own product with each dequantized chunk, so every row has the bits of the token-by-token form."""
+    from simulator.ops.linear import MXFP4Weight
+    w = LayerWeights(tiny, 1, 3)
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((6, tiny.expert_in_dim))
+    r = route_reference(rng.standard_normal((6, tiny.num_experts)), np.zeros(tiny.num_experts), tiny)
+    expert = lambda e: tuple(MXFP4Weight(*q, form="reference") for q in w.expert_packed(e))  # noqa: E731
+    slots = ex.expert_outputs_reference(z, r.topk_idx, expert, tiny)
+    for t in range(6):
+        for j, e in enumerate(r.topk_idx[t]):
+            np.testing.assert_array_equal(slots[t, j], ex.mlp_reference(z[t:t + 1], *expert(int(e)), tiny)[0])
