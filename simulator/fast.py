@@ -39,10 +39,10 @@ import os
 import numpy as np
 import numpy.typing as npt
 
-import numba
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic, overload
+from simulator.jit import lazy_njit as njit, on_compile, threads
+
+prange = range  # numba.prange once the kernels compile (simulator/jit.py)
+on_compile("simulator.numba_ext")  # the byte-shuffle form of decode_block, for the compiled kernels
 
 Array = npt.NDArray[np.floating]
 FAST = {"reassoc", "contract", "nsz"}  # reassociation lets LLVM vectorise the dot products; no nnan/ninf
@@ -84,7 +84,7 @@ def mxfp4_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArra
     if packed.nbytes < PARALLEL_BYTES:
         _mxfp4_rows(xe, xo, packed, scale_bits, E8M0_HALF_F32, out, 0, packed.shape[0])
     else:
-        _mxfp4_matmul_parallel(xe, xo, packed, scale_bits, E8M0_HALF_F32, out, 4 * numba.get_num_threads())
+        _mxfp4_matmul_parallel(xe, xo, packed, scale_bits, E8M0_HALF_F32, out, 4 * threads())
     return out
 
 
@@ -114,43 +114,10 @@ def _mxfp4_rows(xe, xo, packed, scale_bits, half_scale, out, n0, n1):  # type: i
 def decode_block(row: npt.NDArray[np.uint8], j: int, half_scale: float, even: Array, odd: Array) -> None:
     """One MXFP4 block, code bytes row[j:j+16]: even[j:j+16] = e2m1(low nibbles) * scale and odd[j:j+16]
     = e2m1(high nibbles) * scale, float32, with half_scale = scale / 2 (the table holds 2 x E2M1). The
-    plain form; jitted code runs `_decode_block_simd`, the same table as one byte shuffle per nibble."""
+    plain form; compiled kernels run `numba_ext.decode_block_simd`, the same table as one byte shuffle per nibble."""
     codes = row[j:j + 16]
     even[j:j + 16] = E2M1_X2[codes & 15].astype(np.float32) * np.float32(half_scale)
     odd[j:j + 16] = E2M1_X2[codes >> 4].astype(np.float32) * np.float32(half_scale)
-
-
-@overload(decode_block, jit_options={"fastmath": FAST})
-def _decode_block_jit(row, j, half_scale, even, odd):  # type: ignore[no-untyped-def]
-    return lambda row, j, half_scale, even, odd: _decode_block_simd(row, j, half_scale, even, odd)
-
-
-@intrinsic
-def _decode_block_simd(typingctx, row, j, half_scale, even, odd):  # type: ignore[no-untyped-def]
-    """`decode_block` in LLVM vector IR: load 16 bytes, split the nibbles, look each 16-lane vector up in
-    the 16-entry table, widen to float32, scale, store. The lookup is written as 16 lane extracts from a
-    constant vector, which LLVM turns into one `pshufb` (x86) or `tbl` (Arm); Numba's own vectoriser
-    makes a table lookup a gather or scalar loads (2.5-3x slower: benchmarks/mxfp4_roofline.py)."""
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
-        bytes16, floats16 = ir.VectorType(i8, 16), ir.VectorType(f32, 16)
-        src = context.make_array(signature.args[0])(context, builder, args[0])
-        codes = builder.load(builder.bitcast(builder.gep(src.data, [args[1]]), bytes16.as_pointer()), align=1)
-        scale = builder.insert_element(ir.Constant(floats16, ir.Undefined), builder.fptrunc(args[2], f32)
-                                       if signature.args[2] != types.float32 else args[2], ir.Constant(i32, 0))
-        scale = builder.shuffle_vector(scale, scale, ir.Constant(ir.VectorType(i32, 16), [0] * 16))
-        table = ir.Constant(bytes16, [int(v) for v in E2M1_X2])
-        nibbles = (builder.and_(codes, ir.Constant(bytes16, [15] * 16)), builder.lshr(codes, ir.Constant(bytes16, [4] * 16)))
-        for nib, arg, ty in zip(nibbles, args[3:], signature.args[3:]):
-            looked = ir.Constant(bytes16, ir.Undefined)
-            for lane in range(16):
-                value = builder.extract_element(table, builder.extract_element(nib, ir.Constant(i32, lane)))
-                looked = builder.insert_element(looked, value, ir.Constant(i32, lane))
-            values = builder.fmul(builder.sitofp(looked, floats16), scale)
-            dst = context.make_array(ty)(context, builder, arg)
-            builder.store(values, builder.bitcast(builder.gep(dst.data, [args[1]]), floats16.as_pointer()), align=4)
-        return context.get_dummy_value()
-    return types.void(row, j, half_scale, even, odd), codegen
 
 
 def mxfp4_matmul_slice(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np.uint8], k0: int) -> Array:
@@ -163,7 +130,7 @@ def mxfp4_matmul_slice(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.
     if packed.shape[0] * x.shape[1] < 2 * PARALLEL_BYTES:  # half a byte per weight read
         _mxfp4_slice_rows(x, packed, scale_bits, scale_lut, k0, out, 0, packed.shape[0])
     else:
-        _mxfp4_slice_parallel(x, packed, scale_bits, scale_lut, k0, out, 4 * numba.get_num_threads())
+        _mxfp4_slice_parallel(x, packed, scale_bits, scale_lut, k0, out, 4 * threads())
     return out
 
 
@@ -271,7 +238,7 @@ def mxfp4_dequantize_t(packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np
     if packed.nbytes < PARALLEL_BYTES:
         _dequantize_rows(packed, scale_bits, lut, scale_lut, out, 0, n)
     else:
-        _dequantize_parallel(packed, scale_bits, lut, scale_lut, out, 4 * numba.get_num_threads())
+        _dequantize_parallel(packed, scale_bits, lut, scale_lut, out, 4 * threads())
     return out.T
 
 
@@ -300,7 +267,7 @@ def bf16_to(bits: npt.NDArray[np.uint16], dtype: type) -> Array:
     if bits.nbytes < PARALLEL_BYTES:
         _bf16_rows(bits2, out, 0, bits2.shape[0])
     else:
-        _bf16_widen_parallel(bits2, out, 4 * numba.get_num_threads())
+        _bf16_widen_parallel(bits2, out, 4 * threads())
     return out.reshape(bits.shape)
 
 
@@ -336,7 +303,7 @@ def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16]) -> Array:
     if bits.shape[0] * bits.shape[1] * 2 < PARALLEL_BYTES or tiles == 1:
         _bf16_matmul_tiles(x, bits, out, 0, tiles)
     else:
-        _bf16_matmul_parallel(x, bits, out, min(tiles, 4 * numba.get_num_threads()))
+        _bf16_matmul_parallel(x, bits, out, min(tiles, 4 * threads()))
     return out
 
 

@@ -9,6 +9,8 @@ kernel module that imported Numba at the top would charge that to `moe-sim step`
     @jitable                    a helper the kernels call: stays a plain Python function, registered with
     def helper(...): ...        Numba (register_jitable) when the kernels compile
     prange = range              a module's parallel loops; the compile binds it to numba.prange
+    on_compile("pkg.module")    Numba extensions (overloads, intrinsics) imported at the first compile,
+    on_compile(setup)           or a function run then (one that binds constants the kernels read)
 
 Kernels call helpers and each other by their module-level names, which Numba resolves when it types a
 kernel. So the first call compiles every registered module at once: each module's proxies are replaced in
@@ -20,11 +22,13 @@ proxy forwards to its dispatcher.
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 from typing import Any, Callable
 
 _MODULES: list[str] = []  # modules holding lazy kernels or helpers, in import order
 _HELPERS: list[Callable[..., Any]] = []
+_EXTENSIONS: list[str | Callable[[], Any]] = []  # extension modules (overloads, intrinsics) or setup to run at compile
 _compiled = False
 
 
@@ -58,6 +62,28 @@ def jitable(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def on_compile(what: str | Callable[[], Any]) -> None:
+    """When the kernels compile, not before: import a module of Numba extensions (overloads, intrinsics), or
+    call a setup function (one that binds constants the kernels read)."""
+    if what not in _EXTENSIONS:
+        _EXTENSIONS.append(what)
+    if _compiled:
+        _run(what)
+
+
+def _run(what: str | Callable[[], Any]) -> None:
+    if callable(what):
+        what()
+    else:
+        importlib.import_module(what)
+
+
+def threads() -> int:
+    """Numba's thread count, for sizing parallel kernels' chunks (imports Numba: call it on the kernel path)."""
+    import numba
+    return numba.get_num_threads()
+
+
 def compiled() -> bool:
     """Whether any kernel has been compiled (and Numba imported) in this process."""
     return _compiled
@@ -72,6 +98,8 @@ def compile_all() -> None:
     for fn in _HELPERS:
         register_jitable(fn)
     _HELPERS.clear()
+    for what in _EXTENSIONS:
+        _run(what)
     for name in _MODULES:
         namespace = vars(sys.modules[name])
         if "prange" in namespace:

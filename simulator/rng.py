@@ -23,16 +23,24 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
-from numba.np.random import _constants as zig
+from simulator.jit import lazy_njit as njit, on_compile
 
 MULT_HI, MULT_LO = np.uint64(0x2360ED051FC65DA4), np.uint64(0x4385DF649FCCF645)  # PCG's 128-bit multiplier
 LOW32, HAVE, ZERO, ONE = np.uint64(0xFFFFFFFF), np.uint64(1 << 32), np.uint64(0), np.uint64(1)
 U8, U9, U58, U63, U64 = np.uint64(8), np.uint64(9), np.uint64(58), np.uint64(63), np.uint64(64)
-WI, KI, FI = zig.wi_float.astype(np.float32), zig.ki_float.astype(np.uint32), zig.fi_float.astype(np.float32)
-NOR_R, NOR_INV_R = np.float32(zig.ziggurat_nor_r_f), np.float32(zig.ziggurat_nor_inv_r_f)
+WI = KI = FI = NOR_R = NOR_INV_R = None  # NumPy's float32 ziggurat tables, bound by _tables() when first needed
+
+
+def _tables() -> None:
+    """Bind the ziggurat tables (numba ships NumPy's; importing them imports Numba, so not at start-up)."""
+    global WI, KI, FI, NOR_R, NOR_INV_R
+    from numba.np.random import _constants as zig
+    WI, KI, FI = zig.wi_float.astype(np.float32), zig.ki_float.astype(np.uint32), zig.fi_float.astype(np.float32)
+    NOR_R, NOR_INV_R = np.float32(zig.ziggurat_nor_r_f), np.float32(zig.ziggurat_nor_inv_r_f)
+
+
+on_compile(_tables)  # compiled kernels read the tables as constants: bind them before they compile
+on_compile("simulator.numba_ext")  # _mulhi as one 128-bit multiply
 
 
 def pcg64_words(seed: np.random.SeedSequence) -> npt.NDArray[np.uint64]:
@@ -42,14 +50,10 @@ def pcg64_words(seed: np.random.SeedSequence) -> npt.NDArray[np.uint64]:
     return np.array([s["state"] >> 64, s["state"] & mask, s["inc"] >> 64, s["inc"] & mask], np.uint64)
 
 
-@intrinsic
-def _mulhi(typingctx, a, b):  # type: ignore[no-untyped-def]
-    """High 64 bits of the 128-bit product a * b (one `mul` instruction on x86-64)."""
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        wide = ir.IntType(128)
-        product = builder.mul(builder.zext(args[0], wide), builder.zext(args[1], wide))
-        return builder.trunc(builder.lshr(product, ir.Constant(wide, 64)), ir.IntType(64))
-    return types.uint64(types.uint64, types.uint64), codegen
+def _mulhi(a, b):  # type: ignore[no-untyped-def]
+    """High 64 bits of the 128-bit product a * b. The plain form; compiled kernels run
+    `numba_ext.mulhi_llvm`, one `mul` instruction on x86-64."""
+    return np.uint64((int(a) * int(b)) >> 64)
 
 
 @njit(inline="always")

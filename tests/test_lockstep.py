@@ -150,8 +150,7 @@ print(json.dumps({"numba": "numba" in sys.modules}))
     assert not seen["numba"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the plans bind their ops (plans/common.py imports ops/linear.py), and simulator/fast.py and ops/kda.py "
-    "import numba when imported: ~0.3 s of a cold `moe-sim step`. Remove this mark once they import it lazily."))
 def test_step_imports_no_numba() -> None:
+    """The plans bind their ops (plans/common.py imports ops/linear.py -> fast.py, weights.py -> rng.py, and
+    ops/kda.py), whose kernels compile on first call (simulator/jit.py): pricing a step imports no Numba."""
     assert not _fresh(COMMAND_THEN_REPORT.format(args=["step"]))["numba"]
