@@ -7,12 +7,15 @@ interactive, under one second).
 For the default step (Kimi K3, GB300, TP16, batch 1, both variants) and for H200 TP8:
 - the whole command in a fresh process (Python start-up and every import included), with intervals and
   with --no-interval: median wall seconds, and median CPU seconds (user + system of the child: on a
-  machine shared with other work, CPU time moves less than wall time);
+  machine shared with other work, CPU time moves less than wall time). Python as installed caches each
+  module's bytecode (`__pycache__`, written at install or first import); an environment with
+  PYTHONDONTWRITEBYTECODE set (this development machine's) compiles every source again each run, so the
+  default step is also timed both ways;
 - in one warm process: drawing the sample (for GB300 the conditioning on the published figures) and
   pricing both variants' steps under it from scratch, median CPU seconds;
 - for reference, `moe-sim step --help` (start-up, typer and the imports every command pays), and a fresh
-  `python -c "import numpy"` beside `"import numpy, numba"` (what importing Numba adds: the plans still
-  pull it in through their ops, though `step` runs no compiled code).
+  `python -c "import numpy"` beside `"import numpy, numba"` (what importing Numba would add: the kernels
+  compile on first call, simulator/jit.py, so `step` imports none).
 Each set of commands takes turns run by run, so that load from other work falls on them alike.
 Medians of `--runs` runs; ratios in the text of docs/cost-model.md section 8 come from here.
 """
@@ -39,7 +42,7 @@ from simulator.hardware import load_hardware  # noqa: E402
 CASES = (("gb300", 16), ("h200", 8))
 
 
-def fresh(*commands: list[str], runs: int) -> list[dict[str, float]]:
+def fresh(*commands: list[str], runs: int, env: dict[str, str] | None = None) -> list[dict[str, float]]:
     """Median wall and CPU seconds of each command in a new process each run; the commands take turns, so
     that load from other work falls on all of them alike."""
     walls: list[list[float]] = [[] for _ in commands]
@@ -48,7 +51,7 @@ def fresh(*commands: list[str], runs: int) -> list[dict[str, float]]:
         for i, args in enumerate(commands):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
-            subprocess.run(args, check=True, capture_output=True)
+            subprocess.run(args, check=True, capture_output=True, env=env)
             walls[i].append(time.perf_counter() - t)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpus[i].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
@@ -88,6 +91,11 @@ def measure(runs: int) -> dict[str, object]:
         args = step + ["--hardware", hardware, "--tp", str(tp)]
         on, off = fresh(args, args + ["--no-interval"], runs=runs)
         doc[f"{hardware}_tp{tp}"] = {"with_interval": on, "no_interval": off, "warm": warm(hardware, tp, runs)}
+    cached = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run(step, check=True, capture_output=True, env=cached)  # writes the bytecode caches
+    on, off = fresh(step, step + ["--no-interval"], runs=runs, env=cached)
+    doc["bytecode_cached"] = {"default_step": {"with_interval": on, "no_interval": off},
+                              "environment_compiles_sources": bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))}
     return doc
 
 
@@ -112,6 +120,12 @@ def main() -> None:
               f"{on['cpu_s']:.2f} s with intervals, {off['wall_s']:.2f} / {off['cpu_s']:.2f} s without "
               f"(CPU x{on['cpu_s'] / off['cpu_s']:.2f}); warm CPU: draws {w['draws_cpu_s']:.3f} s, pricing the two "
               f"steps under them {w['pricing_cpu_s']:.3f} s")
+    c = doc["bytecode_cached"]
+    note = " (the rows above compile every source each run: PYTHONDONTWRITEBYTECODE is set here)" \
+        if c["environment_compiles_sources"] else ""
+    print(f"default `moe-sim step` with bytecode cached, as installed: {c['default_step']['with_interval']['wall_s']:.2f} / "
+          f"{c['default_step']['with_interval']['cpu_s']:.2f} s with intervals, "
+          f"{c['default_step']['no_interval']['wall_s']:.2f} / {c['default_step']['no_interval']['cpu_s']:.2f} s without{note}")
 
 
 if __name__ == "__main__":
