@@ -24,12 +24,14 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+import threading
 from typing import Any, Callable
 
 _MODULES: list[str] = []  # modules holding lazy kernels or helpers, in import order
 _HELPERS: list[Callable[..., Any]] = []
 _EXTENSIONS: list[str | Callable[[], Any]] = []  # extension modules (overloads, intrinsics) or setup to run at compile
 _compiled = False
+_LOCK = threading.RLock()  # weights.py draws experts on a thread pool: the first calls may race
 
 
 class LazyJit:
@@ -91,10 +93,14 @@ def compiled() -> bool:
 
 def compile_all() -> None:
     """Import Numba, register the helpers, put a dispatcher in place of every lazy kernel, bind `prange`."""
-    global _compiled
     import numba
     from numba.extending import register_jitable
+    with _LOCK:
+        _compile_locked(numba, register_jitable)
 
+
+def _compile_locked(numba: Any, register_jitable: Callable[..., Any]) -> None:
+    global _compiled
     for fn in _HELPERS:
         register_jitable(fn)
     _HELPERS.clear()
