@@ -175,16 +175,13 @@ def _probe_errors() -> dict[str, float]:
     """|law / measured - 1| in % on each of the 126 GEMM probe shapes (calibration/h200/gemm_probe.csv), the
     law fitted on the grid's fitted half: shapes no plan has, measured after the law was registered."""
     from simulator.cost import validate as v
-    from simulator.cost.measured import normalise, price_row
+    from simulator.cost.measured import normalise
     hw = load_hardware("h200")
     _, fits = v.fitted_points(DATA, hw)
     out = {}
     with (DATA / "gemm_probe.csv").open(newline="") as f:
         for raw in csv.DictReader(f):
-            row = normalise(raw)
-            fit = fits[v.group_of(row)]
-            feats = v.features(row, price_row(row, hw))
-            out[row["id"]] = v.pct(fit.predict({n: feats.get(n, 0.0) for n in fit.names}), float(raw["median_us"]))
+            out[raw["id"]] = v.pct(v.law_us(normalise(raw), fits, hw), float(raw["median_us"]))
     return out
 
 

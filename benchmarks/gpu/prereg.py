@@ -23,7 +23,7 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 import points as pts  # noqa: E402
 from suite import measured_ids  # noqa: E402
 from simulator.cost import validate as V  # noqa: E402
-from simulator.cost.measured import normalise, price_row  # noqa: E402
+from simulator.cost.measured import normalise  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402
 
 
@@ -33,11 +33,9 @@ def law_predictions(folder: Path, todo: list, hw) -> dict[str, tuple[str, float]
     out = {}
     for p in todo:
         row = normalise(p.row())
-        group = V.group_of(row)
-        if group not in fits:
-            continue
-        feats = V.features(row, price_row(row, hw))
-        out[p.id] = (group, fits[group].predict({n: feats.get(n, 0.0) for n in fits[group].names}))
+        law = V.law_us(row, fits, hw)
+        if law is not None:
+            out[p.id] = (V.group_of(row), law)
     return out
 
 

@@ -89,13 +89,7 @@ class Residuals:
 def derive_residuals(folder: str | Path, hw: HardwareProfile) -> dict[str, Any]:
     """The residuals document from the measurements, exactly as `moe-sim validate` splits and refits them."""
     from simulator.cost import validate as v
-    from simulator.cost.measured import price_row
-    points = []
-    for row in v.read_measurements(folder):
-        priced = price_row(row, hw)
-        points.append(v.Point(row, row["measured_us"], priced["model_us"], None, False, feats=v.features(row, priced)))
-    v.split_halves(points)
-    fits = v.refit(points, hw)
+    points, fits = v.fitted_points(folder, hw)
     fitted: dict[str, list[float]] = {}
     held: dict[str, list[float]] = {}
     for p in points:

@@ -413,14 +413,20 @@ def probes(folder: str | Path, fits: Mapping[str, Fit], hw: HardwareProfile) -> 
             for raw in csv.DictReader(f):
                 if raw.get("status", "ok") != "ok" or not raw.get("median_us"):
                     continue
-                row = normalise(raw)
-                fit = fits.get(group_of(row))
-                if fit is None:
-                    continue
-                feats = features(row, price_row(row, hw))
-                errors.append(pct(fit.predict({n: feats.get(n, 0.0) for n in fit.names}), float(raw["median_us"])))
+                law = law_us(normalise(raw), fits, hw)
+                if law is not None:
+                    errors.append(pct(law, float(raw["median_us"])))
         out[path.stem.removesuffix("_probe")] = summary(errors)
     return out
+
+
+def law_us(row: Mapping[str, Any], fits: Mapping[str, Fit], hw: HardwareProfile) -> float | None:
+    """What the group law fitted on the grid predicts for a row that was not fitted (None: no law for its group)."""
+    fit = fits.get(group_of(row))
+    if fit is None:
+        return None
+    feats = features(row, price_row(row, hw))
+    return fit.predict({n: feats.get(n, 0.0) for n in fit.names})
 
 
 def fitted_points(folder: str | Path, hw: HardwareProfile) -> tuple[list[Point], dict[str, Fit]]:
