@@ -86,11 +86,6 @@ def threads() -> int:
     return numba.get_num_threads()
 
 
-def compiled() -> bool:
-    """Whether any kernel has been compiled (and Numba imported) in this process."""
-    return _compiled
-
-
 def compile_all() -> None:
     """Import Numba, register the helpers, put a dispatcher in place of every lazy kernel, bind `prange`."""
     import numba
