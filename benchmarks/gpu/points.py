@@ -201,30 +201,19 @@ def ceiling_points() -> list[Point]:
 
 
 def kda_points() -> list[Point]:
-    pts = _kda_grid(KDA_B)
+    grid = ((1, "final"), (8, "final"), (8, "per_token"))  # T = 1; a T = 8 verify storing the final or every state
+    pts = _kda("triton", {8: KDA_B, 16: KDA_B}, grid)
     # the same points on vLLM's split-V grid (16 one-warp programs per head, gated RMSNorm in a second launch)
     pts += [replace(p, impl="triton_split_v") for p in pts]
-    pts += [replace(p, impl="triton_split_v") for p in _kda_grid(KDA_B_L2)]
-    pts += _kda_split_v(KDA_B_ABSORB, ((8, "final"), (8, "per_token"), (4, "per_token")))
-    return pts + _kda_split_v(KDA_B_DRAIN, ((2, "per_token"), (6, "final"), (6, "per_token")))
+    pts += _kda("triton_split_v", {8: KDA_B_L2, 16: KDA_B_L2}, grid)
+    pts += _kda("triton_split_v", KDA_B_ABSORB, ((8, "final"), (8, "per_token"), (4, "per_token")))
+    return pts + _kda("triton_split_v", KDA_B_DRAIN, ((2, "per_token"), (6, "final"), (6, "per_token")))
 
 
-def _kda_split_v(batches: dict[int, tuple[int, ...]], runs: tuple[tuple[int, str], ...]) -> list[Point]:
-    """Split-V points: for each TP degree its batches, each with the (T, state writes) runs."""
-    return [Point("kda", "triton_split_v", "kda_decode", "kimi-k3", "kda", tp, M=t * b, B=b, heads=96 // tp, T=t,
+def _kda(impl: str, batches: dict[int, tuple[int, ...]], runs: tuple[tuple[int, str], ...]) -> list[Point]:
+    """KDA decode points: for each TP degree (96 / TP heads) its batches, each with the (T, state writes) runs."""
+    return [Point("kda", impl, "kda_decode", "kimi-k3", "kda", tp, M=t * b, B=b, heads=96 // tp, T=t,
                   fmt="fp32", variant=write) for tp, bs in batches.items() for b in bs for t, write in runs]
-
-
-def _kda_grid(batches: tuple[int, ...]) -> list[Point]:
-    pts = []
-    for tp, heads in ((8, 12), (16, 6)):
-        for b in batches:
-            pts.append(Point("kda", "triton", "kda_decode", "kimi-k3", "kda", tp, M=b, B=b, heads=heads, T=1,
-                             fmt="fp32", variant="final"))
-            for write in ("final", "per_token"):
-                pts.append(Point("kda", "triton", "kda_decode", "kimi-k3", "kda", tp, M=8 * b, B=b, heads=heads, T=8,
-                                 fmt="fp32", variant=write))
-    return pts
 
 
 def mla_points(cache_fmt: str = "fp8") -> list[Point]:
