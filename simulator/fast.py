@@ -8,23 +8,42 @@ weights.py and ops/ (they import neither) so the weight store can pack and widen
     mxfp4_matmul      y[m, n] = sum_b s[n, b] * sum_{i<32} x[m, 32b + i] * e2m1(code[n, 32b + i])
                       reads the packed nibbles (0.5 B) and the E8M0 scale (1/32 B) per weight: 0.53 B
                       instead of the 4 B of a float32 dequantized copy (or 8 B of a float64 one)
+    mxfp4_grouped     the same product for many packed weights and gathered token rows in one call: the
+                      routed experts of a streamed chunk on every TP rank (ops/experts.py), both cores
+    mxfp4_dot         one row of W^T times one token row; on AVX-512 a register-table lookup per nibble
+                      and one scale per block (numba_ext.mxfp4_dot_avx512), nothing written
     mxfp4_quantize_t  the checkpoint packer: W [K, N] -> codes and scales of W^T, blocks along K
     bf16_matmul       y = x @ W for W held as bfloat16 bits: 2 B per weight read once, widened in registers
     bf16_to           bfloat16 bits -> float32 / float64 (dense weights are held as bf16: 2 B/param)
     rms_norm          y = x / sqrt(mean(x^2) + eps) * w, one pass over x per row
     attn_res_mix      h = sum_s softmax_s(<v_s / rms(v_s), q>) v_s, one read of each source
     topk_order        the first k of a stable descending argsort, by insertion (no [M, E] sort)
+    add_rows          out[rows[i]] += v[i] in order (np.add.at, compiled)
 
 Dimension legend: M rows (tokens), K reduction width, N output width, S sources, E experts, k picks.
 
-Napkin math (this machine, 2 cores, 37-42 GB/s in-process copy when quiet, benchmarks/fullsize.py): a
-full-size K3 expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB packed; at batch 1 a rank touches
-16 of them, 16 ranks -> 280 MB per layer, ~10 ms at copy speed. The dequantize-then-GEMM form moves 8x
-(float32) or 15x (float64) those bytes, and writes them first. The MXFP4 kernel decodes a 32-weight block
-with one byte shuffle per nibble (`decode_block`); measured (benchmarks/mxfp4_roofline.py), decoding
-alone runs at ~5 GB/s of packed bytes per core, 10-12 GB/s on both (about a third of the copy), and decode
-plus the float64 dot at 1.8 GB/s per core: the kernel is bound by its arithmetic, not by memory
-(docs/architecture.md).
+Napkin math for the routed experts (this machine: 2 Ice Lake-server cores at 2.8 GHz, 37-42 GB/s
+in-process copy when quiet; benchmarks/mxfp4_roofline.py and benchmarks/fullsize.py measure it). A full-size
+K3 expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB packed; at batch 1 a rank touches 16 of them, 16
+ranks -> 280 MB per layer, 7 ms at 40 GB/s, 14 ms at half of it. The dequantize-then-GEMM form moves 8x
+(float32) or 15x (float64) those bytes and writes them first. `mxfp4_dot` reads each byte once, and its
+arithmetic is the roof, not the memory:
+- per 64 code bytes (128 weights) and token row it issues, float32: 8 shifts (port 0 only on 512-bit
+  vectors), 8 `vpermps` (port 5 only), 8 multiply-adds, 1 add and the block-scale build and FMA, ~30 vector
+  ops; float64 (8 lanes): 16 + 16 + 16 + ~4, ~52. 512-bit work issues on 2 ports, so >= 15 (float32) and
+  >= 26 (float64) cycles per 68 packed bytes: at most 12.7 and 7.3 GB/s per core, 25 and 15 GB/s on both
+  (60 % and 35 % of a 42 GB/s copy). The FMAs alone would allow 47 GB/s at float64 (8 lanes x 2 ports x
+  2 cores x 2.8 GHz = 90 G weights/s x 0.53 B): the shift and the lookup per weight, not the multiply, bind.
+- measured with the data in cache, one core: float32 17-20 G weights/s (9-11 GB/s), float64 10-12
+  (5-6.3 GB/s), two thirds of those bounds; streaming 88 MB from memory, one core: 6.6-7.5 and 5.1-6.3 GB/s
+  (NumPy's sum reads 10-11 GB/s on one core); both cores add 1.4-1.5x, not 2x.
+- a TP16 down-projection row shard is 96 bytes (1.5 steps: a full step and a masked one) per row, and each
+  dot pays its horizontal sum and tail: 15-30 ns per 96-byte dot, 3-6 GB/s per core whatever the roof.
+- around the kernel, per rank and expert, the executor's shard views and the work list cost ~10 us a part:
+  about a quarter of the layer's routed-expert time at batch 1.
+So float64 cannot reach half the copy bandwidth here (its own arithmetic caps it near a third of a quiet
+copy, and the layer reaches 14-16 %), nor float32 (the W4A16 path, `--precision bf16`: about a fifth in
+the layer, 19-22 %), measured on 2 quiet cores (docs/architecture.md has the figures).
 
 Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
 run the NumPy forms that way); every fused op in ops/ asks it per call, so there is no module state.
@@ -76,7 +95,9 @@ def mxfp4_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArra
     times the block scale (`decode_block`); x is split into its even and odd columns to match, and
     the two rows are dotted with every token row in x's dtype. E2M1 values times a power of two are
     exact in float32 (for scales below 2^126, i.e. E8M0 bits < 253: anything larger goes through the
-    element-wise kernel in x's dtype), so only the summation order differs from `x @ dequantize(W^T).T`."""
+    element-wise kernel in x's dtype), so only the summation order differs from `x @ dequantize(W^T).T`.
+    The one-weight path (`x @ MXFP4Weight`) and the grouped ops' fallback on hosts without AVX-512; the
+    routed experts run `mxfp4_grouped`."""
     if scale_bits.size and scale_bits.max() >= 253:
         return mxfp4_matmul_slice(x, packed, scale_bits, 0)
     x = np.ascontiguousarray(x)
@@ -197,9 +218,17 @@ def mxfp4_dot(codes: npt.NDArray[np.uint8], c0: int, scales: npt.NDArray[np.uint
     """One row of W^T times one token row: sum_b 2^(e_b - 127) sum_{i<32} x[32b + i] e2m1(code[32b + i]).
 
     codes[c0:c0 + nbytes] are the row's code bytes (nbytes a multiple of 16: whole blocks), scales[s0:]
-    its E8M0 bits, lut = `value_lut(x.dtype)`, xp the token row permuted (`permute_x`). The
-    block's scale multiplies its partial sum once. The plain form; compiled kernels run
-    `numba_ext.mxfp4_dot_avx512` (no scratch: each step's nibbles index a 16-entry register table)."""
+    its E8M0 bits, lut = `value_lut(x.dtype)`, xp the token row permuted (`permute_x`). The plain form;
+    compiled kernels run `numba_ext.mxfp4_dot_avx512` on AVX-512 hosts (no scratch: each step's nibbles
+    index a 16-entry register table), this form compiled elsewhere.
+
+    Numerics against `x @ dequantize(W^T).T` in x's dtype: the E2M1 values are exact, and each block's
+    partial sum is multiplied by its power-of-two scale once instead of each weight, which is exact while
+    the values stay in the normal range. So only the summation order differs, except where a product or a
+    block's partial sum leaves that range (below 2^-126 in float32 / 2^-1022 in float64, where the
+    dequantized product rounds each term into subnormals and this rounds once; or a float32 partial sum that
+    overflows where the whole sum would not). `mxfp4_grouped` scales each weight instead (`_dot_loops`) in
+    float32 rows holding a scale >= 2^126, where the dequantized float32 weight itself can overflow."""
     return _dot_loops(codes, c0, scales, s0, lut, xp, nbytes, False)
 
 
@@ -297,21 +326,23 @@ def _mxfp4_grouped_items(xp, tokens, wtab, items, lut, wide_from, y, i0, i1):  #
         if wide_from < 256:
             for j in range(scales.shape[0]):  # a byte max reduction LLVM vectorises
                 top = max(top, scales[j])
-        for n in range(n1 - n0):
-            c0, s0 = n * c_stride, n * s_stride
-            ahead = c_addr + (n0 + n + PREFETCH_ROWS) * c_stride  # rows ahead, every line: a row shard's
-            for line in range(0, nbytes + 63, 64):                # short rows are far apart, and without
-                prefetch(ahead + min(line, nbytes - 1))           # this each waits for DRAM
-            prefetch(s_addr + (n0 + n + PREFETCH_ROWS) * s_stride)
-            wide = False
-            if top >= wide_from:
-                for b in range(nbytes // 16):
-                    wide |= scales[s0 + b] >= wide_from
-            for r in range(r0, r1):
+        for r in range(r0, r1):  # token rows outer: the item's rows of W^T (<= 57 KB) stay in L2
+            x = xp[tokens[r]]
+            for n in range(n1 - n0):
+                c0, s0 = n * c_stride, n * s_stride
+                if r == r0 and c_stride > nbytes:  # a row shard: its short rows are far apart, and without
+                    ahead = c_addr + (n0 + n + PREFETCH_ROWS) * c_stride  # this each waits for DRAM
+                    prefetch(ahead)
+                    prefetch(ahead + nbytes - 1)
+                    prefetch(s_addr + (n0 + n + PREFETCH_ROWS) * s_stride)
+                wide = False
+                if top >= wide_from:
+                    for b in range(nbytes // 16):
+                        wide |= scales[s0 + b] >= wide_from
                 if wide:
-                    y[r, col + n] = _dot_loops(codes, c0, scales, s0, lut, xp[tokens[r]], nbytes, True)
+                    y[r, col + n] = _dot_loops(codes, c0, scales, s0, lut, x, nbytes, True)
                 else:
-                    y[r, col + n] = mxfp4_dot(codes, c0, scales, s0, lut, xp[tokens[r]], nbytes)
+                    y[r, col + n] = mxfp4_dot(codes, c0, scales, s0, lut, x, nbytes)
 
 
 def add_rows(out: Array, rows: npt.NDArray[np.int64], values: Array) -> None:
