@@ -16,7 +16,10 @@ What it measures, in one process:
 - wall_s per path (reference, standard, specialized): the path's compute, drawing taken out;
   `wall_incl_draw_s` is the same with it in. Peak RSS after each path (ru_maxrss);
 - expert_gbps: the specialized plan's routed-expert kernels (FC1, FC2 + finalize, all 16 ranks) timed
-  in place, bytes = the packed MXFP4 bytes of the touched experts (every rank reads its 1/P of each);
+  in place (their ops, called once per streamed chunk over all ranks; the drawing of the chunk happens
+  between the calls and is not in the time), bytes = the packed MXFP4 bytes of the touched experts (every
+  rank reads its 1/P of each); at `--precision bf16` the kernel runs in float32 (W4A16: bf16 values,
+  float32 sums), at fp64 in float64;
 - copy_gbps: STREAM copy (dst[:] = src[:], bytes read + written) of 2 x 256 MB on all threads, best of 5;
 - max_rel_rms_error of both plans against the reference, so that a fast wrong answer cannot pass.
 
@@ -178,7 +181,8 @@ def report(doc: dict[str, Any]) -> str:
         lines.append(f"  {k:12s} {v:8.2f} s  (+{doc['draw_s'][k]:.2f} s drawing experts)  peak RSS so far "
                      f"{doc['peak_rss_gb_after'][k]:.2f} GB  rel RMS error {doc['max_rel_rms_error'].get(k, 0):.1e}")
     if "expert_gbps" in doc:
-        lines.append(f"  routed experts (specialized, {doc['experts_touched']} touched): {doc['expert_bytes_gb']} GB "
+        lines.append(f"  routed experts (specialized, {doc['precision']}, {doc['experts_touched']} touched): "
+                     f"{doc['expert_bytes_gb']} GB "
                      f"packed in {doc['expert_kernel_s']} s = {doc['expert_gbps']} GB/s; copy {doc['copy_gbps']} GB/s; "
                      f"ratio {doc['expert_vs_copy']}")
     lines.append(f"  peak RSS {doc['peak_rss_gb']} GB; specialized {doc['specialized_vs_standard']}x as fast as standard")

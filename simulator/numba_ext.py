@@ -1,13 +1,19 @@
-"""Numba extensions: compiled forms of two plain functions, written in LLVM IR.
+"""Numba extensions: compiled forms of plain functions, written in LLVM IR.
 
     fast.decode_block   one MXFP4 block decoded with one byte shuffle per nibble. Numba's own vectoriser
                         makes a 16-entry table lookup a gather or scalar loads; this form is 2.5-3x
                         faster (benchmarks/mxfp4_roofline.py)
+    fast.mxfp4_dot      one MXFP4 row times one token row in AVX-512 registers: `vpermps` / `vpermi2pd`
+                        table lookups, FMAs, one scale per block, nothing written (hosts with AVX-512F;
+                        elsewhere the weight-by-weight form compiles)
+    fast.packed_at      the bytes at an address as an array (a packed expert where the store holds it)
+    fast.prefetch       `llvm.prefetch` of a cache line
     rng._mulhi          the high half of a 64 x 64-bit product, one `mul` instruction on x86-64
 
 Imported by `simulator/jit.py` when the kernels first compile (fast.py and rng.py ask for it with
 `on_compile`), never at start-up: it needs Numba and llvmlite. The plain forms stay the definitions, and
-tests hold each pair equal.
+tests hold each pair equal. Numba's on-disk cache keys a kernel on its own source file: after editing this
+one, delete the cached fast.*.nbi / .nbc files (simulator/__pycache__) or the old machine code loads.
 """
 
 from __future__ import annotations

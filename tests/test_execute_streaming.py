@@ -94,12 +94,17 @@ def test_reference_rows_together_equal_rows_alone(tiny):
             np.testing.assert_array_equal(slots[t, j], ex.mlp_reference(z[t:t + 1], *expert(int(e)), tiny)[0])
 
 
+@pytest.mark.parametrize("avx512", [True, False], ids=["grouped-kernel", "shard-by-shard"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
-def test_grouped_ops_over_all_ranks_equal_each_rank_alone(tiny, dtype):
+def test_grouped_ops_over_all_ranks_equal_each_rank_alone(tiny, dtype, avx512, monkeypatch):
     """The executor runs a grouped op over every rank in one call (`over_ranks`); each rank's output is
-    what the op computes on that rank alone, bit for bit, and the packed product is the float one."""
+    what the op computes on that rank alone, bit for bit, and the packed product is the float one: with
+    the grouped kernel, and with the shard-by-shard fallback of hosts without AVX-512."""
     from simulator import fast
     from simulator.ops.linear import MXFP4Weight
+    if avx512 and not fast.has_avx512():
+        pytest.skip("no AVX-512 on this host")
+    monkeypatch.setattr(fast, "has_avx512", lambda: avx512)
     rng = np.random.default_rng(11)
     din, f, tp, m, k, n_exp = 64, 96, 3, 5, 2, 6  # F/P = 32: whole blocks in each row shard
     packed = {(e, p): fast.mxfp4_quantize_t(rng.standard_normal(shape, dtype=np.float32) * np.float32(0.2))

@@ -284,6 +284,10 @@ def _dots_loops(codes, bits, lut, xp):
     return out
 
 
+AVX512 = pytest.mark.skipif(not fast.has_avx512(), reason="grouped_matmul runs on AVX-512 hosts only")
+
+
+@AVX512
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
 @pytest.mark.parametrize("m", [1, 4])
 def test_mxfp4_grouped_equals_products_of_the_shards(m, dtype):
@@ -327,6 +331,7 @@ def linear_grouped(x, groups, ranks=1):  # type: ignore[no-untyped-def]
     return y
 
 
+@AVX512
 def test_mxfp4_grouped_float32_scales_past_2_126_scale_each_weight():
     """E8M0 bits >= 253: 6 x 2^126 overflows float32, so such rows multiply c s per weight, as the
     dequantized float32 W does (inf where it is inf), and the other rows are untouched."""

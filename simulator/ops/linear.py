@@ -18,6 +18,8 @@ Because every scale is a power of two, both give the same FP32 result up to summ
 (`fast.mxfp4_matmul`, one pass over the packed bytes, when the Numba kernels are on) or, for the
 float64 reference, dequantizes K-chunks and multiplies (`form="reference"`): code that multiplies by a
 weight is the same for a float array and a packed one, and no full float copy of an expert is made.
+The grouped expert ops hand all their packed shards to `grouped_matmul` instead: one compiled call
+(`fast.mxfp4_grouped`) over every (expert, rank, token rows) of a streamed chunk.
 
 Dimension legend: M tokens, K input width, N output width.
 """
