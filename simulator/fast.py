@@ -31,14 +31,15 @@ arithmetic is the roof, not the memory:
 - per 64 code bytes (128 weights) and token row it issues, float32: 8 shifts (port 0 only on 512-bit
   vectors), 8 `vpermps` (port 5 only), 8 multiply-adds, 1 add and the block-scale build and FMA, ~30 vector
   ops; float64 (8 lanes): 16 + 16 + 16 + ~4, ~52. 512-bit work issues on 2 ports, so >= 15 (float32) and
-  >= 26 (float64) cycles per 68 packed bytes: at most 12.7 and 7.3 GB/s per core, 25 and 15 GB/s on both
-  (60 % and 35 % of a 42 GB/s copy). The FMAs alone would allow 47 GB/s at float64 (8 lanes x 2 ports x
-  2 cores x 2.8 GHz = 90 G weights/s x 0.53 B): the shift and the lookup per weight, not the multiply, bind.
-- measured with the data in cache, one core: float32 17-20 G weights/s (9-11 GB/s), float64 10-12
-  (5-6.3 GB/s), two thirds of those bounds; streaming 88 MB from memory, one core: 6.6-7.5 and 5.1-6.3 GB/s
-  (NumPy's sum reads 10-11 GB/s on one core); both cores add 1.4-1.5x, not 2x.
+  >= 26 (float64) cycles per 68 packed bytes: at 2.8 GHz at most 12.7 and 7.3 GB/s per core (turbo clocks
+  add up to a fifth), 25 and 15 GB/s on both (60 % and 35 % of a 42 GB/s copy). The FMAs alone would allow
+  47 GB/s at float64 (8 lanes x 2 ports x 2 cores x 2.8 GHz = 90 G weights/s x 0.53 B): the shift and the
+  lookup per weight, not the multiply, bind.
+- measured with the data in cache, one core, repeated over an hour of a shared machine: float32 17-22 G
+  weights/s (9-12 GB/s), float64 10-16 (5-8.5 GB/s); streaming 88 MB from memory, one core: 6.6-7.7 and
+  5.1-6.3 GB/s (NumPy's sum reads 10-11 GB/s on one core); both cores add 1.4-1.5x, not 2x.
 - a TP16 down-projection row shard is 96 bytes (1.5 steps: a full step and a masked one) per row, and each
-  dot pays its horizontal sum and tail: 15-30 ns per 96-byte dot, 3-6 GB/s per core whatever the roof.
+  dot pays its horizontal sum and tail: 15-40 ns per 96-byte dot, 2.5-6 GB/s per core whatever the roof.
 - around the kernel, per rank and expert, the executor's shard views and the work list cost ~10 us a part:
   about a quarter of the layer's routed-expert time at batch 1.
 So float64 cannot reach half the copy bandwidth here (its own arithmetic caps it near a third of a quiet

@@ -24,8 +24,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from simulator.fast import (E2M1, E2M1_X2, FAST, STEP_WEIGHTS, _dot_loops, decode_block, has_avx512, mxfp4_dot, packed_at,
-                           prefetch)
+from simulator.fast import (E2M1, E2M1_X2, FAST, STEP_WEIGHTS, _dot_loops, decode_block, has_avx512, mxfp4_dot,
+                            packed_at, prefetch)
 from simulator.rng import _mulhi
 
 
@@ -102,7 +102,8 @@ def prefetch_llvm(typingctx, addr):  # type: ignore[no-untyped-def]
         i8p, i32 = ir.PointerType(ir.IntType(8)), ir.IntType(32)
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
                                             "llvm.prefetch.p0")
-        builder.call(fn, [builder.inttoptr(args[0], i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        read, keep, data = ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)
+        builder.call(fn, [builder.inttoptr(args[0], i8p), read, keep, data])
         return context.get_dummy_value()
     return types.void(types.int64), codegen
 
@@ -130,7 +131,7 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, nbytes):  # type: ign
         width = 16 if f32 else 8  # lanes
         nib = STEP_WEIGHTS // width  # nibbles per lane
         flt, lane_int = (ir.FloatType(), ir.IntType(32)) if f32 else (ir.DoubleType(), ir.IntType(64))
-        i1, i8, i32, i64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+        i1, i32, i64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
         vf, vi = ir.VectorType(flt, width), ir.VectorType(lane_int, width)
         flt_bits = 32 if f32 else 64
         mod = builder.module
@@ -138,16 +139,24 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, nbytes):  # type: ign
         def splat(v: int) -> ir.Constant:
             return ir.Constant(vi, [v] * width)
 
-        fma = cgutils.get_or_insert_function(mod, ir.FunctionType(vf, [vf, vf, vf]), f"llvm.fma.v{width}f{flt_bits}")
+        def broadcast(v: ir.Value) -> ir.Value:  # a lane-sized value into every lane
+            one = builder.insert_element(ir.Constant(vi, ir.Undefined), v, ir.Constant(i32, 0))
+            lane0 = ir.Constant(ir.VectorType(i32, width), [0] * width)
+            return builder.shuffle_vector(one, ir.Constant(vi, ir.Undefined), lane0)
+
+        def vector_fn(name: str, args: list[ir.Type]) -> ir.Function:  # an LLVM intrinsic returning vf
+            return cgutils.get_or_insert_function(mod, ir.FunctionType(vf, args), name)
+
+        fma = vector_fn(f"llvm.fma.v{width}f{flt_bits}", [vf, vf, vf])
         masked_load = cgutils.get_or_insert_function(
             mod, ir.FunctionType(vi, [vi.as_pointer(), i32, ir.VectorType(i1, width), vi]),
             f"llvm.masked.load.v{width}i{lane_int.width}.p0")
         if f32:
-            permute = cgutils.get_or_insert_function(mod, ir.FunctionType(vf, [vf, vi]), "llvm.x86.avx512.permvar.sf.512")
-            table = ir.Constant(vf, [float(v) for v in E2M1])
-            lookup = lambda idx: builder.call(permute, [table, idx])  # noqa: E731
+            permute = vector_fn("llvm.x86.avx512.permvar.sf.512", [vf, vi])
+            values = ir.Constant(vf, [float(v) for v in E2M1])
+            lookup = lambda idx: builder.call(permute, [values, idx])  # noqa: E731
         else:
-            permute = cgutils.get_or_insert_function(mod, ir.FunctionType(vf, [vf, vi, vf]), "llvm.x86.avx512.vpermi2var.pd.512")
+            permute = vector_fn("llvm.x86.avx512.vpermi2var.pd.512", [vf, vi, vf])
             low, high = ir.Constant(vf, [float(v) for v in E2M1[:8]]), ir.Constant(vf, [float(v) for v in E2M1[8:]])
             lookup = lambda idx: builder.call(permute, [low, idx, high])  # noqa: E731
         code_arr = context.make_array(signature.args[0])(context, builder, args[0])
@@ -161,11 +170,10 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, nbytes):  # type: ign
 
         def step(c: ir.Value, codes: ir.Value, word: ir.Value) -> None:
             word = builder.zext(word, lane_int) if not f32 else word
-            e = builder.and_(builder.lshr(builder.shuffle_vector(
-                builder.insert_element(ir.Constant(vi, ir.Undefined), word, ir.Constant(i32, 0)),
-                ir.Constant(vi, ir.Undefined), ir.Constant(ir.VectorType(i32, width), [0] * width)), block_shift), splat(255))
+            e = builder.and_(builder.lshr(broadcast(word), block_shift), splat(255))
             if f32:  # 2^(e - 127): e in the exponent field; e = 0 is the subnormal 2^-127
-                bits = builder.select(builder.icmp_unsigned("==", e, splat(0)), splat(1 << 22), builder.shl(e, splat(23)))
+                zero = builder.icmp_unsigned("==", e, splat(0))
+                bits = builder.select(zero, splat(1 << 22), builder.shl(e, splat(23)))
             else:
                 bits = builder.shl(builder.add(e, splat(1023 - 127)), splat(52))
             scale = builder.bitcast(bits, vf)
@@ -194,29 +202,25 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, nbytes):  # type: ign
             step(c, codes, word)
         with builder.if_then(builder.icmp_unsigned("!=", tail, ir.Constant(i64, 0))):
             live = builder.trunc(builder.udiv(tail, ir.Constant(i64, 64 // width)), lane_int)
-            mask = builder.icmp_unsigned("<", ir.Constant(vi, list(range(width))),
-                                         builder.shuffle_vector(builder.insert_element(ir.Constant(vi, ir.Undefined), live,
-                                                                                       ir.Constant(i32, 0)),
-                                                                ir.Constant(vi, ir.Undefined),
-                                                                ir.Constant(ir.VectorType(i32, width), [0] * width)))
+            mask = builder.icmp_unsigned("<", ir.Constant(vi, list(range(width))), broadcast(live))
             cptr = builder.bitcast(builder.gep(cbase, [builder.mul(steps, ir.Constant(i64, 64))]), vi.as_pointer())
             codes = builder.call(masked_load, [cptr, ir.Constant(i32, 1), mask, ir.Constant(vi, [0] * width)])
             blocks = builder.lshr(tail, ir.Constant(i64, 4))  # 1 to 3
             sptr = builder.gep(sbase, [builder.mul(steps, ir.Constant(i64, 4))])
             word = ir.Constant(i32, 0)
             for t in range(3):  # byte t if the tail has block t, read at min(t, blocks - 1): always in bounds
-                at = builder.select(builder.icmp_unsigned(">", blocks, ir.Constant(i64, t)), ir.Constant(i64, t),
-                                    builder.sub(blocks, ir.Constant(i64, 1)))
+                has = builder.icmp_unsigned(">", blocks, ir.Constant(i64, t))
+                at = builder.select(has, ir.Constant(i64, t), builder.sub(blocks, ir.Constant(i64, 1)))
                 byte = builder.zext(builder.load(builder.gep(sptr, [at])), i32)
-                byte = builder.select(builder.icmp_unsigned(">", blocks, ir.Constant(i64, t)), byte, ir.Constant(i32, 0))
+                byte = builder.select(has, byte, ir.Constant(i32, 0))
                 word = builder.or_(word, builder.shl(byte, ir.Constant(i32, 8 * t)))
             step(steps, codes, word)
         total = builder.load(acc)
         size = width
         while size > 1:  # a fixed tree: lanes i and i + size/2
             size //= 2
-            lo = builder.shuffle_vector(total, total, ir.Constant(ir.VectorType(i32, size), list(range(size))))
-            hi = builder.shuffle_vector(total, total, ir.Constant(ir.VectorType(i32, size), list(range(size, 2 * size))))
+            half = [ir.Constant(ir.VectorType(i32, size), list(range(k, k + size))) for k in (0, size)]
+            lo, hi = (builder.shuffle_vector(total, total, h) for h in half)
             total = builder.fadd(lo, hi)
         return builder.extract_element(total, ir.Constant(i32, 0))
     return dtype(codes, types.int64, scales, types.int64, xp, types.int64), codegen
