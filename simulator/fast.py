@@ -42,9 +42,10 @@ arithmetic is the roof, not the memory:
   dot pays its horizontal sum and tail: 15-40 ns per 96-byte dot, 2.5-6 GB/s per core whatever the roof.
 - around the kernel, per rank and expert, the executor's shard views and the work list cost ~10 us a part:
   about a quarter of the layer's routed-expert time at batch 1.
-So float64 cannot reach half the copy bandwidth here (its own arithmetic caps it near a third of a quiet
-copy, and the layer reaches 14-16 %), nor float32 (the W4A16 path, `--precision bf16`: about a fifth in
-the layer, 19-22 %), measured on 2 quiet cores (docs/architecture.md has the figures).
+So float64 cannot reach half the copy bandwidth here (its own arithmetic caps it near a third), nor, in
+the layer, float32 (the W4A16 path, `--precision bf16`): measured at batch 1, 3.4 and 4.6 GB/s against a
+40-43 GB/s copy on this machine (8.5 % and 10.5 %), 14-16 % and 19-22 % on 2 quiet cores of another
+AVX-512 Xeon whose copy is 22-26 GB/s (docs/architecture.md has the figures).
 
 Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
 run the NumPy forms that way); every fused op in ops/ asks it per call, so there is no module state.
