@@ -16,7 +16,10 @@ What it measures, in one process:
 - wall_s per path (reference, standard, specialized): the path's compute, drawing taken out;
   `wall_incl_draw_s` is the same with it in. Peak RSS after each path (ru_maxrss);
 - expert_gbps: the specialized plan's routed-expert kernels (FC1, FC2 + finalize, all 16 ranks) timed
-  in place, bytes = the packed MXFP4 bytes of the touched experts (every rank reads its 1/P of each);
+  in place (their ops, called once per streamed chunk over all ranks; the drawing of the chunk happens
+  between the calls and is not in the time), bytes = the packed MXFP4 bytes of the touched experts (every
+  rank reads its 1/P of each); at `--precision bf16` the kernel runs in float32 (W4A16: bf16 values,
+  float32 sums), at fp64 in float64;
 - copy_gbps: STREAM copy (dst[:] = src[:], bytes read + written) of 2 x 256 MB on all threads, best of 5;
 - max_rel_rms_error of both plans against the reference, so that a fast wrong answer cannot pass.
 
@@ -78,10 +81,11 @@ def copy_gbps(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
     return 2 * src.nbytes / best / GB
 
 
-def compile_kernels(layer: str) -> dict[str, Any]:
-    """The tiny model's check of this layer type: every kernel compiled, or loaded from the disk cache."""
+def compile_kernels(layer: str, precision: str) -> dict[str, Any]:
+    """The tiny model's check of this layer type at this precision: every kernel compiled for the dtypes
+    the timed run uses (or loaded from the disk cache), so no compile lands in a timed path."""
     t0 = time.perf_counter()
-    check_layer(load_model("tiny-k3"), layer, 4, DecodeShape(2, 1, 4), "fp64")
+    check_layer(load_model("tiny-k3"), layer, 4, DecodeShape(2, 1, 4), precision)
     seconds = time.perf_counter() - t0
     dispatchers = [v for v in vars(fast).values() if isinstance(v, numba.core.registry.CPUDispatcher)]
     hits = sum(sum(d.stats.cache_hits.values()) for d in dispatchers)
@@ -96,13 +100,17 @@ def layer_weight_names(cfg: Any, layer_type: str) -> list[str]:
 
 
 def timed_experts(plan: Plan, clock: dict[str, float], weights: LayerWeights) -> Plan:
-    """The plan with its routed-expert kernels' ops timed (weight drawing inside them taken out)."""
+    """The plan with its routed-expert kernels' ops timed: the per-rank op and its all-ranks form (the one
+    the executor calls, ops/experts.py); the expert drawing the streaming does between calls is outside
+    them, and any drawing inside them is taken out."""
     def wrap(op: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
             g0, t0 = weights.generate_s, time.perf_counter()
             out = op(*args, **kwargs)
             clock["s"] += time.perf_counter() - t0 - (weights.generate_s - g0)
             return out
+        if hasattr(op, "over_ranks"):
+            run.over_ranks = wrap(op.over_ranks)  # type: ignore[attr-defined]
         return run
     return replace(plan, kernels=tuple(replace(k, op=wrap(k.op)) if k.kind == "moe" else k for k in plan.kernels))
 
@@ -116,7 +124,7 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
     doc: dict[str, Any] = {"batch": batch, "layer": layer, "layer_index": d.layer, "tp": tp, "precision": precision,
                            "model": cfg.name, "threads": numba.get_num_threads()}
     step("compile")
-    doc["compile"] = compile_kernels(layer)
+    doc["compile"] = compile_kernels(layer, precision)
     step("copy bandwidth")
     doc["copy_gbps"] = round(copy_gbps(), 2)
     weights = LayerWeights(cfg, d.layer, seed, expert_cache_bytes=int(cache_gb * GB), stream_chunk_bytes=int(chunk_gb * GB))
@@ -173,7 +181,8 @@ def report(doc: dict[str, Any]) -> str:
         lines.append(f"  {k:12s} {v:8.2f} s  (+{doc['draw_s'][k]:.2f} s drawing experts)  peak RSS so far "
                      f"{doc['peak_rss_gb_after'][k]:.2f} GB  rel RMS error {doc['max_rel_rms_error'].get(k, 0):.1e}")
     if "expert_gbps" in doc:
-        lines.append(f"  routed experts (specialized, {doc['experts_touched']} touched): {doc['expert_bytes_gb']} GB "
+        lines.append(f"  routed experts (specialized, {doc['precision']}, {doc['experts_touched']} touched): "
+                     f"{doc['expert_bytes_gb']} GB "
                      f"packed in {doc['expert_kernel_s']} s = {doc['expert_gbps']} GB/s; copy {doc['copy_gbps']} GB/s; "
                      f"ratio {doc['expert_vs_copy']}")
     lines.append(f"  peak RSS {doc['peak_rss_gb']} GB; specialized {doc['specialized_vs_standard']}x as fast as standard")

@@ -9,10 +9,16 @@ check's batch 1), each figure the median of 7, in GB/s of packed bytes (codes + 
   threads): the most a decode-then-dot kernel can reach, whatever its dot costs;
 - decode (pair table): the same with the former 8-byte table load per code byte;
 - matmul: `fast.mxfp4_matmul` on the whole part (all threads), and on one TP16 rank's shards (192
-  rows for gate/up, a 192-row K slice of the down part: what the plans call, on one thread).
+  rows for gate/up, a 192-row K slice of the down part: what the plans called before the grouped kernel,
+  on one thread);
+- grouped (what the routed experts run now, `fast.mxfp4_grouped` with the AVX-512 `mxfp4_dot`): the whole
+  part with x in float64 and in float32 (the W4A16 path), all threads and one thread, and the 16 TP16 row
+  shards of a down part in one call (96-byte rows, each rank's own x), all threads.
 
 Half the copy bandwidth needs decode >= copy / 2 before any multiply; the gap between decode and matmul is
-the dot product and the per-row overhead.
+the dot product and the per-row overhead. The grouped kernel's roof is its own arithmetic (fast.py's
+napkin math): the part is 5.5 MB, so after the first pass it is read from the 48 MB L3, and these figures
+are the compute roof, above what the layer's streaming from memory reaches.
 """
 
 from __future__ import annotations
@@ -65,6 +71,24 @@ def _decode_pairs(packed, pairs, sink):  # type: ignore[no-untyped-def]
         sink[16 * c] = np.float32(keep & np.uint64(1))
 
 
+def grouped_figures(rng, codes, bits, down_codes, down_bits, part, threads):  # type: ignore[no-untyped-def]
+    """GB/s of `fast.mxfp4_grouped` (packed bytes read): the whole part, and a down part's 16 row shards."""
+    from simulator.ops.linear import MXFP4Weight, grouped_matmul
+    whole, down = MXFP4Weight(codes, bits), MXFP4Weight(down_codes, down_bits)
+    shards = [down.shard("row", r, 16) for r in range(16)]
+    doc = {}
+    for name, dtype in (("fp64", np.float64), ("fp32", np.float32)):
+        x = rng.standard_normal((1, codes.shape[1] * 2)).astype(dtype)
+        h = rng.standard_normal((16, down_codes.shape[1] * 2 // 16)).astype(dtype)
+        for label, t in (("", threads), ("_one_thread", 1)):
+            numba.set_num_threads(t)
+            doc[f"grouped_part_{name}{label}_gbps"] = part / median_s(lambda: grouped_matmul(x, [(np.arange(1), (whole,))])) / GB
+        numba.set_num_threads(threads)
+        groups = [(np.arange(r, r + 1), (w,)) for r, w in enumerate(shards)]
+        doc[f"grouped_down_shards_{name}_gbps"] = part / median_s(lambda: grouped_matmul(h, groups, ranks=16)) / GB
+    return doc
+
+
 def median_s(f, repeats: int = 7) -> float:  # type: ignore[no-untyped-def]
     f()
     times = []
@@ -98,6 +122,7 @@ def main() -> int:
            "matmul_part_gbps": part / median_s(lambda: fast.mxfp4_matmul(x, codes, bits)) / GB,
            "matmul_gate_shard_gbps": shard_bytes / median_s(lambda: fast.mxfp4_matmul(x, *gate)) / GB,
            "matmul_down_shard_gbps": shard_bytes / median_s(lambda: fast.mxfp4_matmul(x[:, :f], *down)) / GB}
+    doc |= grouped_figures(rng, codes, bits, down_codes, down_bits, part, args.threads)
     doc = {k: round(v, 2) if isinstance(v, float) else v for k, v in doc.items()}
     doc["decode_vs_copy"] = round(doc["decode_gbps"] / doc["copy_gbps"], 3)
     print(json.dumps(doc, indent=2) if args.json else "\n".join(f"{k:26s} {v}" for k, v in doc.items()))

@@ -113,8 +113,12 @@ def _expert_major(kernel: Kernel, ranks: list[Rank], weights: LayerWeights, args
     idx = [ranks[0].buf[t.name] for t in kernel.reads if t.dtype == "int32"]  # topk.idx, the same on every rank
     touched = np.unique(idx[0]) if idx else np.empty(0, np.int64)
     outs: list[Any] = [None] * len(ranks)
+    over_ranks = getattr(kernel.op, "over_ranks", None)  # the op on every rank in one call (ops/experts.py)
     for chunk in weights.stream_experts(touched, _routed_parts(kernel)):
-        outs = [kernel.op(*a, **consts, only=chunk, out=out) for a, out in zip(args, outs)]
+        if over_ranks is not None:
+            outs = over_ranks(*[list(col) for col in zip(*args)], **consts, only=chunk, outs=outs)
+        else:
+            outs = [kernel.op(*a, **consts, only=chunk, out=out) for a, out in zip(args, outs)]
     return outs
 
 

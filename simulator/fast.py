@@ -8,23 +8,44 @@ weights.py and ops/ (they import neither) so the weight store can pack and widen
     mxfp4_matmul      y[m, n] = sum_b s[n, b] * sum_{i<32} x[m, 32b + i] * e2m1(code[n, 32b + i])
                       reads the packed nibbles (0.5 B) and the E8M0 scale (1/32 B) per weight: 0.53 B
                       instead of the 4 B of a float32 dequantized copy (or 8 B of a float64 one)
+    mxfp4_grouped     the same product for many packed weights and gathered token rows in one call: the
+                      routed experts of a streamed chunk on every TP rank (ops/experts.py), both cores
+    mxfp4_dot         one row of W^T times one token row; on AVX-512 a register-table lookup per nibble
+                      and one scale per block (numba_ext.mxfp4_dot_avx512), nothing written
     mxfp4_quantize_t  the checkpoint packer: W [K, N] -> codes and scales of W^T, blocks along K
     bf16_matmul       y = x @ W for W held as bfloat16 bits: 2 B per weight read once, widened in registers
     bf16_to           bfloat16 bits -> float32 / float64 (dense weights are held as bf16: 2 B/param)
     rms_norm          y = x / sqrt(mean(x^2) + eps) * w, one pass over x per row
     attn_res_mix      h = sum_s softmax_s(<v_s / rms(v_s), q>) v_s, one read of each source
     topk_order        the first k of a stable descending argsort, by insertion (no [M, E] sort)
+    add_rows          out[rows[i]] += v[i] in order (np.add.at, compiled)
 
 Dimension legend: M rows (tokens), K reduction width, N output width, S sources, E experts, k picks.
 
-Napkin math (this machine, 2 cores, 37-42 GB/s in-process copy when quiet, benchmarks/fullsize.py): a
-full-size K3 expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB packed; at batch 1 a rank touches
-16 of them, 16 ranks -> 280 MB per layer, ~10 ms at copy speed. The dequantize-then-GEMM form moves 8x
-(float32) or 15x (float64) those bytes, and writes them first. The MXFP4 kernel decodes a 32-weight block
-with one byte shuffle per nibble (`decode_block`); measured (benchmarks/mxfp4_roofline.py), decoding
-alone runs at ~5 GB/s of packed bytes per core, 10-12 GB/s on both (about a third of the copy), and decode
-plus the float64 dot at 1.8 GB/s per core: the kernel is bound by its arithmetic, not by memory
-(docs/architecture.md).
+Napkin math for the routed experts (this machine: 2 Ice Lake-server cores at 2.8 GHz, 37-42 GB/s
+in-process copy when quiet; benchmarks/mxfp4_roofline.py and benchmarks/fullsize.py measure it). A full-size
+K3 expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB packed; at batch 1 a rank touches 16 of them, 16
+ranks -> 280 MB per layer, 7 ms at 40 GB/s, 14 ms at half of it. The dequantize-then-GEMM form moves 8x
+(float32) or 15x (float64) those bytes and writes them first. `mxfp4_dot` reads each byte once, and its
+arithmetic is the roof, not the memory:
+- per 64 code bytes (128 weights) and token row it issues, float32: 8 shifts (port 0 only on 512-bit
+  vectors), 8 `vpermps` (port 5 only), 8 multiply-adds, 1 add and the block-scale build and FMA, ~30 vector
+  ops; float64 (8 lanes): 16 + 16 + 16 + ~4, ~52. 512-bit work issues on 2 ports, so >= 15 (float32) and
+  >= 26 (float64) cycles per 68 packed bytes: at 2.8 GHz at most 12.7 and 7.3 GB/s per core (turbo clocks
+  add up to a fifth), 25 and 15 GB/s on both (60 % and 35 % of a 42 GB/s copy). The FMAs alone would allow
+  47 GB/s at float64 (8 lanes x 2 ports x 2 cores x 2.8 GHz = 90 G weights/s x 0.53 B): the shift and the
+  lookup per weight, not the multiply, bind.
+- measured with the data in cache, one core, repeated over an hour of a shared machine: float32 17-22 G
+  weights/s (9-12 GB/s), float64 10-16 (5-8.5 GB/s); streaming 88 MB from memory, one core: 6.6-7.7 and
+  5.1-6.3 GB/s (NumPy's sum reads 10-11 GB/s on one core); both cores add 1.4-1.5x, not 2x.
+- a TP16 down-projection row shard is 96 bytes (1.5 steps: a full step and a masked one) per row, and each
+  dot pays its horizontal sum and tail: 15-40 ns per 96-byte dot, 2.5-6 GB/s per core whatever the roof.
+- around the kernel, per rank and expert, the executor's shard views and the work list cost ~10 us a part:
+  about a quarter of the layer's routed-expert time at batch 1.
+So float64 cannot reach half the copy bandwidth here (its own arithmetic caps it near a third), nor, in
+the layer, float32 (the W4A16 path, `--precision bf16`): measured at batch 1, 3.4 and 4.6 GB/s against a
+40-43 GB/s copy on this machine (8.5 % and 10.5 %), 14-16 % and 19-22 % on 2 quiet cores of another
+AVX-512 Xeon whose copy is 22-26 GB/s (docs/architecture.md has the figures).
 
 Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
 run the NumPy forms that way); every fused op in ops/ asks it per call, so there is no module state.
@@ -34,12 +55,14 @@ Each kernel's `.py_func` is its pure-Python original (STYLE item 14); tests hold
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 
 import numpy as np
 import numpy.typing as npt
 
-from simulator.jit import lazy_njit as njit, on_compile, threads
+from simulator.jit import jitable, lazy_njit as njit, on_compile, threads
 
 prange = range  # numba.prange once the kernels compile (simulator/jit.py)
 on_compile("simulator.numba_ext")  # the byte-shuffle form of decode_block, for the compiled kernels
@@ -74,7 +97,9 @@ def mxfp4_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArra
     times the block scale (`decode_block`); x is split into its even and odd columns to match, and
     the two rows are dotted with every token row in x's dtype. E2M1 values times a power of two are
     exact in float32 (for scales below 2^126, i.e. E8M0 bits < 253: anything larger goes through the
-    element-wise kernel in x's dtype), so only the summation order differs from `x @ dequantize(W^T).T`."""
+    element-wise kernel in x's dtype), so only the summation order differs from `x @ dequantize(W^T).T`.
+    The one-weight path (`x @ MXFP4Weight`) and the grouped ops' fallback on hosts without AVX-512; the
+    routed experts run `mxfp4_grouped`."""
     if scale_bits.size and scale_bits.max() >= 253:
         return mxfp4_matmul_slice(x, packed, scale_bits, 0)
     x = np.ascontiguousarray(x)
@@ -165,6 +190,176 @@ def e2m1_value(code, s):  # type: ignore[no-untyped-def]
     a = c - 8 if neg else c
     v = (0.5 * a + 0.5 * max(a - 4, 0) + max(a - 6, 0)) * s
     return -v if neg else v
+
+
+# ===================================================================== MXFP4 x activations, grouped
+STEP_WEIGHTS = 128  # weights per step of `mxfp4_dot`: 64 code bytes (one 512-bit vector), 4 blocks
+
+
+def lanes(dtype: npt.DTypeLike) -> int:
+    """Lanes of a 512-bit vector of dtype: 16 float32 or 8 float64."""
+    return 64 // np.dtype(dtype).itemsize
+
+
+def permute_x(x: Array) -> Array:
+    """Activations in the order `mxfp4_dot` reads them.   [M, K] -> [M, 128 ceil(K / 128)], zero-padded
+
+    A step loads 64 code bytes as L lanes (L = `lanes`) of 128/L nibbles each: lane i holds weights
+    (128/L) i .. (128/L)(i + 1) - 1 and its j-th nibble is weight (128/L) i + j. So the x vector that
+    multiplies nibble j of every lane is x[(128/L) i + j] for i < L: position j L + i of the step."""
+    m, k = x.shape
+    width = lanes(x.dtype)
+    steps = -(-k // STEP_WEIGHTS)
+    padded = np.zeros((m, steps * STEP_WEIGHTS), x.dtype)
+    padded[:, :k] = x
+    return np.ascontiguousarray(padded.reshape(m, steps, width, -1).transpose(0, 1, 3, 2)).reshape(m, -1)
+
+
+def mxfp4_dot(codes: npt.NDArray[np.uint8], c0: int, scales: npt.NDArray[np.uint8], s0: int, lut: Array,
+              xp: Array, nbytes: int) -> float:
+    """One row of W^T times one token row: sum_b 2^(e_b - 127) sum_{i<32} x[32b + i] e2m1(code[32b + i]).
+
+    codes[c0:c0 + nbytes] are the row's code bytes (nbytes a multiple of 16: whole blocks), scales[s0:]
+    its E8M0 bits, lut = `value_lut(x.dtype)`, xp the token row permuted (`permute_x`). The plain form;
+    compiled kernels run `numba_ext.mxfp4_dot_avx512` on AVX-512 hosts (no scratch: each step's nibbles
+    index a 16-entry register table), this form compiled elsewhere.
+
+    Numerics against `x @ dequantize(W^T).T` in x's dtype: the E2M1 values are exact, and each block's
+    partial sum is multiplied by its power-of-two scale once instead of each weight, which is exact while
+    the values stay in the normal range. So only the summation order differs, except where a product or a
+    block's partial sum leaves that range (below 2^-126 in float32 / 2^-1022 in float64, where the
+    dequantized product rounds each term into subnormals and this rounds once; or a float32 partial sum that
+    overflows where the whole sum would not). `mxfp4_grouped` scales each weight instead (`_dot_loops`) in
+    float32 rows holding a scale >= 2^126, where the dequantized float32 weight itself can overflow."""
+    return _dot_loops(codes, c0, scales, s0, lut, xp, nbytes, False)
+
+
+@jitable
+def _dot_loops(codes, c0, scales, s0, lut, xp, nbytes, per_weight):  # type: ignore[no-untyped-def]
+    """`mxfp4_dot` weight by weight, in x's dtype. per_weight: scale each weight (c s, as the dequantized W
+    holds it) instead of each block's partial sum: the form for scales whose c s overflows that dtype."""
+    per = STEP_WEIGHTS // (64 // xp.itemsize)  # nibbles per lane
+    width = STEP_WEIGHTS // per
+    one = lut[127]
+    acc = one * 0
+    for b in range(nbytes // 16):
+        s = lut[scales[s0 + b]]
+        part = one * 0
+        for t in range(32):
+            k = 32 * b + t
+            c = lut[E2M1_AT + (np.int64(codes[c0 + (k >> 1)]) >> (4 * (k & 1))) % 16]
+            q = k % STEP_WEIGHTS
+            part += xp[k - q + (q % per) * width + q // per] * (c * s if per_weight else c)
+        acc += part if per_weight else part * s
+    return acc
+
+
+E2M1_AT = 256  # value_lut(dtype)[e] = 2^(e - 127) for E8M0 bits e, [256 + code] = e2m1(code)
+
+
+def value_lut(dtype: npt.DTypeLike) -> Array:
+    """The E8M0 scale values then the E2M1 values, in dtype (E8M0 bits 255, NaN, are never written)."""
+    with np.errstate(over="ignore"):
+        return np.concatenate([E8M0, E2M1]).astype(dtype)
+
+
+def packed_at(addr: int, nbytes: int) -> npt.NDArray[np.uint8]:
+    """The nbytes bytes at address addr as a uint8 array (a view: the caller keeps their owner alive). Lets
+    one compiled call read the packed experts where the weight store holds them, however many there are."""
+    return np.frombuffer((ctypes.c_uint8 * int(nbytes)).from_address(int(addr)), np.uint8)
+
+
+PREFETCH_ROWS = 8  # rows of W^T ahead that `mxfp4_grouped` asks the cache for
+
+
+def prefetch(addr: int) -> None:
+    """A hint to bring the cache line at addr in (never faults, whatever the address). The plain form does
+    nothing; compiled kernels run `numba_ext.prefetch_llvm`."""
+
+
+def has_avx512() -> bool:
+    """The host can run `numba_ext.mxfp4_dot_avx512` (AVX-512F, and Numba compiles for this host)."""
+    return _host_avx512()
+
+
+@functools.cache
+def _host_avx512() -> bool:
+    import numba
+    from llvmlite import binding
+    return bool(binding.get_host_cpu_features().get("avx512f")) and numba.config.CPU_NAME in (None, "host")
+
+
+def mxfp4_grouped(xp: Array, tokens: npt.NDArray[np.int64], wtab: npt.NDArray[np.int64],
+                  items: npt.NDArray[np.int64], width: int) -> Array:
+    """Many packed weights times gathered token rows in one compiled call (the routed experts of a chunk).
+
+    xp [T, P] token rows permuted (`permute_x`); wtab [W, 5] one packed W^T per row: address of its first
+    code byte, code row stride, address of its first scale byte, scale row stride, code bytes per row
+    (K/2, whole blocks); items [I, 6]: (weight w, n0, n1, col0, r0, r1): y[r, col0 + n - n0] =
+    x[tokens[r]] @ W_w[:, n] for n0 <= n < n1, r0 <= r < r1.   -> y [len(tokens), width]
+    The caller keeps the weights alive. Each entry of y is one `mxfp4_dot` whatever the items around it,
+    so splitting the work differently changes no bit."""
+    y = np.zeros((len(tokens), width), xp.dtype)
+    lut = value_lut(xp.dtype)
+    wide_from = 253 if xp.dtype == np.float32 else 256  # 6 x 2^126 overflows float32: those rows scale each weight
+    work = int(np.sum((items[:, 2] - items[:, 1]) * wtab[items[:, 0], 4]))  # code bytes read
+    if work < PARALLEL_BYTES or len(items) == 1:
+        _mxfp4_grouped_items(xp, tokens, wtab, items, lut, wide_from, y, 0, len(items))
+    else:
+        _mxfp4_grouped_parallel(xp, tokens, wtab, items, lut, wide_from, y, min(len(items), 8 * threads()))
+    return y
+
+
+@njit(parallel=True, cache=True)
+def _mxfp4_grouped_parallel(xp, tokens, wtab, items, lut, wide_from, y, chunks):  # type: ignore[no-untyped-def]
+    n = items.shape[0]
+    for c in prange(chunks):
+        _mxfp4_grouped_items(xp, tokens, wtab, items, lut, wide_from, y, c * n // chunks, (c + 1) * n // chunks)
+
+
+@njit(cache=True)
+def _mxfp4_grouped_items(xp, tokens, wtab, items, lut, wide_from, y, i0, i1):  # type: ignore[no-untyped-def]
+    for i in range(i0, i1):
+        w, n0, n1, col, r0, r1 = items[i]
+        c_addr, c_stride, s_addr, s_stride, nbytes = wtab[w]
+        codes = packed_at(c_addr + n0 * c_stride, (n1 - n0 - 1) * c_stride + nbytes)
+        scales = packed_at(s_addr + n0 * s_stride, (n1 - n0 - 1) * s_stride + nbytes // 16)
+        top = np.uint8(0)  # the largest scale bits in the item's span (a superset of its rows' own)
+        if wide_from < 256:
+            for j in range(scales.shape[0]):  # a byte max reduction LLVM vectorises
+                top = max(top, scales[j])
+        for r in range(r0, r1):  # token rows outer: the item's rows of W^T (<= 57 KB) stay in L2
+            x = xp[tokens[r]]
+            for n in range(n1 - n0):
+                c0, s0 = n * c_stride, n * s_stride
+                if r == r0 and c_stride > nbytes:  # a row shard: its short rows are far apart, and without
+                    ahead = c_addr + (n0 + n + PREFETCH_ROWS) * c_stride  # this each waits for DRAM
+                    prefetch(ahead)
+                    prefetch(ahead + nbytes - 1)
+                    prefetch(s_addr + (n0 + n + PREFETCH_ROWS) * s_stride)
+                wide = False
+                if top >= wide_from:
+                    for b in range(nbytes // 16):
+                        wide |= scales[s0 + b] >= wide_from
+                if wide:
+                    y[r, col + n] = _dot_loops(codes, c0, scales, s0, lut, x, nbytes, True)
+                else:
+                    y[r, col + n] = mxfp4_dot(codes, c0, scales, s0, lut, x, nbytes)
+
+
+def add_rows(out: Array, rows: npt.NDArray[np.int64], values: Array) -> None:
+    """out[rows[i]] += values[i] for i in order: `np.add.at(out, rows, values)` (a repeated row adds in
+    order), compiled: np.add.at takes ~20 ns an element, a 3584-wide row 70 us."""
+    if numba_enabled():
+        _add_rows(out, rows, values)
+    else:
+        np.add.at(out, rows, values)
+
+
+@njit(cache=True)
+def _add_rows(out, rows, values):  # type: ignore[no-untyped-def]
+    for i in range(rows.shape[0]):
+        out[rows[i]] += values[i]
 
 
 # ===================================================================== MXFP4 packing (weight generation)

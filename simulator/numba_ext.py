@@ -1,22 +1,31 @@
-"""Numba extensions: compiled forms of two plain functions, written in LLVM IR.
+"""Numba extensions: compiled forms of plain functions, written in LLVM IR.
 
     fast.decode_block   one MXFP4 block decoded with one byte shuffle per nibble. Numba's own vectoriser
                         makes a 16-entry table lookup a gather or scalar loads; this form is 2.5-3x
                         faster (benchmarks/mxfp4_roofline.py)
+    fast.mxfp4_dot      one MXFP4 row times one token row in AVX-512 registers: `vpermps` / `vpermi2pd`
+                        table lookups, FMAs, one scale per block, nothing written (hosts with AVX-512F;
+                        elsewhere the weight-by-weight form compiles)
+    fast.packed_at      the bytes at an address as an array (a packed expert where the store holds it)
+    fast.prefetch       `llvm.prefetch` of a cache line
     rng._mulhi          the high half of a 64 x 64-bit product, one `mul` instruction on x86-64
 
 Imported by `simulator/jit.py` when the kernels first compile (fast.py and rng.py ask for it with
 `on_compile`), never at start-up: it needs Numba and llvmlite. The plain forms stay the definitions, and
-tests hold each pair equal.
+tests hold each pair equal. Numba's on-disk cache keys a kernel on its own source file: after editing this
+one, delete the cached fast.*.nbi / .nbc files (simulator/__pycache__) or the old machine code loads.
 """
 
 from __future__ import annotations
 
 from llvmlite import ir
+import numba
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from simulator.fast import E2M1_X2, FAST, decode_block
+from simulator.fast import (E2M1, E2M1_X2, FAST, STEP_WEIGHTS, _dot_loops, decode_block, has_avx512, mxfp4_dot,
+                            packed_at, prefetch)
 from simulator.rng import _mulhi
 
 
@@ -66,3 +75,152 @@ def mulhi_llvm(typingctx, a, b):  # type: ignore[no-untyped-def]
         product = builder.mul(builder.zext(args[0], wide), builder.zext(args[1], wide))
         return builder.trunc(builder.lshr(product, ir.Constant(wide, 64)), ir.IntType(64))
     return types.uint64(types.uint64, types.uint64), codegen
+
+
+@overload(packed_at, inline="always")
+def _packed_at_compiled(addr, nbytes):  # type: ignore[no-untyped-def]
+    return lambda addr, nbytes: numba.carray(u8_pointer(addr), (nbytes,))
+
+
+@intrinsic
+def u8_pointer(typingctx, addr):  # type: ignore[no-untyped-def]
+    """An integer address as a uint8 pointer."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.inttoptr(args[0], ir.PointerType(ir.IntType(8)))
+    return types.CPointer(types.uint8)(types.int64), codegen
+
+
+@overload(prefetch, inline="always")
+def _prefetch_compiled(addr):  # type: ignore[no-untyped-def]
+    return lambda addr: prefetch_llvm(addr)
+
+
+@intrinsic
+def prefetch_llvm(typingctx, addr):  # type: ignore[no-untyped-def]
+    """llvm.prefetch of the line at an integer address: read, keep in all cache levels."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i8p, i32 = ir.PointerType(ir.IntType(8)), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        read, keep, data = ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)
+        builder.call(fn, [builder.inttoptr(args[0], i8p), read, keep, data])
+        return context.get_dummy_value()
+    return types.void(types.int64), codegen
+
+
+@overload(mxfp4_dot, inline="always")
+def _mxfp4_dot_compiled(codes, c0, scales, s0, lut, xp, nbytes):  # type: ignore[no-untyped-def]
+    if has_avx512() and xp.dtype in (types.float32, types.float64):
+        return lambda codes, c0, scales, s0, lut, xp, nbytes: mxfp4_dot_avx512(codes, c0, scales, s0, xp, nbytes)
+    return lambda codes, c0, scales, s0, lut, xp, nbytes: _dot_loops(codes, c0, scales, s0, lut, xp, nbytes, False)
+
+
+@intrinsic
+def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, nbytes):  # type: ignore[no-untyped-def]
+    """`mxfp4_dot` in AVX-512, nothing written but the result. A step loads 64 code bytes as L lanes (16
+    dwords for float32, 8 qwords for float64); for each nibble j of a lane, a shift right by 4j puts it in
+    the lane's low 4 bits, which is all `vpermps` (float32: a 16-entry table in one register) or
+    `vpermi2pd` (float64: the table in two) look at; an FMA with the permuted x (`fast.permute_x`) adds it
+    to one of 2 partial sums. The step's 4 blocks sit in lanes L/4 apart: their E8M0 bits, broadcast and
+    shifted per lane, become 2^(e - 127) by moving e into the exponent field, and one FMA per step scales
+    the partial sums into the accumulator. A tail of 1-3 blocks loads with a lane mask."""
+    dtype = xp.dtype
+    f32 = dtype == types.float32
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        width = 16 if f32 else 8  # lanes
+        nib = STEP_WEIGHTS // width  # nibbles per lane
+        flt, lane_int = (ir.FloatType(), ir.IntType(32)) if f32 else (ir.DoubleType(), ir.IntType(64))
+        i1, i32, i64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
+        vf, vi = ir.VectorType(flt, width), ir.VectorType(lane_int, width)
+        flt_bits = 32 if f32 else 64
+        mod = builder.module
+
+        def splat(v: int) -> ir.Constant:
+            return ir.Constant(vi, [v] * width)
+
+        def broadcast(v: ir.Value) -> ir.Value:  # a lane-sized value into every lane
+            one = builder.insert_element(ir.Constant(vi, ir.Undefined), v, ir.Constant(i32, 0))
+            lane0 = ir.Constant(ir.VectorType(i32, width), [0] * width)
+            return builder.shuffle_vector(one, ir.Constant(vi, ir.Undefined), lane0)
+
+        def vector_fn(name: str, args: list[ir.Type]) -> ir.Function:  # an LLVM intrinsic returning vf
+            return cgutils.get_or_insert_function(mod, ir.FunctionType(vf, args), name)
+
+        fma = vector_fn(f"llvm.fma.v{width}f{flt_bits}", [vf, vf, vf])
+        masked_load = cgutils.get_or_insert_function(
+            mod, ir.FunctionType(vi, [vi.as_pointer(), i32, ir.VectorType(i1, width), vi]),
+            f"llvm.masked.load.v{width}i{lane_int.width}.p0")
+        if f32:
+            permute = vector_fn("llvm.x86.avx512.permvar.sf.512", [vf, vi])
+            values = ir.Constant(vf, [float(v) for v in E2M1])
+            lookup = lambda idx: builder.call(permute, [values, idx])  # noqa: E731
+        else:
+            permute = vector_fn("llvm.x86.avx512.vpermi2var.pd.512", [vf, vi, vf])
+            low, high = ir.Constant(vf, [float(v) for v in E2M1[:8]]), ir.Constant(vf, [float(v) for v in E2M1[8:]])
+            lookup = lambda idx: builder.call(permute, [low, idx, high])  # noqa: E731
+        code_arr = context.make_array(signature.args[0])(context, builder, args[0])
+        scale_arr = context.make_array(signature.args[2])(context, builder, args[2])
+        x_arr = context.make_array(signature.args[4])(context, builder, args[4])
+        cbase, sbase = builder.gep(code_arr.data, [args[1]]), builder.gep(scale_arr.data, [args[3]])
+        nbytes = args[5]
+        steps, tail = builder.lshr(nbytes, ir.Constant(i64, 6)), builder.and_(nbytes, ir.Constant(i64, 63))
+        acc = cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * width))
+        block_shift = ir.Constant(vi, [8 * (lane // (width // 4)) for lane in range(width)])
+
+        def step(c: ir.Value, codes: ir.Value, word: ir.Value) -> None:
+            word = builder.zext(word, lane_int) if not f32 else word
+            e = builder.and_(builder.lshr(broadcast(word), block_shift), splat(255))
+            if f32:  # 2^(e - 127): e in the exponent field; e = 0 is the subnormal 2^-127
+                zero = builder.icmp_unsigned("==", e, splat(0))
+                bits = builder.select(zero, splat(1 << 22), builder.shl(e, splat(23)))
+            else:
+                bits = builder.shl(builder.add(e, splat(1023 - 127)), splat(52))
+            scale = builder.bitcast(bits, vf)
+            xrow = builder.gep(x_arr.data, [builder.mul(c, ir.Constant(i64, STEP_WEIGHTS))])
+            odd = builder.lshr(codes, splat(4))  # the high nibbles of every byte in its low bits
+            chains: list[ir.Value] = []
+            for j in range(nib):
+                src, t = (codes, odd)[j % 2], j // 2  # nibble j is byte t's low or high half
+                idx = builder.lshr(src, splat(8 * t)) if t else src
+                xv = builder.load(builder.bitcast(builder.gep(xrow, [ir.Constant(i64, j * width)]), vf.as_pointer()),
+                                  align=4 if f32 else 8)
+                term = lookup(idx)
+                if j < 2:
+                    chains.append(builder.fmul(xv, term))
+                else:
+                    chains[j % 2] = builder.call(fma, [xv, term, chains[j % 2]])
+            partial = builder.fadd(chains[0], chains[1])
+            builder.store(builder.call(fma, [partial, scale, builder.load(acc)]), acc)
+
+        with cgutils.for_range(builder, steps) as loop:
+            c = loop.index
+            codes = builder.load(builder.bitcast(builder.gep(cbase, [builder.mul(c, ir.Constant(i64, 64))]),
+                                                 vi.as_pointer()), align=1)
+            word = builder.load(builder.bitcast(builder.gep(sbase, [builder.mul(c, ir.Constant(i64, 4))]),
+                                                i32.as_pointer()), align=1)
+            step(c, codes, word)
+        with builder.if_then(builder.icmp_unsigned("!=", tail, ir.Constant(i64, 0))):
+            live = builder.trunc(builder.udiv(tail, ir.Constant(i64, 64 // width)), lane_int)
+            mask = builder.icmp_unsigned("<", ir.Constant(vi, list(range(width))), broadcast(live))
+            cptr = builder.bitcast(builder.gep(cbase, [builder.mul(steps, ir.Constant(i64, 64))]), vi.as_pointer())
+            codes = builder.call(masked_load, [cptr, ir.Constant(i32, 1), mask, ir.Constant(vi, [0] * width)])
+            blocks = builder.lshr(tail, ir.Constant(i64, 4))  # 1 to 3
+            sptr = builder.gep(sbase, [builder.mul(steps, ir.Constant(i64, 4))])
+            word = ir.Constant(i32, 0)
+            for t in range(3):  # byte t if the tail has block t, read at min(t, blocks - 1): always in bounds
+                has = builder.icmp_unsigned(">", blocks, ir.Constant(i64, t))
+                at = builder.select(has, ir.Constant(i64, t), builder.sub(blocks, ir.Constant(i64, 1)))
+                byte = builder.zext(builder.load(builder.gep(sptr, [at])), i32)
+                byte = builder.select(has, byte, ir.Constant(i32, 0))
+                word = builder.or_(word, builder.shl(byte, ir.Constant(i32, 8 * t)))
+            step(steps, codes, word)
+        total = builder.load(acc)
+        size = width
+        while size > 1:  # a fixed tree: lanes i and i + size/2
+            size //= 2
+            half = [ir.Constant(ir.VectorType(i32, size), list(range(k, k + size))) for k in (0, size)]
+            lo, hi = (builder.shuffle_vector(total, total, h) for h in half)
+            total = builder.fadd(lo, hi)
+        return builder.extract_element(total, ir.Constant(i32, 0))
+    return dtype(codes, types.int64, scales, types.int64, xp, types.int64), codegen

@@ -17,6 +17,8 @@ from simulator.plans.kernel import DecodeShape
 from simulator.reference import reference_layer
 from simulator.weights import PARTS, LayerWeights
 
+from numerics import assert_close
+
 
 def _chunks(experts: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
     """The touched experts cut at random places, single-expert chunks included."""
@@ -90,3 +92,42 @@ def test_reference_rows_together_equal_rows_alone(tiny):
     for t in range(6):
         for j, e in enumerate(r.topk_idx[t]):
             np.testing.assert_array_equal(slots[t, j], ex.mlp_reference(z[t:t + 1], *expert(int(e)), tiny)[0])
+
+
+@pytest.mark.parametrize("avx512", [True, False], ids=["grouped-kernel", "shard-by-shard"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+def test_grouped_ops_over_all_ranks_equal_each_rank_alone(tiny, dtype, avx512, monkeypatch):
+    """The executor runs a grouped op over every rank in one call (`over_ranks`); each rank's output is
+    what the op computes on that rank alone, bit for bit, and the packed product is the float one: with
+    the grouped kernel, and with the shard-by-shard fallback of hosts without AVX-512."""
+    from simulator import fast
+    from simulator.ops.linear import MXFP4Weight
+    if avx512 and not fast.has_avx512():
+        pytest.skip("no AVX-512 on this host")
+    monkeypatch.setattr(fast, "has_avx512", lambda: avx512)
+    rng = np.random.default_rng(11)
+    din, f, tp, m, k, n_exp = 64, 96, 3, 5, 2, 6  # F/P = 32: whole blocks in each row shard
+    packed = {(e, p): fast.mxfp4_quantize_t(rng.standard_normal(shape, dtype=np.float32) * np.float32(0.2))
+              for e in range(n_exp) for p, shape in (("gate", (din, f)), ("up", (din, f)), ("down", (f, din)))}
+    topk_idx = np.stack([rng.choice(n_exp, k, replace=False) for _ in range(m)])
+    weight = rng.random((m, k)).astype(dtype)
+    z = rng.standard_normal((m, din)).astype(dtype)
+
+    def shards(r, names, form=lambda w: w):  # type: ignore[no-untyped-def]
+        how = {"gate": "col", "up": "col", "down": "row"}
+        return lambda e: tuple(form(MXFP4Weight(*packed[(e, p)]).shard(how[p], r, tp)) for p in names)
+    dense = lambda w: np.asarray(w, np.float64).astype(dtype)  # noqa: E731
+    hs = ex.expert_fc1.over_ranks([z] * tp, [topk_idx] * tp, [shards(r, ("gate", "up")) for r in range(tp)], tiny)
+    for r in range(tp):
+        np.testing.assert_array_equal(hs[r], ex.expert_fc1(z, topk_idx, shards(r, ("gate", "up")), tiny))
+        assert_close(hs[r], ex.expert_fc1(z, topk_idx, shards(r, ("gate", "up"), dense), tiny), dtype)
+    downs = [shards(r, ("down",)) for r in range(tp)]
+    for name, ranks_form, one in (
+            ("fc2", lambda: ex.expert_fc2.over_ranks(hs, [topk_idx] * tp, downs),
+             lambda r, d: ex.expert_fc2(hs[r], topk_idx, d)),
+            ("fc2_finalize", lambda: ex.expert_fc2_finalize.over_ranks(hs, [topk_idx] * tp, [weight] * tp, downs),
+             lambda r, d: ex.expert_fc2_finalize(hs[r], topk_idx, weight, d))):
+        together = ranks_form()
+        for r in range(tp):
+            np.testing.assert_array_equal(together[r], one(r, downs[r]), err_msg=name)
+            assert_close(together[r], one(r, shards(r, ("down",), dense)), dtype, name)

@@ -223,3 +223,138 @@ def test_bf16_matmul_matches_widened_gemm(m, k, n, dtype):
     assert_close(x @ held, ref, dtype)
     np.testing.assert_array_equal(np.asarray(held), w[:, n // 2:n // 2 + n].astype(dtype))
     np.testing.assert_array_equal(held.reshape(-1), np.asarray(held).reshape(-1))
+
+
+# ===================================================================== grouped MXFP4 (routed experts)
+def _packed(rng: np.random.Generator, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    w = _weights(rng, k, n) if k >= 64 else rng.standard_normal((k, n), dtype=np.float32)
+    return fast.mxfp4_quantize_t(w)
+
+
+def _table(weights: list[MXFP4Weight]) -> np.ndarray:
+    return np.array([w.packed_rows() for w in weights], np.int64)
+
+
+def test_permute_x_puts_each_weight_where_the_lanes_read_it():
+    """Position j L + i of a 128-weight step holds x[(128/L) i + j] (L lanes of 128/L nibbles), zero-padded."""
+    for dtype in DTYPES:
+        x = np.arange(1, 2 * 200 + 1, dtype=dtype).reshape(2, 200)
+        xp = fast.permute_x(x)
+        width, per = fast.lanes(dtype), 128 // fast.lanes(dtype)
+        assert xp.shape == (2, 256)
+        for k in (0, 1, per - 1, per, 127, 128, 199):
+            step, q = divmod(k, 128)
+            assert xp[1, 128 * step + (q % per) * width + q // per] == x[1, k]
+        assert np.count_nonzero(xp[0]) == 200
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("k", [32, 64, 96, 128, 192, 256, 416], ids=lambda k: f"K{k}")
+def test_mxfp4_dot_avx512_equals_plain_form_and_dequantized_product(k, dtype):
+    """The AVX-512 dot (full 64-byte steps and tails of 1-3 blocks) == the weight-by-weight form compiled
+    == its plain Python == x @ dequantize(W^T).T."""
+    rng = np.random.default_rng(k)
+    codes, bits = _packed(rng, k, 5)
+    bits[1, 0], bits[2, -1] = 0, 200  # the smallest scale (2^-127, subnormal in float32) and a large one
+    x = rng.standard_normal((1, k)).astype(dtype)
+    xp, lut = fast.permute_x(x)[0], fast.value_lut(dtype)
+    want = (x.astype(np.float64) @ fast.mxfp4_dequantize_t(codes, bits, np.float64))[0]
+    simd = _dots_simd(codes, bits, lut, xp)
+    loops = _dots_loops(codes, bits, lut, xp)
+    plain = np.array([fast.mxfp4_dot(codes[n], 0, bits[n], 0, lut, xp, k // 2) for n in range(5)], dtype)
+    for got in (simd, loops, plain):
+        assert_close(got, want.astype(dtype), dtype)
+    if fast.has_avx512():
+        assert not np.array_equal(simd, loops)  # a different summation order: the AVX-512 form did run
+
+
+@numba.njit
+def _dots_simd(codes, bits, lut, xp):
+    out = np.empty(codes.shape[0], xp.dtype)
+    for n in range(codes.shape[0]):
+        out[n] = fast.mxfp4_dot(codes[n], 0, bits[n], 0, lut, xp, codes.shape[1])
+    return out
+
+
+@numba.njit
+def _dots_loops(codes, bits, lut, xp):
+    out = np.empty(codes.shape[0], xp.dtype)
+    for n in range(codes.shape[0]):
+        out[n] = fast._dot_loops(codes[n], 0, bits[n], 0, lut, xp, codes.shape[1], False)
+    return out
+
+
+AVX512 = pytest.mark.skipif(not fast.has_avx512(), reason="grouped_matmul runs on AVX-512 hosts only")
+
+
+@AVX512
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("m", [1, 4])
+def test_mxfp4_grouped_equals_products_of_the_shards(m, dtype):
+    """Column shards, block-aligned row shards (strided rows) and whole weights of different experts in
+    one call: compiled (one thread and the parallel split) == .py_func == the dequantized products."""
+    rng = np.random.default_rng(m)
+    gate, down = _packed(rng, 256, 96), _packed(rng, 96, 256)
+    shards = [MXFP4Weight(*gate).shard("col", 1, 3), MXFP4Weight(*gate).shard("col", 2, 3)]  # [256, 32] each
+    rows = [MXFP4Weight(*down).shard("row", r, 3) for r in range(3)]  # [32, 256] each, k0 = 0, 32, 64
+    x = rng.standard_normal((m + 2, 256)).astype(dtype)
+    tokens = [np.arange(m), np.arange(2, m + 2)]
+    y = linear_grouped(x, [(tokens[0], tuple(shards)), (tokens[1], tuple(shards))])
+    want = np.concatenate([x[t].astype(np.float64) @ np.concatenate([np.asarray(s, np.float64) for s in shards], axis=1)
+                           for t in tokens])
+    assert_close(y, want.astype(dtype), dtype)
+    h = rng.standard_normal((3 * m, 32)).astype(dtype)
+    groups = [(np.arange(r * m, (r + 1) * m), (w,)) for r, w in enumerate(rows)]
+    table, items = _table(rows), _items(rows, m)
+    xp = fast.permute_x(h)
+    got = fast.mxfp4_grouped(xp, np.arange(3 * m), table, items, 256)
+    want = np.concatenate([h[g].astype(np.float64) @ np.asarray(w[0], np.float64) for g, w in groups])
+    assert_close(got, want.astype(dtype), dtype)
+    assert_close(linear_grouped(h, groups, ranks=3), got, dtype)
+    py, parallel = np.zeros_like(got), np.zeros_like(got)
+    lut = fast.value_lut(dtype)
+    fast._mxfp4_grouped_items.py_func(xp, np.arange(3 * m), table, items, lut, 256, py, 0, len(items))
+    fast._mxfp4_grouped_parallel(xp, np.arange(3 * m), table, items, lut, 256, parallel, 5)
+    assert_close(py, got, dtype)
+    np.testing.assert_array_equal(parallel, got)  # each entry is one dot, however the items are split
+
+
+def _items(weights: list[MXFP4Weight], m: int) -> np.ndarray:
+    return np.array([(w, n0, n0 + 32, n0, w * m, (w + 1) * m) for w in range(len(weights)) for n0 in range(0, 256, 32)],
+                    np.int64)
+
+
+def linear_grouped(x, groups, ranks=1):  # type: ignore[no-untyped-def]
+    from simulator.ops.linear import grouped_matmul
+    y = grouped_matmul(x, groups, ranks)
+    assert y is not None
+    return y
+
+
+@AVX512
+def test_mxfp4_grouped_float32_scales_past_2_126_scale_each_weight():
+    """E8M0 bits >= 253: 6 x 2^126 overflows float32, so such rows multiply c s per weight, as the
+    dequantized float32 W does (inf where it is inf), and the other rows are untouched."""
+    rng = np.random.default_rng(5)
+    codes, bits = _packed(rng, 64, 4)
+    codes[0, :] = 0x77  # every weight of row 0 is 6.0 x its scale
+    bits[0, 0], bits[1, 1] = 253, 253
+    x = np.abs(rng.standard_normal((1, 64))).astype(np.float32)
+    w = MXFP4Weight(codes, bits)
+    got = linear_grouped(x, [(np.arange(1), (w,))])
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x @ np.asarray(w, np.float32)
+    assert np.isinf(want[0, 0]) and np.isinf(got[0, 0])
+    assert_close(got[:, 1:], want[:, 1:], np.float32)
+
+
+def test_add_rows_is_add_at_in_order():
+    rng = np.random.default_rng(0)
+    rows, values = np.array([2, 0, 2, 1, 2]), rng.standard_normal((5, 7))
+    start = rng.standard_normal((3, 7))
+    want, got, py = start.copy(), start.copy(), start.copy()
+    np.add.at(want, rows, values)
+    fast.add_rows(got, rows, values)
+    fast._add_rows.py_func(py, rows, values)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(py, want)

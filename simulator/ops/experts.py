@@ -29,10 +29,12 @@ from typing import Callable, Collection
 import numpy as np
 import numpy.typing as npt
 
+from simulator import fast
 from simulator.config import ModelConfig
 from simulator.dtypes import Array
 from simulator.errors import UserError
 from simulator.ops.collectives import all_reduce_one_shot
+from simulator.ops.linear import grouped_matmul
 from simulator.ops.pointwise import sigmoid
 
 ExpertFn = Callable[[int], tuple[Array, ...]]  # e -> the parts of expert e's TP shard a kernel declares
@@ -93,27 +95,14 @@ def expert_fc1(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, cfg:
                only: Collection[int] | None = None, out: Array | None = None) -> Array:
     """FC1: gate+up GEMM per selected expert, activation in the epilogue; expert(e) = (w_gate, w_up).
     [M, Din] -> [M, k, F/P]"""
-    m, k = topk_idx.shape
-    for e, rows, slots in _groups(topk_idx, only):
-        w_gate, w_up = expert(e)  # [Din, F/P] each
-        h = glu(z[rows] @ w_gate, z[rows] @ w_up, cfg)  # [n_e, F/P]
-        if out is None:
-            out = np.zeros((m, k, h.shape[1]), dtype=z.dtype)
-        out[rows, slots] = h
-    return out
+    return expert_fc1_ranks([z], [topk_idx], [expert], cfg, only=only, outs=[out])[0]
 
 
 def expert_fc2(h: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, *,
                only: Collection[int] | None = None, out: Array | None = None) -> Array:
     """FC2: down GEMM per selected expert, one output row per (token, slot); expert(e) = (w_down,).
     [M, k, F/P] -> [M, k, Din]"""
-    for e, rows, slots in _groups(topk_idx, only):
-        (w_down,) = expert(e)  # [F/P, Din]
-        y = h[rows, slots] @ w_down  # [n_e, Din]
-        if out is None:
-            out = np.zeros(topk_idx.shape + (y.shape[1],), dtype=h.dtype)
-        out[rows, slots] = y
-    return out
+    return expert_fc2_ranks([h], [topk_idx], [expert], only=only, outs=[out])[0]
 
 
 def expert_finalize(y: Array, topk_weight: Array) -> Array:
@@ -126,13 +115,106 @@ def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: 
                         only: Collection[int] | None = None, out: Array | None = None) -> Array:
     """FC2 with the routing weight and the scatter-add in its epilogue; expert(e) = (w_down,).
     [M, k, F/P] -> [M, Din]. Never writes the [M, k, Din] slot outputs: at M = 8, k = 16, Din = 3584
-    that is 0.9 MB of bf16 not written and not re-read, and one launch fewer."""
-    for e, rows, slots in _groups(topk_idx, only):
-        (w_down,) = expert(e)  # [F/P, Din]
+    that is 0.9 MB of bf16 not written and not re-read, and one launch fewer. The adds into a token's
+    row run in expert order (`fast.add_rows`, sequential), so chunked calls add in the single call's order."""
+    return expert_fc2_finalize_ranks([h], [topk_idx], [topk_weight], [expert], only=only, outs=[out])[0]
+
+
+# ===================================================================== the grouped ops on all ranks at once
+# The executor calls a grouped op's `over_ranks` form (when it has one) with one list per argument, rank by
+# rank: every rank's groups go into one compiled call (`ops.linear.grouped_matmul`), and each rank's output
+# is what the op computes on that rank alone, bit for bit (each output element is one dot product,
+# whatever was computed beside it; tests/test_execute_streaming.py). A row shard's rows are then read
+# whole: rank r's slice of a down-projection row is the 96 bytes after rank r - 1's.
+def expert_fc1_ranks(zs: list[Array], topk_idx: list[npt.NDArray[np.int64]], experts: list[ExpertFn], cfg: ModelConfig,
+                     *, only: Collection[int] | None = None, outs: list[Array | None] | None = None) -> list[Array]:
+    """`expert_fc1` on every rank: P x [M, Din] -> P x [M, k, F/P]."""
+    groups = list(_groups(topk_idx[0], only))
+    outs = outs or [None] * len(zs)
+    if not groups:
+        return outs
+    rows, slots = _cat(groups, 1), _cat(groups, 2)
+    done = []
+    for gu, z, out in zip(_products_over_ranks([(z, [(r, expert(e)) for e, r, _ in groups])
+                                                for z, expert in zip(zs, experts)]), zs, outs):
+        h = glu(*np.split(gu, 2, axis=1), cfg)  # [rows of all groups, F/P]
         if out is None:
-            out = np.zeros((topk_idx.shape[0], w_down.shape[1]), dtype=h.dtype)  # [M, Din]
-        np.add.at(out, rows, topk_weight[rows, slots, None].astype(h.dtype) * (h[rows, slots] @ w_down))
-    return out
+            out = np.zeros(topk_idx[0].shape + (h.shape[1],), dtype=z.dtype)
+        out[rows, slots] = h
+        done.append(out)
+    return done
+
+
+def expert_fc2_ranks(hs: list[Array], topk_idx: list[npt.NDArray[np.int64]], experts: list[ExpertFn], *,
+                     only: Collection[int] | None = None, outs: list[Array | None] | None = None) -> list[Array]:
+    """`expert_fc2` on every rank: P x [M, k, F/P] -> P x [M, k, Din]."""
+    done = []
+    for (rows, slots, y), h, out in zip(_down_products(hs, topk_idx[0], experts, only), hs, outs or [None] * len(hs)):
+        if out is None:
+            out = np.zeros(topk_idx[0].shape + (y.shape[1],), dtype=h.dtype)
+        out[rows, slots] = y
+        done.append(out)
+    return done if done else list(outs or [None] * len(hs))
+
+
+def expert_fc2_finalize_ranks(hs: list[Array], topk_idx: list[npt.NDArray[np.int64]], topk_weight: list[Array],
+                              experts: list[ExpertFn], *, only: Collection[int] | None = None,
+                              outs: list[Array | None] | None = None) -> list[Array]:
+    """`expert_fc2_finalize` on every rank: P x [M, k, F/P] -> P x [M, Din]."""
+    done = []
+    for (rows, slots, y), h, weight, out in zip(_down_products(hs, topk_idx[0], experts, only), hs, topk_weight,
+                                                outs or [None] * len(hs)):
+        if out is None:
+            out = np.zeros((topk_idx[0].shape[0], y.shape[1]), dtype=h.dtype)  # [M, Din]
+        fast.add_rows(out, rows, weight[rows, slots, None].astype(h.dtype) * y)
+        done.append(out)
+    return done if done else list(outs or [None] * len(hs))
+
+
+def _down_products(hs: list[Array], topk_idx: npt.NDArray[np.int64], experts: list[ExpertFn],
+                   only: Collection[int] | None) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], Array]]:
+    """Per rank (token rows, slots, h[rows, slots] @ W_down of each row's expert), group after group; [] when
+    no selected expert is in `only`."""
+    groups = list(_groups(topk_idx, only))
+    if not groups:
+        return []
+    rows, slots = _cat(groups, 1), _cat(groups, 2)
+    ys = _products_over_ranks([(h[rows, slots], _stacked(groups, expert)) for h, expert in zip(hs, experts)])
+    return [(rows, slots, y) for y in ys]
+
+
+expert_fc1.over_ranks = expert_fc1_ranks  # type: ignore[attr-defined]
+expert_fc2.over_ranks = expert_fc2_ranks  # type: ignore[attr-defined]
+expert_fc2_finalize.over_ranks = expert_fc2_finalize_ranks  # type: ignore[attr-defined]
+
+
+def _products_over_ranks(jobs: list[tuple[Array, list[tuple[npt.NDArray[np.int64], tuple[Array, ...]]]]]) -> list[Array]:
+    """For every rank's (x, groups): x[rows] @ [W_1 | ... | W_p] for each group (rows, parts), stacked group
+    after group. One compiled call over all ranks where `grouped_matmul` applies, the ranks' shards of an
+    expert next to each other; else group by group. Every rank has the same groups (the routing is replicated)."""
+    offsets = np.cumsum([0] + [len(x) for x, _ in jobs])
+    merged = [(rows + off, parts) for g in range(len(jobs[0][1])) for (_, groups), off in zip(jobs, offsets)
+              for rows, parts in (groups[g],)]
+    y = grouped_matmul(np.concatenate([x for x, _ in jobs]), merged, ranks=len(jobs))
+    if y is None:
+        return [np.concatenate([np.concatenate([x[rows] @ w for w in parts], axis=1) for rows, parts in groups])
+                for x, groups in jobs]
+    n = np.array([len(rows) for rows, _ in jobs[0][1]])  # rows per group, on every rank
+    ranks = len(jobs)
+    first = np.repeat(np.cumsum(ranks * n) - ranks * n, n) + np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+    return [y[first + r * np.repeat(n, n)] for r in range(ranks)]  # y holds group g's ranks one after another
+
+
+def _stacked(groups: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]],
+             expert: ExpertFn) -> list[tuple[npt.NDArray[np.int64], tuple[Array, ...]]]:
+    """The groups as rows of their gathered inputs (group after group) with their expert's parts."""
+    bounds = np.cumsum([0] + [len(rows) for _, rows, _ in groups])
+    return [(np.arange(lo, hi), expert(e)) for (e, _, _), lo, hi in zip(groups, bounds[:-1], bounds[1:])]
+
+
+def _cat(groups: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]], i: int) -> npt.NDArray[np.int64]:
+    """The token rows (i = 1) or slots (i = 2) of all groups, group after group."""
+    return np.concatenate([g[i] for g in groups])
 
 
 def routed_experts_fused(z: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array,

@@ -18,6 +18,8 @@ Because every scale is a power of two, both give the same FP32 result up to summ
 (`fast.mxfp4_matmul`, one pass over the packed bytes, when the Numba kernels are on) or, for the
 float64 reference, dequantizes K-chunks and multiplies (`form="reference"`): code that multiplies by a
 weight is the same for a float array and a packed one, and no full float copy of an expert is made.
+The grouped expert ops hand all their packed shards to `grouped_matmul` instead: one compiled call
+(`fast.mxfp4_grouped`) over every (expert, rank, token rows) of a streamed chunk.
 
 Dimension legend: M tokens, K input width, N output width.
 """
@@ -119,6 +121,17 @@ class MXFP4Weight:
         full = fast.mxfp4_dequantize_t(self.codes, self.scale_bits, dtype or np.float32)  # [K_full, N]
         return full[self.k0:self.k0 + self.shape[0]]
 
+    def packed_rows(self) -> tuple[int, int, int, int, int] | None:
+        """Where `fast.mxfp4_grouped` finds W^T's rows: (address of the first code byte, code row stride,
+        address of the first scale byte, scale row stride, code bytes per row); None when k0 or K falls
+        inside a 32-block, the form is the reference, or a row is not contiguous."""
+        k = self.shape[0]
+        if self.k0 % MX_BLOCK or k % MX_BLOCK or self.form != "fused" or self.codes.strides[1] != 1 \
+                or self.scale_bits.strides[1] != 1:
+            return None
+        codes, scales = self.codes.__array_interface__["data"][0], self.scale_bits.__array_interface__["data"][0]
+        return (codes + self.k0 // 2, self.codes.strides[0], scales + self.k0 // MX_BLOCK, self.scale_bits.strides[0], k // 2)
+
 
 @dataclass(frozen=True)
 class BF16Weight:
@@ -159,6 +172,51 @@ class BF16Weight:
             if x.ndim == 2 and x.shape[0] <= self.SKINNY and x.dtype == self.dtype:
                 return np.concatenate([fast.bf16_matmul(x, b) for b in self.blocks], axis=1)
         return getattr(ufunc, method)(*(np.asarray(i) if isinstance(i, BF16Weight) else i for i in inputs), **kwargs)
+
+
+GROUPED_TILE = 32  # rows of W^T (output columns) per work item of `grouped_matmul`: 57 KB of a 3584-wide part
+
+
+def grouped_matmul(x: Array, groups: list[tuple[npt.NDArray[np.int64], tuple[MXFP4Weight, ...]]],
+                   ranks: int = 1) -> Array | None:
+    """For every group (rows, (W_1, ..., W_p)): x[rows] @ [W_1 | ... | W_p], stacked group after group:
+    [sum of len(rows), sum of N_i], every group's parts the same widths. One compiled call over all of them
+    on all cores (`fast.mxfp4_grouped`, work items of GROUPED_TILE output columns), no Python per weight.
+    `ranks`: runs of that many groups are the TP shards of one expert; their items go tile by tile, rank
+    after rank, so that the row shards' slices of the same rows (adjacent in memory) are read together.
+
+    None where it does not apply, and the caller multiplies group by group: the Numba kernels off, a host
+    without AVX-512 (`fast.mxfp4_matmul` then decodes into scratch), x neither float32 nor float64, or a
+    weight not a fused `MXFP4Weight` on whole 32-blocks."""
+    if not groups or not fast.numba_enabled() or x.dtype not in (np.float32, np.float64) or not fast.has_avx512():
+        return None
+    table: list[tuple[int, ...]] = []
+    spans: list[tuple[int, ...]] = []  # (weight, N, column of its first output, first row, end row)
+    r0 = 0
+    for g, (rows, parts) in enumerate(groups):
+        col = 0
+        for part, w in enumerate(parts):
+            where = w.packed_rows() if isinstance(w, MXFP4Weight) else None
+            if where is None or w.shape[0] != x.shape[1]:
+                return None
+            spans.append((len(table), w.shape[1], col, r0, r0 + len(rows), part, g))
+            table.append(where)
+            col += w.shape[1]
+        r0 += len(rows)
+    tokens = np.concatenate([rows for rows, _ in groups]).astype(np.int64)
+    return fast.mxfp4_grouped(fast.permute_x(x), tokens, np.array(table, np.int64),
+                              _tiles(np.array(spans, np.int64), ranks), col)
+
+
+def _tiles(spans: npt.NDArray[np.int64], ranks: int) -> npt.NDArray[np.int64]:
+    """Work items (weight, n0, n1, col0, r0, r1) of GROUPED_TILE output columns from the spans (weight, N,
+    col, r0, r1, part, group) of whole weights, ordered by expert, part, tile, then rank."""
+    count = -(-spans[:, 1] // GROUPED_TILE)
+    span = np.repeat(np.arange(len(spans)), count)
+    n0 = (np.arange(len(span)) - np.repeat(np.cumsum(count) - count, count)) * GROUPED_TILE
+    w, n, col, r0, r1, part, g = spans[span].T
+    order = np.lexsort((g % ranks, n0, part, g // ranks))
+    return np.stack([w, n0, np.minimum(n0 + GROUPED_TILE, n), col + n0, r0, r1], axis=1)[order]
 
 
 REFERENCE_CHUNK = 256  # K rows dequantized at a time: [N, 256] float64 = 6 MB for N = 3072, cache-resident
