@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+from simulator import fast
 from simulator.jit import lazy_njit as njit, on_compile
 
 PCG_MULT = 0x2360ED051FC65DA4_4385DF649FCCF645  # PCG64's 128-bit multiplier
@@ -233,3 +234,107 @@ def standard_normal_f32(seed: np.random.SeedSequence, shape: tuple[int, ...], st
     out = np.empty(shape, np.float32)
     NormalStream(seed).fill(out, std)
     return out
+
+
+# ===================================================================== drawn straight to MXFP4
+# A routed expert part is drawn, its block maxima taken and packed (weights._make_packed). Drawn whole,
+# its float32 values (44 MB for 3584 x 3072) go to memory and come back for the packer; drawn a 32-row
+# strip at a time (384 KB, in L2), each strip is a row of blocks of W^T: maxima, exponents and codes are
+# made while the strip is in cache, and only the 0.53 B/weight packed part is written.
+#
+# The exponent is floor(log2(amax)) - 2 with NumPy's float32 log2 (dtypes.mxfp4_quantize), which rounds
+# up to k for amax a few ulps below 2^k. The kernel reads it off amax's bits with a threshold per power
+# of two taken from NumPy's log2 itself (`_log2_thresholds`); the exponents NumPy computes from the
+# drawn maxima are then compared with the kernel's, and a part where any differs is drawn again the
+# plain way (never seen: the thresholds are exact for every float32 near a power of two, a test says so).
+
+def mxfp4_exponents(amax: np.ndarray) -> np.ndarray:
+    """E8M0 exponents of blocks with maxima `amax`, as dtypes.mxfp4_quantize and fast.mxfp4_quantize_t
+    compute them: floor(float32 log2(amax)) - 2, clipped to [-127, 127] (0 -> -2)."""
+    return np.clip(np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - 2, -127, 127)
+
+
+_LOG2_THRESHOLDS: np.ndarray | None = None
+_INV_SCALE: np.ndarray | None = None
+
+
+def _log2_thresholds() -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.float32]]:
+    """t[b]: the smallest float32 (as bits) below 2^(b - 127) whose NumPy float32 log2 floors to b - 127
+    (the bits of 2^(b - 127) when log2 is exact there), for biased exponents b = 1 .. 254; and inv[e + 127]
+    = NumPy's float32 exp2(-e), the reciprocal scale fast.mxfp4_quantize_t multiplies by."""
+    global _LOG2_THRESHOLDS, _INV_SCALE
+    if _LOG2_THRESHOLDS is None:
+        t = np.full(256, 0xFFFFFFFF, np.uint32)  # b = 0 and 255: no threshold (subnormals, inf)
+        ulps = np.arange(1, 257, dtype=np.uint32)
+        for b in range(1, 255):
+            below = ((np.uint32(b) << np.uint32(23)) - ulps).view(np.float32)  # 1 .. 256 ulps below 2^(b-127)
+            up = np.floor(np.log2(below)) == b - 127
+            t[b] = (np.uint32(b) << np.uint32(23)) - (ulps[up].max() if up.any() else 0)
+        _LOG2_THRESHOLDS = t
+        _INV_SCALE = np.exp2(-np.arange(-127, 128).astype(np.float32)).astype(np.float32)
+    return _LOG2_THRESHOLDS, _INV_SCALE
+
+
+@njit(inline="always")
+def _exponent(bits, thresholds):  # type: ignore[no-untyped-def]
+    """`mxfp4_exponents` of one block maximum, from its float32 bits (non-negative)."""
+    if bits == 0:
+        return -2
+    b = np.int64(bits >> np.uint32(23))
+    e = b - 127
+    if b < 254 and bits >= thresholds[b + 1]:
+        e += 1  # a few ulps below 2^(e+1): NumPy's log2 rounds up to it
+    if b == 0:
+        e = -150  # a subnormal: log2 below -126, clipped below
+    return max(-127, min(127, e - 2))
+
+
+@njit(cache=True, nogil=True)
+def _draw_mxfp4_t(state, std, codes, amax_t, exps, wi, ki, fi, thresholds, inv_scale):  # type: ignore[no-untyped-def]
+    """codes [N, K/2] of the part drawn strip by strip, amax_t [K/32, N] its block maxima and exps [K/32, N]
+    their exponents (`_exponent`)."""
+    raw = np.empty(RAW_WORDS, np.uint64)
+    u32, pos = raw.view(np.uint32), np.int64(state[CURSOR])
+    n_blocks, N = amax_t.shape
+    strip, pairs, inv = np.empty((32, N), np.float32), np.empty((16, N), np.uint8), np.empty(N, np.float32)
+    bits_t = amax_t.view(np.uint32)
+    for s in range(n_blocks):
+        amax, exp = amax_t[s], exps[s]
+        amax[:] = 0
+        for i in range(32):
+            row = strip[i]
+            pos = _draw_row(state, raw, u32, pos, std, row, wi, ki, fi)
+            for n in range(N):
+                amax[n] = max(amax[n], abs(row[n]))
+        bits = bits_t[s]
+        for n in range(N):
+            exp[n] = _exponent(bits[n], thresholds)
+            inv[n] = inv_scale[exp[n] + 127]
+        for j in range(16):  # fast._pack_codes_t's byte pairs, along N (vectorised)
+            even, odd, out = strip[2 * j], strip[2 * j + 1], pairs[j]
+            for n in range(N):
+                out[n] = fast.e2m1_code(even[n] * inv[n]) | (fast.e2m1_code(odd[n] * inv[n]) << 4)
+        for n in range(N):  # this strip's 16 bytes of each row of W^T
+            for j in range(16):
+                codes[n, 16 * s + j] = pairs[j, n]
+
+
+FUSED_FALLBACKS = [0]  # parts drawn again the plain way because an exponent differed (tests read it)
+
+
+def draw_mxfp4_t(seed: np.random.SeedSequence, shape: tuple[int, int], std: float
+                 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """The part `default_rng(seed).standard_normal(shape, float32) * float32(std)` (W [K, N]) packed as
+    MXFP4 W^T: `fast.mxfp4_quantize_t` of it, bit for bit, without the float32 part in memory."""
+    k, n = shape
+    codes, amax_t = np.empty((n, k // 2), np.uint8), np.empty((k // 32, n), np.float32)
+    exps = np.empty((k // 32, n), np.int16)
+    words = pcg64_words(seed)
+    _draw_mxfp4_t(lane_state(words), np.float32(std), codes, amax_t, exps, *tables(), *_log2_thresholds())
+    exp = mxfp4_exponents(amax_t)
+    if not np.array_equal(exp, exps):
+        FUSED_FALLBACKS[0] += 1
+        w = np.empty(shape, np.float32)
+        normal_block_amax(words, np.float32(std), w, amax_t)
+        return fast.mxfp4_quantize_t(w, amax_t)
+    return codes, np.ascontiguousarray((exp + 127).astype(np.uint8).T)

@@ -89,3 +89,45 @@ def test_drawn_block_maxima_pack_like_the_reference(k, n):
 def test_buffer_must_hold_whole_lane_rounds():
     with pytest.raises(ValueError, match="multiple of 4"):
         rng.NormalStream(np.random.SeedSequence([1]), 6)
+
+
+@pytest.mark.parametrize("k, n", [(64, 5), (256, 33), (3584, 96)], ids=["K64-N5", "K256-N33", "K3584-N96"])
+def test_parts_drawn_strip_by_strip_pack_like_the_packer(k, n):
+    """rng.draw_mxfp4_t (a 32-row strip at a time, never the float32 part whole) == the packer run on
+    NumPy's draws, codes and scales, and without falling back to the plain path."""
+    ss, std = np.random.SeedSequence([k, n, 2]), k ** -0.5
+    fallbacks = rng.FUSED_FALLBACKS[0]
+    codes, bits = rng.draw_mxfp4_t(ss, (k, n), std)
+    w = numpys([k, n, 2], (k, n), std)
+    want_codes, want_bits = fast.mxfp4_quantize_t(w, np.abs(w).reshape(k // 32, 32, n).max(axis=1))
+    np.testing.assert_array_equal(codes, want_codes)
+    np.testing.assert_array_equal(bits, want_bits)
+    assert rng.FUSED_FALLBACKS[0] == fallbacks
+
+
+def test_kernel_exponents_are_numpys_near_every_power_of_two():
+    """The exponent read off a maximum's bits (`_exponent`, with thresholds taken from NumPy's log2) equals
+    NumPy's floor(log2) rule for every float32 within 40 ulps of each power of two, where log2 rounds
+    up to the power for some, and for zero and subnormals."""
+    thresholds, _ = rng._log2_thresholds()
+    exponent = getattr(rng._exponent, "py_func", rng._exponent)
+    powers = (np.arange(1, 255, dtype=np.uint32) << np.uint32(23))
+    bits = (powers[:, None] + np.arange(-40, 41, dtype=np.int64)[None, :]).astype(np.uint32).ravel()
+    bits = np.concatenate([bits, np.array([0, 1, 2 ** 22, 2 ** 23 - 1], np.uint32)])
+    got = np.array([exponent(b, thresholds) for b in bits])
+    np.testing.assert_array_equal(got, rng.mxfp4_exponents(bits.view(np.float32)))
+    assert np.sum(thresholds[1:255] != powers) > 100, "NumPy's log2 never rounded up: the thresholds are untested"
+
+
+def test_a_part_whose_exponents_differ_is_drawn_again_the_plain_way(monkeypatch):
+    """Thresholds that round every maximum up make the kernel's exponents differ from NumPy's: the part
+    is drawn again through the plain path and still packs like the packer."""
+    rng._log2_thresholds()
+    monkeypatch.setattr(rng, "_LOG2_THRESHOLDS", np.zeros(256, np.uint32))
+    fallbacks = rng.FUSED_FALLBACKS[0]
+    codes, bits = rng.draw_mxfp4_t(np.random.SeedSequence([3]), (64, 7), 0.125)
+    w = numpys([3], (64, 7), 0.125)
+    want_codes, want_bits = fast.mxfp4_quantize_t(w)
+    np.testing.assert_array_equal(codes, want_codes)
+    np.testing.assert_array_equal(bits, want_bits)
+    assert rng.FUSED_FALLBACKS[0] == fallbacks + 1
