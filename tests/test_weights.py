@@ -1,3 +1,4 @@
+import ml_dtypes
 import numpy as np
 
 from simulator.weights import LayerWeights, column_shard, row_shard
@@ -38,3 +39,27 @@ def test_shards_tile_the_weight():
     w = np.arange(24.0).reshape(4, 6)
     np.testing.assert_array_equal(np.concatenate([column_shard(w, r, 3) for r in range(3)], axis=1), w)
     np.testing.assert_array_equal(np.concatenate([row_shard(w, r, 2) for r in range(2)], axis=0), w)
+
+
+def test_dense_weights_drawn_in_chunks_are_numpys_drawn_whole(tiny, monkeypatch):
+    """A dense weight is drawn a few rows at a time (rng.NormalStream; here chunks of at most 96 values, the
+    last one short): bf16(offset + std * NumPy's float32 normals), as drawing it whole in NumPy gives."""
+    from simulator import weights
+    monkeypatch.setattr(weights, "DRAW_CHUNK", 96)
+    w = LayerWeights(tiny, 1, 4)
+    for name, offset in (("router.w", 0.0), ("input_norm", 1.0)):
+        shape, _ = weights.weight_spec(tiny, name)
+        std = 0.1 if offset else shape[0] ** -0.5
+        want = weights._normal(4, 1, name, shape, std)
+        np.testing.assert_array_equal(w.held(name), (want + offset if offset else want).astype(ml_dtypes.bfloat16))
+
+
+def test_packed_experts_are_the_packer_on_numpys_draws(tiny):
+    from simulator import fast, weights
+    w = LayerWeights(tiny, 1, 4)
+    for part in ("w_gate", "w_down"):
+        shape, _ = weights.weight_spec(tiny, f"expert.2.{part}")
+        codes, bits = w.expert_part(2, part)
+        want_codes, want_bits = fast.mxfp4_quantize_t(weights._normal(4, 1, f"expert.2.{part}", shape, shape[0] ** -0.5))
+        np.testing.assert_array_equal(codes, want_codes)
+        np.testing.assert_array_equal(bits, want_bits)
