@@ -63,3 +63,27 @@ def test_packed_experts_are_the_packer_on_numpys_draws(tiny):
         want_codes, want_bits = fast.mxfp4_quantize_t(weights._normal(4, 1, f"expert.2.{part}", shape, shape[0] ** -0.5))
         np.testing.assert_array_equal(codes, want_codes)
         np.testing.assert_array_equal(bits, want_bits)
+
+
+def test_spilled_parts_are_read_back_not_drawn_again(tiny, tmp_path):
+    """With a cache too small for one expert, a second pass over the experts draws again without a spill
+    folder and reads every part back with one: the same codes and scales as parts drawn fresh."""
+    from simulator.weights import PARTS
+    experts = [1, 4, 6]
+    plain = LayerWeights(tiny, 1, 3, expert_cache_bytes=1, stream_chunk_bytes=1)
+    spill = LayerWeights(tiny, 1, 3, expert_cache_bytes=1, stream_chunk_bytes=1, spill_dir=str(tmp_path))
+    for w in (plain, spill):
+        for _ in range(2):
+            for chunk in w.stream_experts(experts):
+                for e in chunk:
+                    w.expert_packed(e)
+    assert plain.expert_generations == 2 * 3 * len(PARTS)
+    assert spill.expert_generations == 3 * len(PARTS) and spill.spill_reads == 3 * len(PARTS)
+    fresh = LayerWeights(tiny, 1, 3)
+    for chunk in spill.stream_experts(experts):
+        for e in chunk:
+            for got, want in zip(spill.expert_packed(e), fresh.expert_packed(e)):
+                np.testing.assert_array_equal(got[0], want[0])
+                np.testing.assert_array_equal(got[1], want[1])
+    assert spill.spill_reads == 2 * 3 * len(PARTS)
+    assert len(list(tmp_path.iterdir())) == 3 * len(PARTS)
