@@ -254,25 +254,24 @@ def mxfp4_exponents(amax: np.ndarray) -> np.ndarray:
     return np.clip(np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - 2, -127, 127)
 
 
-_LOG2_THRESHOLDS: np.ndarray | None = None
-_INV_SCALE: np.ndarray | None = None
+_MXFP4_TABLES: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def _log2_thresholds() -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.float32]]:
     """t[b]: the smallest float32 (as bits) below 2^(b - 127) whose NumPy float32 log2 floors to b - 127
     (the bits of 2^(b - 127) when log2 is exact there), for biased exponents b = 1 .. 254; and inv[e + 127]
-    = NumPy's float32 exp2(-e), the reciprocal scale fast.mxfp4_quantize_t multiplies by."""
-    global _LOG2_THRESHOLDS, _INV_SCALE
-    if _LOG2_THRESHOLDS is None:
+    = NumPy's float32 exp2(-e), the reciprocal scale fast.mxfp4_quantize_t multiplies by. Made once, and
+    bound in one assignment: the weight store's threads may ask at the same time."""
+    global _MXFP4_TABLES
+    if _MXFP4_TABLES is None:
         t = np.full(256, 0xFFFFFFFF, np.uint32)  # b = 0 and 255: no threshold (subnormals, inf)
         ulps = np.arange(1, 257, dtype=np.uint32)
         for b in range(1, 255):
             below = ((np.uint32(b) << np.uint32(23)) - ulps).view(np.float32)  # 1 .. 256 ulps below 2^(b-127)
             up = np.floor(np.log2(below)) == b - 127
             t[b] = (np.uint32(b) << np.uint32(23)) - (ulps[up].max() if up.any() else 0)
-        _LOG2_THRESHOLDS = t
-        _INV_SCALE = np.exp2(-np.arange(-127, 128).astype(np.float32)).astype(np.float32)
-    return _LOG2_THRESHOLDS, _INV_SCALE
+        _MXFP4_TABLES = t, np.exp2(-np.arange(-127, 128).astype(np.float32)).astype(np.float32)
+    return _MXFP4_TABLES
 
 
 @njit(inline="always")

@@ -122,8 +122,7 @@ def test_kernel_exponents_are_numpys_near_every_power_of_two():
 def test_a_part_whose_exponents_differ_is_drawn_again_the_plain_way(monkeypatch):
     """Thresholds that round every maximum up make the kernel's exponents differ from NumPy's: the part
     is drawn again through the plain path and still packs like the packer."""
-    rng._log2_thresholds()
-    monkeypatch.setattr(rng, "_LOG2_THRESHOLDS", np.zeros(256, np.uint32))
+    monkeypatch.setattr(rng, "_MXFP4_TABLES", (np.zeros(256, np.uint32), rng._log2_thresholds()[1]))
     fallbacks = rng.FUSED_FALLBACKS[0]
     codes, bits = rng.draw_mxfp4_t(np.random.SeedSequence([3]), (64, 7), 0.125)
     w = numpys([3], (64, 7), 0.125)
