@@ -20,10 +20,12 @@ arithmetic. This module draws the same numbers in two stages:
 
 The ziggurat tables are NumPy's (numba ships a copy of them for its own Generator support), indexed by the
 low 9 bits (layer and sign: WI2[256 + i] = -WI[i], as NumPy's multiply by -1 is exact). The kernels take
-them as arguments (`tables()`): read as Numba global constants, the same loop ran 3-4x slower on this CPU
-(benchmarks/bench_draw.py). The state words come from NumPy's PCG64 seeded by the same SeedSequence, so
+them as arguments (`tables()`): read as Numba global constants, the same first-try loop ran 3-4x slower
+on this CPU when measured. The state words come from NumPy's PCG64 seeded by the same SeedSequence, so
 the seeding is NumPy's too. Tests hold the draws equal to NumPy's: millions of samples, the rare wedge and
-tail branches, buffer refills inside a rejection, and draws split across calls.
+tail branches, buffer refills inside a rejection, and draws split across calls. `draw_mxfp4_t` draws an
+expert part straight to MXFP4, a 32-row strip at a time (the section at the end), and `NormalStream`
+continues one stream across calls (the dense weights, drawn a chunk at a time).
 
 Dimension legend: K rows (the reduction dimension of a weight), N columns.
 """
