@@ -34,7 +34,9 @@ import argparse
 import json
 import resource
 import sys
+import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -116,7 +118,7 @@ def timed_experts(plan: Plan, clock: dict[str, float], weights: LayerWeights) ->
 
 
 def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: float, chunk_gb: float,
-        step: Callable[[str], None]) -> dict[str, Any]:
+        step: Callable[[str], None], spill_dir: str | None = None) -> dict[str, Any]:
     cfg = load_model("kimi-k3")
     shape = DecodeShape(batch, 1, 64)
     d = make_dims(cfg, tp, shape, None, layer)
@@ -127,7 +129,8 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
     doc["compile"] = compile_kernels(layer, precision)
     step("copy bandwidth")
     doc["copy_gbps"] = round(copy_gbps(), 2)
-    weights = LayerWeights(cfg, d.layer, seed, expert_cache_bytes=int(cache_gb * GB), stream_chunk_bytes=int(chunk_gb * GB))
+    weights = LayerWeights(cfg, d.layer, seed, expert_cache_bytes=int(cache_gb * GB), stream_chunk_bytes=int(chunk_gb * GB),
+                           spill_dir=spill_dir)
     step("dense weights")
     t0 = time.perf_counter()
     weights.materialize(layer_weight_names(cfg, layer))
@@ -157,6 +160,7 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
             "draw_s": {k: round(v, 3) for k, v in draw.items()} | {"total": round(sum(draw.values()), 3)},
             "peak_rss_gb": round(peak_rss_gb(), 3), "peak_rss_gb_after": {k: round(v, 3) for k, v in rss.items()},
             "experts_touched": len(experts), "expert_part_draws": weights.expert_generations,
+            "expert_part_spill_reads": weights.spill_reads,
             "draw_rate_mparams_s": round(weights.expert_generations * cfg.expert_in_dim * cfg.moe_intermediate
                                          / max(expert_draw_s, 1e-9) / 1e6, 1),
             "expert_cache_gb": cache_gb, "stream_chunk_gb": chunk_gb,
@@ -198,6 +202,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--expert-cache-gb", type=float, default=0.5, help="bound of the packed expert cache")
     ap.add_argument("--stream-chunk-gb", type=float, default=0.25, help="packed experts drawn per streamed chunk")
+    ap.add_argument("--spill-dir", help="draw each expert part once: later paths read it back from a temporary "
+                    "folder made here (~8 GB at batch 64) instead of drawing it again")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.batch < 1:
@@ -210,8 +216,9 @@ def main() -> int:
         def step(phase: str) -> None:
             bar.update(task, description=phase, completed=PHASES.index(phase), rss=f"peak RSS {peak_rss_gb():.2f} GB")
 
-        doc = run(args.batch, args.layer, args.tp, args.precision, args.seed, args.expert_cache_gb,
-                      args.stream_chunk_gb, step)
+        with tempfile.TemporaryDirectory(dir=args.spill_dir) if args.spill_dir else nullcontext() as spill:
+            doc = run(args.batch, args.layer, args.tp, args.precision, args.seed, args.expert_cache_gb,
+                      args.stream_chunk_gb, step, spill)
     print(json.dumps(doc, indent=2) if args.json else report(doc))
     return 0
 

@@ -6,7 +6,8 @@ values do not depend on which other tensors were generated first. That is what l
 experts be lazy: a full-size Kimi K3 layer at batch 1 generates only the k selected experts
 (16 x 17.5 MB in MXFP4 instead of 896 of them), regenerate one that was evicted, and stream the
 442 a batch of 64 touches a chunk at a time in any order. Routed experts are drawn by rng.py (NumPy's
-PCG64 and ziggurat in Numba: the same numbers, 2-3x as fast), the dense weights by NumPy itself.
+PCG64 and ziggurat in Numba: the same numbers, 3-5x as fast, packed as they are drawn), the dense weights
+by the same kernel a chunk at a time (rng.NormalStream).
 
 Scaling keeps activations O(1) (STYLE item 13): a linear `[in, out]` is N(0, 1/in); norm weights
 are 1 + N(0, 0.1^2); AttnRes projections are N(0, 1/D). Weights are rounded to their checkpoint
@@ -115,12 +116,14 @@ class LayerWeights:
     expert_cache_bytes: int = 4 << 30
     copy_cache_bytes: int = 512 << 20
     stream_chunk_bytes: int = 512 << 20  # packed expert parts held per streamed chunk: ~29 full-size K3 experts
+    spill_dir: str | None = None  # a folder for packed parts, read back instead of drawn again (`_draw_parts`)
     _held: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     _experts: BoundedCache = field(init=False, repr=False)
     _copies: BoundedCache = field(init=False, repr=False)
     _streamed: dict[tuple[int, str], Packed] = field(default_factory=dict, repr=False)  # the chunk in flight
     expert_generations: int = 0  # expert parts generated (more than the touched parts x 3 means evictions)
-    generate_s: float = 0.0  # wall seconds spent drawing and packing weights (benchmarks take it out)
+    spill_reads: int = 0  # expert parts read back from spill_dir instead of drawn
+    generate_s: float = 0.0  # wall seconds spent drawing and packing weights, or reading them back (benchmarks take it out)
 
     def __post_init__(self) -> None:
         self._experts = BoundedCache(self.expert_cache_bytes)
@@ -196,13 +199,41 @@ class LayerWeights:
             self._streamed = {}
 
     def _draw_parts(self, keys: list[tuple[int, str]]) -> list[Packed]:
-        """Expert parts drawn and packed on all cores (each from its own stream: order changes nothing)."""
+        """Expert parts drawn and packed on all cores (each from its own stream: order changes nothing).
+
+        With `spill_dir`, every part drawn is also written there (0.53 B a weight), and a part found there
+        is read instead of drawn: a pass over more experts than the bounded cache holds (three paths over
+        the 7.8 GB a batch-64 layer touches) draws each part once, and later passes read 5.8 MB files
+        (from the page cache, when the machine has the room) instead of drawing 11 M normals. The files
+        are named by model, layer, seed, expert and part; the folder is the caller's (a temporary one)."""
         t0 = time.perf_counter()
+        spilled = [self._spill_path(key) is not None and os.path.exists(self._spill_path(key)) for key in keys]
         with ThreadPoolExecutor(max_workers=min(len(keys), os.cpu_count() or 1) or 1) as pool:
-            made = list(pool.map(lambda key: self._make_packed(f"expert.{key[0]}.{key[1]}"), keys))
+            made = list(pool.map(self._read_or_draw, keys, spilled))
         self.generate_s += time.perf_counter() - t0
-        self.expert_generations += len(keys)
+        self.spill_reads += sum(spilled)
+        self.expert_generations += len(keys) - sum(spilled)
         return made
+
+    def _spill_path(self, key: tuple[int, str]) -> str | None:
+        if self.spill_dir is None:
+            return None
+        return os.path.join(self.spill_dir, f"{self.cfg.name}-layer{self.layer}-seed{self.seed}-expert{key[0]}-{key[1]}.mxfp4")
+
+    def _read_or_draw(self, key: tuple[int, str], spilled: bool) -> Packed:
+        """Part `key` read from its spill file (codes, then scale bits), or drawn (and spilled)."""
+        path, name = self._spill_path(key), f"expert.{key[0]}.{key[1]}"
+        (k, n), _ = weight_spec(self.cfg, name)
+        if spilled:
+            flat = np.fromfile(path, np.uint8)
+            return flat[:n * k // 2].reshape(n, k // 2), flat[n * k // 2:].reshape(n, k // 32)
+        codes, bits = self._make_packed(name)
+        if path is not None:  # written whole under a temporary name, so a reader never sees half a file
+            with open(path + ".part", "wb") as f:
+                f.write(codes.tobytes())
+                f.write(bits.tobytes())
+            os.replace(path + ".part", path)
+        return codes, bits
 
     @property
     def _part_bytes(self) -> int:
@@ -222,7 +253,7 @@ class LayerWeights:
         return sorted({e for e, _ in self._experts.items})
 
     def materialize(self, names: Iterable[str] = (), workers: int | None = None) -> None:
-        """Generate the named weights now, on `workers` threads: NumPy's generators release the GIL, and
+        """Generate the named weights now, on `workers` threads: the drawing kernels release the GIL, and
         each tensor has its own stream, so no value changes."""
         names = [n for n in names if n not in self._held]
         t0 = time.perf_counter()
@@ -248,14 +279,10 @@ class LayerWeights:
 
     def _make_packed(self, name: str) -> Packed:
         """MXFP4 expert `name` straight from its stream to codes + scales: the same draws, scaling and
-        rounding as `_make` (rng.py draws NumPy's numbers 2-3x as fast, taking the block maxima as it
-        goes), without its float32 round trip."""
+        rounding as `_make` (rng.py draws NumPy's numbers 4-5x as fast and packs them a 32-row strip
+        at a time), without its float32 part in memory."""
         shape, _ = weight_spec(self.cfg, name)
-        w = np.empty(shape, np.float32)  # [K, N]
-        amax_t = np.empty((shape[0] // 32, shape[1]), np.float32)  # [K/32, N]
-        rng.normal_block_amax(rng.pcg64_words(_seed(self.seed, self.layer, name)), np.float32(shape[0] ** -0.5),
-                              w, amax_t)
-        return fast.mxfp4_quantize_t(w, amax_t)
+        return rng.draw_mxfp4_t(_seed(self.seed, self.layer, name), shape, shape[0] ** -0.5)
 
     def _make(self, name: str) -> Array:
         """The weight's values: FP32 kinds and experts as float32 containers, the rest as bfloat16."""
@@ -272,21 +299,23 @@ class LayerWeights:
             std = (self.cfg.hidden_size if kind == "res_proj" else shape[-1]) ** -0.5
         else:
             std = shape[0] ** -0.5
-        return _normal_bf16(_rng(self.seed, self.layer, name), shape, std, 1.0 if kind == "norm" else 0.0)
+        return _normal_bf16(_seed(self.seed, self.layer, name), shape, std, 1.0 if kind == "norm" else 0.0)
 
 
 DRAW_CHUNK = 1 << 22  # elements drawn at a time: 16 MB of float32 scratch, whatever the weight's size
 
 
-def _normal_bf16(rng: np.random.Generator, shape: tuple[int, ...], std: float, offset: float) -> np.ndarray:
+def _normal_bf16(seed: np.random.SeedSequence, shape: tuple[int, ...], std: float, offset: float) -> np.ndarray:
     """bf16(offset + N(0, std^2)) drawn in row chunks into the bf16 array: the same stream and the same
-    float32 arithmetic as drawing it whole (a Generator fills in order), without the 2.4 GB of float32
-    temporaries the 7168 x 33792 dense FFN weight would take."""
-    out = np.empty(shape, ml_dtypes.bfloat16)
+    float32 arithmetic as drawing it whole (rng.NormalStream continues NumPy's stream from chunk to chunk),
+    without the 2.4 GB of float32 temporaries the 7168 x 33792 dense FFN weight would take."""
+    out, stream = np.empty(shape, ml_dtypes.bfloat16), rng.NormalStream(seed)
     rows = max(1, DRAW_CHUNK // max(1, int(np.prod(shape[1:], dtype=np.int64))))
+    chunk = np.empty((min(rows, shape[0]),) + shape[1:], np.float32)
     for r0 in range(0, shape[0], rows):
-        chunk = rng.standard_normal((min(rows, shape[0] - r0),) + shape[1:], dtype=np.float32) * np.float32(std)
-        out[r0:r0 + rows] = (chunk + offset if offset else chunk).astype(ml_dtypes.bfloat16)
+        part = chunk[:min(rows, shape[0] - r0)]
+        stream.fill(part, std)
+        out[r0:r0 + rows] = (part + offset if offset else part).astype(ml_dtypes.bfloat16)
     return out
 
 

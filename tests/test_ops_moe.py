@@ -137,3 +137,22 @@ def test_mxfp4_linear_fused_matches_reference(m, k, n, dtype):
     w = mxfp4_dequantize(w_t, dtype).T
     assert_close(linear(x, w), ref, dtype)
     assert_close(linear_reference(x, w), linear(x, w), dtype)
+
+
+@pytest.mark.parametrize("rows", [(0, 608), (160, 288)], ids=["whole", "row-shard"])
+def test_mxfp4_linear_chunked_is_the_float64_product(rows):
+    """The reference product on a packed weight (256-row chunks dequantized to float64, each token row its
+    own product with each chunk) equals x @ dequantize(W) in float64 to rounding (1e-14 of its largest
+    value), over whole and partial chunks and on a row shard, and a row alone has the same bits."""
+    from simulator.dtypes import mxfp4_dequantize, mxfp4_quantize
+    from simulator.ops.linear import MXFP4Weight, mxfp4_linear_chunked
+    rng = np.random.default_rng(7)
+    w_t = mxfp4_quantize(rng.standard_normal((40, 608)) * 0.05)  # [N, K]: chunks of 256, 256, 96
+    k0, k1 = rows
+    w = MXFP4Weight(w_t.packed, w_t.scales.view(np.uint8), form="reference")
+    w = w if (k0, k1) == (0, 608) else MXFP4Weight(w_t.packed, w_t.scales.view(np.uint8), k0, k1 - k0, "reference")
+    x = rng.standard_normal((3, k1 - k0))
+    want = x @ mxfp4_dequantize(w_t, np.float64).T[k0:k1]
+    got = mxfp4_linear_chunked(x, w)
+    assert np.max(np.abs(got - want)) < 1e-14 * np.max(np.abs(want))
+    np.testing.assert_array_equal(mxfp4_linear_chunked(x[1:2], w)[0], got[1])
