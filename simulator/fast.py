@@ -363,6 +363,12 @@ def _add_rows(out, rows, values):  # type: ignore[no-untyped-def]
 
 
 # ===================================================================== MXFP4 packing (weight generation)
+def mxfp4_exponents(amax: np.ndarray) -> np.ndarray:
+    """E8M0 exponents of blocks with maxima `amax`, as dtypes.mxfp4_quantize computes them (the packer's
+    and the drawing kernel's one rule): floor(float32 log2(amax)) - 2, clipped to [-127, 127] (0 -> -2)."""
+    return np.clip(np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - 2, -127, 127)
+
+
 def mxfp4_quantize_t(w: npt.NDArray[np.float32], amax_t: npt.NDArray[np.float32] | None = None,
                      ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
     """Pack W^T as MXFP4 for W [K, N] float32: codes [N, K/2] and E8M0 scale bits [N, K/32].
@@ -373,8 +379,7 @@ def mxfp4_quantize_t(w: npt.NDArray[np.float32], amax_t: npt.NDArray[np.float32]
     read off the bits), the codes from round-to-nearest-even onto the E2M1 grid with saturation at 6
     (ml_dtypes' rule). Dividing by a power of two is multiplying by its reciprocal, exactly."""
     amax_t = _block_amax_t(w) if amax_t is None else amax_t  # [K/32, N]
-    exp = np.floor(np.log2(np.where(amax_t > 0, amax_t, 1.0))) - 2  # float32, as mxfp4_quantize computes it
-    exp = np.clip(exp, -127, 127)
+    exp = mxfp4_exponents(amax_t)
     packed = np.empty((w.shape[1], w.shape[0] // 2), np.uint8)  # [N, K/2]
     _pack_codes_t(w, np.exp2(-exp).astype(np.float32), packed)
     return packed, np.ascontiguousarray((exp + 127).astype(np.uint8).T)

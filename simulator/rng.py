@@ -250,12 +250,6 @@ def standard_normal_f32(seed: np.random.SeedSequence, shape: tuple[int, ...], st
 # drawn maxima are then compared with the kernel's, and a part where any differs is drawn again the
 # plain way (never seen: the thresholds are exact for every float32 near a power of two, a test says so).
 
-def mxfp4_exponents(amax: np.ndarray) -> np.ndarray:
-    """E8M0 exponents of blocks with maxima `amax`, as dtypes.mxfp4_quantize and fast.mxfp4_quantize_t
-    compute them: floor(float32 log2(amax)) - 2, clipped to [-127, 127] (0 -> -2)."""
-    return np.clip(np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - 2, -127, 127)
-
-
 _MXFP4_TABLES: tuple[np.ndarray, np.ndarray] | None = None
 
 
@@ -278,7 +272,7 @@ def _log2_thresholds() -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.float32]]
 
 @njit(inline="always")
 def _exponent(bits, thresholds):  # type: ignore[no-untyped-def]
-    """`mxfp4_exponents` of one block maximum, from its float32 bits (non-negative)."""
+    """`fast.mxfp4_exponents` of one block maximum, from its float32 bits (non-negative)."""
     if bits == 0:
         return -2
     b = np.int64(bits >> np.uint32(23))
@@ -332,7 +326,7 @@ def draw_mxfp4_t(seed: np.random.SeedSequence, shape: tuple[int, int], std: floa
     exps = np.empty((k // 32, n), np.int16)
     words = pcg64_words(seed)
     _draw_mxfp4_t(lane_state(words), np.float32(std), codes, amax_t, exps, *tables(), *_log2_thresholds())
-    exp = mxfp4_exponents(amax_t)
+    exp = fast.mxfp4_exponents(amax_t)
     if not np.array_equal(exp, exps):
         FUSED_FALLBACKS[0] += 1
         w = np.empty(shape, np.float32)
