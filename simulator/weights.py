@@ -137,7 +137,7 @@ class LayerWeights:
         """The full weight in a compute dtype; one copy per (weight, dtype) while it fits the copy cache."""
         if name.startswith("expert."):
             _, e, part = name.split(".")
-            return self.expert(int(e), dtype)[PARTS.index(part)]
+            return self.expert_float(int(e), part, dtype)
         held = self._held_weight(name)
         if held.dtype == dtype:
             return held
@@ -158,12 +158,16 @@ class LayerWeights:
 
     def expert(self, e: int, dtype: type = np.float32) -> tuple[Array, Array, Array]:
         """Routed expert e: (w_gate [Din, F], w_up [Din, F], w_down [F, Din]) as float arrays."""
-        def make(part: str) -> Array:
+        return tuple(self.expert_float(e, p, dtype) for p in PARTS)
+
+    def expert_float(self, e: int, part: str, dtype: type) -> Array:
+        """One part of routed expert e as a float array, kept in the copy cache. Only that part: a kernel
+        that reads gate and up must not draw the down part outside the chunk being streamed."""
+        def make() -> Array:
             if not self.packs_experts:
                 return self._make(f"expert.{e}.{part}").astype(dtype)
             return fast.mxfp4_dequantize_t(*self.expert_part(e, part), dtype)
-        return tuple(self._copies.get((f"expert.{e}.{p}", np.dtype(dtype).name), lambda p=p: make(p), _array_bytes)
-                     for p in PARTS)
+        return self._copies.get((f"expert.{e}.{part}", np.dtype(dtype).name), make, _array_bytes)
 
     def expert_part(self, e: int, part: str) -> Packed:
         """One part of routed expert e as MXFP4 W^T: codes [N, K/2] and E8M0 scale bits [N, K/32]."""

@@ -54,9 +54,12 @@ def test_chunked_grouped_ops_equal_one_call(tiny, m, dtype):
 
 @pytest.mark.parametrize("layer", ["kda", "mla"])
 @pytest.mark.parametrize("precision", ["fp64", "bf16"])
-def test_streamed_layer_equals_one_chunk_bit_for_bit(tiny, layer, precision):
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_streamed_layer_equals_one_chunk_bit_for_bit(tiny, layer, precision, backend, monkeypatch):
     """One expert per chunk and a cache of one part against one chunk holding every expert: the same
-    bits out of all three paths, and each touched part drawn once per pass in the streamed run."""
+    bits out of all three paths, and each touched part drawn once per pass in the streamed run, with
+    the Numba kernels and with the NumPy forms (which ask the weight store for float copies)."""
+    monkeypatch.setenv("MOE_SIM_KERNELS", backend)
     shape = DecodeShape(5, 1, 6)
     d = make_dims(tiny, 4, shape, None, layer)
     io, state = make_inputs(tiny, d, np.random.default_rng(7))
