@@ -449,7 +449,7 @@ def _dequantize_parallel(packed, scale_bits, lut, scale_lut, out, chunks):  # ty
         _dequantize_rows(packed, scale_bits, lut, scale_lut, out, c * N // chunks, (c + 1) * N // chunks)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # the reference runs experts on threads (reference._routed_experts)
 def _dequantize_rows(packed, scale_bits, lut, scale_lut, out, n0, n1):  # type: ignore[no-untyped-def]
     for n in range(n0, n1):
         for i in range(packed.shape[1]):

@@ -15,6 +15,9 @@ Dimension legend: M tokens (B sequences x T tokens), D hidden, N heads, H head d
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import ml_dtypes
 import numpy as np
 
@@ -117,12 +120,23 @@ def _experts(w: LayerWeights):
     return lambda e: tuple(MXFP4Weight(*q, form="reference") for q in w.expert_packed(e))
 
 
+REFERENCE_THREADS = 8  # at most; the experts of a streamed chunk are independent products (the dequantize
+# kernel and einsum's loop release the GIL), and each is computed whole on one thread
+
+
 def _routed_experts(w: LayerWeights, z: np.ndarray, routing: Routing, cfg: ModelConfig) -> np.ndarray:
     """`ex.routed_experts_reference` with the touched experts streamed a chunk at a time (each drawn
     once, on all cores; memory holds a chunk): the slot outputs expert by expert, then the weighted sum."""
-    expert, slots = _experts(w), None
-    for chunk in w.stream_experts(np.unique(routing.topk_idx)):
-        slots = ex.expert_outputs_reference(z, routing.topk_idx, expert, cfg, only=chunk, out=slots)  # [M, k, Din]
+    expert = _experts(w)
+    slots = np.zeros(routing.topk_idx.shape + (z.shape[1],), dtype=z.dtype)  # [M, k, Din]
+    workers = max(1, min(REFERENCE_THREADS, len(os.sched_getaffinity(0))))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for chunk in w.stream_experts(np.unique(routing.topk_idx)):
+            # the chunk's experts dealt round-robin to the threads; each expert fills its own (row, slot)
+            # entries, computed as on one thread, so the bits do not depend on the thread count
+            share = [chunk[i::workers] for i in range(workers)]
+            list(pool.map(lambda mine: ex.expert_outputs_reference(z, routing.topk_idx, expert, cfg, only=mine,
+                                                                   out=slots), [s for s in share if s]))
     return ex.routed_sum_reference(slots, routing.topk_weight)
 
 

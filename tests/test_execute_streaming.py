@@ -134,3 +134,21 @@ def test_grouped_ops_over_all_ranks_equal_each_rank_alone(tiny, dtype, avx512, m
         for r in range(tp):
             np.testing.assert_array_equal(together[r], one(r, downs[r]), err_msg=name)
             assert_close(together[r], one(r, shards(r, ("down",), dense)), dtype, name)
+
+
+def test_reference_experts_on_threads_are_the_one_thread_bits(tiny, monkeypatch):
+    """The reference deals a chunk's experts to threads (reference.REFERENCE_THREADS); each expert's slot
+    outputs are computed whole on one thread, so the layer's bits do not depend on the thread count."""
+    from simulator import reference
+    shape = DecodeShape(6, 1, 6)
+    d = make_dims(tiny, 4, shape, None, "kda")
+    io, state = make_inputs(tiny, d, np.random.default_rng(3))
+    runs = []
+    for threads in (1, 3):
+        monkeypatch.setattr(reference, "REFERENCE_THREADS", threads)
+        w = LayerWeights(tiny, d.layer, 3, stream_chunk_bytes=1 << 40)  # one chunk: every expert on the pool
+        out, _, diag = reference_layer(tiny, d.layer, shape, w, io, state)
+        assert len(np.unique(diag["topk_idx"])) > threads  # every thread had experts to run
+        runs.append(out)
+    np.testing.assert_array_equal(runs[0].delta, runs[1].delta)
+    np.testing.assert_array_equal(runs[0].prefix, runs[1].prefix)
