@@ -30,6 +30,15 @@ of a fresh layer. Batch 64: 442 experts x 33 M = 14.6 G parameters, ~80 s of dra
 
 from __future__ import annotations
 
+import os
+
+# One BLAS thread: the Numba kernels own the cores. OpenBLAS's threads spin for a while after each call, and
+# on this 2-core machine they took the cores from the standard plan's parallel bf16 GEMMs after the
+# reference's BLAS products: batch 1, standard 3.1 s with them, 0.7 s without (the reference 1.35 / 1.27 s).
+# Set before NumPy loads OpenBLAS; an explicit setting in the environment wins.
+for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 import argparse
 import json
 import resource
