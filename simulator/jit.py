@@ -22,7 +22,9 @@ proxy forwards to its dispatcher.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import os
 import sys
 import threading
 from typing import Any, Callable
@@ -101,6 +103,7 @@ def _compile_locked(numba: Any, register_jitable: Callable[..., Any]) -> None:
     _HELPERS.clear()
     for what in _EXTENSIONS:
         _run(what)
+    _stamp_caches()
     for name in _MODULES:
         namespace = vars(sys.modules[name])
         if "prange" in namespace:
@@ -111,6 +114,46 @@ def _compile_locked(numba: Any, register_jitable: Callable[..., Any]) -> None:
                     obj.dispatcher = numba.njit(**obj.options)(obj.py_func)
                 namespace[key] = obj.dispatcher
     _compiled = True
+
+
+def kernel_sources() -> tuple[str, ...]:
+    """The source files of every registered kernel module and extension module, sorted."""
+    names = _MODULES + [e for e in _EXTENSIONS if isinstance(e, str)]
+    return tuple(sorted({os.path.abspath(sys.modules[n].__file__) for n in names if n in sys.modules}))
+
+
+def kernel_digest(files: tuple[str, ...]) -> str:
+    """One hash of the files' contents."""
+    h = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def _stamp_caches() -> None:
+    """Numba keys a function's on-disk cache on its own source file only, so an edit to `numba_ext.py` (or to a
+    kernel module another calls) would load stale machine code. Our kernels' cache stamps also carry one
+    digest of every kernel and extension source: an edit to any of them recompiles them all (~25 s, once)."""
+    from numba.core import caching
+    if any(getattr(c, "moe_sim", False) for c in caching.CacheImpl._locator_classes):
+        return
+    ours = kernel_sources()
+    digest = kernel_digest(ours)
+
+    def stamped(base: Any) -> Any:
+        class Locator(base):  # type: ignore[misc, valid-type]
+            moe_sim = True
+
+            def get_source_stamp(self) -> Any:
+                return (super().get_source_stamp(), digest)
+
+            @classmethod
+            def from_function(cls, py_func: Any, py_file: str) -> Any:
+                return super().from_function(py_func, py_file) if os.path.abspath(py_file) in ours else None
+        return Locator
+    bases = (caching.UserProvidedCacheLocator, caching.InTreeCacheLocator, caching.UserWideCacheLocator)
+    caching.CacheImpl._locator_classes[:0] = [stamped(b) for b in bases]
 
 
 def _register(module: str) -> None:

@@ -12,8 +12,8 @@
 
 Imported by `simulator/jit.py` when the kernels first compile (fast.py and rng.py ask for it with
 `on_compile`), never at start-up: it needs Numba and llvmlite. The plain forms stay the definitions, and
-tests hold each pair equal. Numba's on-disk cache keys a kernel on its own source file: after editing this
-one, delete the cached fast.*.nbi / .nbc files (simulator/__pycache__) or the old machine code loads.
+tests hold each pair equal. Numba's on-disk cache keys a kernel on its own source file only; jit.py adds a
+digest of this file and of every kernel module to our kernels' cache stamps, so editing it recompiles them.
 """
 
 from __future__ import annotations

@@ -48,3 +48,20 @@ def test_helpers_stay_plain_functions_until_compiled():
     assert not isinstance(kda._sigmoid_scalar, jit.LazyJit) and callable(kda._sigmoid_scalar)
     c = kda._Consts(*(np.float64(v) for v in (1.0, -5.0, 1e-6, 1e-6, 8.0)))
     assert abs(kda._sigmoid_scalar(np.float64(0.0), c) - 0.5) < 1e-15
+
+
+def test_kernel_caches_are_stamped_with_every_kernel_and_extension_source(tmp_path):
+    """Numba keys a cache on the function's own file; ours also carry a digest of numba_ext.py and every
+    kernel module, so an edit to an overload cannot load stale machine code."""
+    from simulator import fast, jit
+    fast.rms_norm(np.ones((1, 4)), np.ones(4), 1e-6)  # compiles (or loads) the kernels
+    sources = jit.kernel_sources()
+    assert any(s.endswith("numba_ext.py") for s in sources) and any(s.endswith("fast.py") for s in sources)
+    locator = fast._rms_norm._cache._impl.locator
+    own, digest = locator.get_source_stamp()
+    assert digest == jit.kernel_digest(sources)
+    copy = tmp_path / "numba_ext.py"
+    copy.write_bytes(open(next(s for s in sources if s.endswith("numba_ext.py")), "rb").read())
+    before = jit.kernel_digest((str(copy),))
+    copy.write_bytes(copy.read_bytes() + b"# an edit\n")
+    assert jit.kernel_digest((str(copy),)) != before
