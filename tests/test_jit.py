@@ -52,16 +52,18 @@ def test_helpers_stay_plain_functions_until_compiled():
 
 def test_kernel_caches_are_stamped_with_every_kernel_and_extension_source(tmp_path):
     """Numba keys a cache on the function's own file; ours also carry a digest of numba_ext.py and every
-    kernel module, so an edit to an overload cannot load stale machine code."""
-    from simulator import fast, jit
-    fast.rms_norm(np.ones((1, 4)), np.ones(4), 1e-6)  # compiles (or loads) the kernels
+    kernel module (a fixed list, whatever was imported first), so an edit to an overload recompiles: three
+    processes share one cache folder, the third with a different digest (as after an edit)."""
     sources = jit.kernel_sources()
-    assert any(s.endswith("numba_ext.py") for s in sources) and any(s.endswith("fast.py") for s in sources)
-    locator = fast._rms_norm._cache._impl.locator
-    own, digest = locator.get_source_stamp()
-    assert digest == jit.kernel_digest(sources)
-    copy = tmp_path / "numba_ext.py"
-    copy.write_bytes(open(next(s for s in sources if s.endswith("numba_ext.py")), "rb").read())
-    before = jit.kernel_digest((str(copy),))
-    copy.write_bytes(copy.read_bytes() + b"# an edit\n")
-    assert jit.kernel_digest((str(copy),)) != before
+    for name in ("numba_ext.py", "fast.py", "rng.py", "kda.py"):
+        assert any(s.endswith(name) for s in sources), name
+    probe = ("import sys; from simulator import fast, jit\n"
+             "if sys.argv[1] == 'edited': jit.kernel_digest = lambda files: 'edited'\n"
+             "fast.rms_norm(fast.np.ones((1, 4)), fast.np.ones(4), 1e-6)\n"
+             "s = fast._rms_norm.stats; assert fast._rms_norm._cache._impl.locator.get_source_stamp()[1] == "
+             "jit.kernel_digest(jit.kernel_sources())\n"
+             "print(sum(s.cache_hits.values()), sum(s.cache_misses.values()))")
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", probe, how], env=env, capture_output=True, text=True, check=True)
+            .stdout.split() for how in ("plain", "plain", "edited")]
+    assert runs == [["0", "1"], ["1", "0"], ["0", "1"]]  # compiled, loaded, recompiled after the "edit"
