@@ -88,6 +88,9 @@ with np.errstate(over="ignore"):
     E8M0_HALF_F32 = (E8M0 / 2).astype(np.float32)  # the scale over 2, to undo the 2 of E2M1_X2 (exactly)
 
 
+F32_WIDE_SCALE_BITS = 253  # E8M0 bits from which a scaled E2M1 value can overflow float32 (6 x 2^126)
+
+
 def mxfp4_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np.uint8]) -> Array:
     """y = x @ W for W^T stored as MXFP4 codes [N, K/2] and E8M0 scale bits [N, K/32].   [M, K] -> [M, N]
 
@@ -100,7 +103,7 @@ def mxfp4_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArra
     element-wise kernel in x's dtype), so only the summation order differs from `x @ dequantize(W^T).T`.
     The one-weight path (`x @ MXFP4Weight`) and the grouped ops' fallback on hosts without AVX-512; the
     routed experts run `mxfp4_grouped`."""
-    if scale_bits.size and scale_bits.max() >= 253:
+    if scale_bits.size and scale_bits.max() >= F32_WIDE_SCALE_BITS:
         return mxfp4_matmul_slice(x, packed, scale_bits, 0)
     x = np.ascontiguousarray(x)
     xe, xo = np.ascontiguousarray(x[:, 0::2]), np.ascontiguousarray(x[:, 1::2])  # [M, K/2] each
@@ -226,7 +229,9 @@ def mxfp4_dot(codes: npt.NDArray[np.uint8], c0: int, scales: npt.NDArray[np.uint
 
     Numerics against `x @ dequantize(W^T).T` in x's dtype: the E2M1 values are exact, and each block's
     partial sum is multiplied by its power-of-two scale once instead of each weight, which is exact while
-    the values stay in the normal range. So only the summation order differs, except where a product or a
+    the values stay in the normal range. So only the summation order differs (and, compiled, the products
+    fused into FMAs: x times an E2M1 value can need a bit or two more than x's precision, which the
+    dequantized product rounds and an FMA does not), except where a product or a
     block's partial sum leaves that range (below 2^-126 in float32 / 2^-1022 in float64, where the
     dequantized product rounds each term into subnormals and this rounds once; or a float32 partial sum that
     overflows where the whole sum would not). `mxfp4_grouped` scales each weight instead (`_dot_loops`) in
@@ -301,7 +306,7 @@ def mxfp4_grouped(xp: Array, tokens: npt.NDArray[np.int64], wtab: npt.NDArray[np
     so splitting the work differently changes no bit."""
     y = np.zeros((len(tokens), width), xp.dtype)
     lut = value_lut(xp.dtype)
-    wide_from = 253 if xp.dtype == np.float32 else 256  # 6 x 2^126 overflows float32: those rows scale each weight
+    wide_from = F32_WIDE_SCALE_BITS if xp.dtype == np.float32 else 256  # those rows scale each weight
     work = int(np.sum((items[:, 2] - items[:, 1]) * wtab[items[:, 0], 4]))  # code bytes read
     if work < PARALLEL_BYTES or len(items) == 1:
         _mxfp4_grouped_items(xp, tokens, wtab, items, lut, wide_from, y, 0, len(items))

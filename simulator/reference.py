@@ -129,7 +129,10 @@ def _routed_experts(w: LayerWeights, z: np.ndarray, routing: Routing, cfg: Model
     once, on all cores; memory holds a chunk): the slot outputs expert by expert, then the weighted sum."""
     expert = _experts(w)
     slots = np.zeros(routing.topk_idx.shape + (z.shape[1],), dtype=z.dtype)  # [M, k, Din]
-    workers = max(1, min(REFERENCE_THREADS, len(os.sched_getaffinity(0))))
+    # threads only over packed experts, which a chunk holds read-only; float experts come from the weight
+    # store's bounded copy cache, whose bookkeeping is not thread-safe
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = max(1, min(REFERENCE_THREADS, cores)) if w.packs_experts else 1
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for chunk in w.stream_experts(np.unique(routing.topk_idx)):
             # the chunk's experts dealt round-robin to the threads; each expert fills its own (row, slot)

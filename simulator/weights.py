@@ -230,6 +230,9 @@ class LayerWeights:
         (k, n), _ = weight_spec(self.cfg, name)
         if spilled:
             flat = np.fromfile(path, np.uint8)
+            if flat.size != n * k // 2 + n * k // 32:  # a stale file of another shape under the same name
+                raise ValueError(f"spill file {path} holds {flat.size} bytes, not the {n * k * 17 // 32} of "
+                                 f"{name} [{k}, {n}] in MXFP4; use an empty --spill-dir")
             return flat[:n * k // 2].reshape(n, k // 2), flat[n * k // 2:].reshape(n, k // 32)
         codes, bits = self._make_packed(name)
         if path is not None:  # written whole under a temporary name, so a reader never sees half a file
@@ -283,7 +286,7 @@ class LayerWeights:
 
     def _make_packed(self, name: str) -> Packed:
         """MXFP4 expert `name` straight from its stream to codes + scales: the same draws, scaling and
-        rounding as `_make` (rng.py draws NumPy's numbers 4-5x as fast and packs them a 32-row strip
+        rounding as `_make` (rng.py draws NumPy's numbers 3-5x as fast and packs them a 32-row strip
         at a time), without its float32 part in memory."""
         shape, _ = weight_spec(self.cfg, name)
         return rng.draw_mxfp4_t(_seed(self.seed, self.layer, name), shape, shape[0] ** -0.5)

@@ -191,7 +191,7 @@ def grouped_matmul(x: Array, groups: list[tuple[npt.NDArray[np.int64], tuple[MXF
     if not groups or not fast.numba_enabled() or x.dtype not in (np.float32, np.float64) or not fast.has_avx512():
         return None
     table: list[tuple[int, ...]] = []
-    spans: list[tuple[int, ...]] = []  # (weight, N, column of its first output, first row, end row)
+    spans: list[tuple[int, ...]] = []  # (weight, N, column of its first output, first row, end row, part, group)
     r0 = 0
     for g, (rows, parts) in enumerate(groups):
         col = 0
