@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Collection
+from typing import Any, Callable, Collection
 
 import numpy as np
 import numpy.typing as npt
@@ -130,45 +130,48 @@ def expert_fc1_ranks(zs: list[Array], topk_idx: list[npt.NDArray[np.int64]], exp
                      *, only: Collection[int] | None = None, outs: list[Array | None] | None = None) -> list[Array]:
     """`expert_fc1` on every rank: P x [M, Din] -> P x [M, k, F/P]."""
     groups = list(_groups(topk_idx[0], only))
-    outs = outs or [None] * len(zs)
-    if not groups:
-        return outs
-    rows, slots = _cat(groups, 1), _cat(groups, 2)
-    done = []
-    for gu, z, out in zip(_products_over_ranks([(z, [(r, expert(e)) for e, r, _ in groups])
-                                                for z, expert in zip(zs, experts)]), zs, outs):
-        h = glu(*np.split(gu, 2, axis=1), cfg)  # [rows of all groups, F/P]
-        if out is None:
-            out = np.zeros(topk_idx[0].shape + (h.shape[1],), dtype=z.dtype)
+    rows, slots = (_cat(groups, 1), _cat(groups, 2)) if groups else (None, None)
+    gus = _products_over_ranks([(z, [(r, expert(e)) for e, r, _ in groups])
+                                for z, expert in zip(zs, experts)]) if groups else []
+    hs = [glu(*np.split(gu, 2, axis=1), cfg) for gu in gus]  # [rows of all groups, F/P] per rank
+
+    def write(out: Array, h: Array) -> None:
         out[rows, slots] = h
-        done.append(out)
-    return done
+    return _continue(outs, len(zs), hs, lambda h: topk_idx[0].shape + (h.shape[1],), zs[0].dtype, write)
 
 
 def expert_fc2_ranks(hs: list[Array], topk_idx: list[npt.NDArray[np.int64]], experts: list[ExpertFn], *,
                      only: Collection[int] | None = None, outs: list[Array | None] | None = None) -> list[Array]:
     """`expert_fc2` on every rank: P x [M, k, F/P] -> P x [M, k, Din]."""
-    done = []
-    for (rows, slots, y), h, out in zip(_down_products(hs, topk_idx[0], experts, only), hs, outs or [None] * len(hs)):
-        if out is None:
-            out = np.zeros(topk_idx[0].shape + (y.shape[1],), dtype=h.dtype)
+    def write(out: Array, product: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], Array]) -> None:
+        rows, slots, y = product
         out[rows, slots] = y
-        done.append(out)
-    return done if done else list(outs or [None] * len(hs))
+    return _continue(outs, len(hs), _down_products(hs, topk_idx[0], experts, only),
+                     lambda p: topk_idx[0].shape + (p[2].shape[1],), hs[0].dtype, write)
 
 
 def expert_fc2_finalize_ranks(hs: list[Array], topk_idx: list[npt.NDArray[np.int64]], topk_weight: list[Array],
                               experts: list[ExpertFn], *, only: Collection[int] | None = None,
                               outs: list[Array | None] | None = None) -> list[Array]:
     """`expert_fc2_finalize` on every rank: P x [M, k, F/P] -> P x [M, Din]."""
-    done = []
-    for (rows, slots, y), h, weight, out in zip(_down_products(hs, topk_idx[0], experts, only), hs, topk_weight,
-                                                outs or [None] * len(hs)):
-        if out is None:
-            out = np.zeros((topk_idx[0].shape[0], y.shape[1]), dtype=h.dtype)  # [M, Din]
-        fast.add_rows(out, rows, weight[rows, slots, None].astype(h.dtype) * y)
-        done.append(out)
-    return done if done else list(outs or [None] * len(hs))
+    products = [p + (w,) for p, w in zip(_down_products(hs, topk_idx[0], experts, only), topk_weight)]
+
+    def write(out: Array, product: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], Array, Array]) -> None:
+        rows, slots, y, weight = product
+        fast.add_rows(out, rows, weight[rows, slots, None].astype(out.dtype) * y)
+    return _continue(outs, len(hs), products, lambda p: (topk_idx[0].shape[0], p[2].shape[1]), hs[0].dtype, write)
+
+
+def _continue(outs: list[Array | None] | None, ranks: int, results: list[Any], shape: Callable[[Any], tuple[int, ...]],
+              dtype: np.dtype, write: Callable[[Array, Any], None]) -> list[Array]:
+    """Each rank's output continued with its result of this chunk (`write`), started as zeros of `shape` on the
+    rank's first chunk; the outputs as they were when no group of the chunk was selected (`results` empty)."""
+    outs = list(outs or [None] * ranks)
+    for r, result in enumerate(results):
+        if outs[r] is None:
+            outs[r] = np.zeros(shape(result), dtype=dtype)
+        write(outs[r], result)
+    return outs
 
 
 def _down_products(hs: list[Array], topk_idx: npt.NDArray[np.int64], experts: list[ExpertFn],
