@@ -395,10 +395,23 @@ def _block_amax_t(w):  # type: ignore[no-untyped-def]
     K, N = w.shape
     amax_t = np.zeros((K // 32, N), np.float32)
     for i in range(K):  # row-major walk of W: contiguous reads and a contiguous row of maxima
-        row = amax_t[i // 32]
-        for n in range(N):
-            row[n] = max(row[n], abs(w[i, n]))
+        max_abs_into(amax_t[i // 32], w[i])
     return amax_t
+
+
+@njit(cache=True, nogil=True, inline="always")
+def max_abs_into(amax, row):  # type: ignore[no-untyped-def]
+    """amax[n] = max(amax[n], |row[n]|): one row of W into its blocks' maxima (vectorised)."""
+    for n in range(row.shape[0]):
+        amax[n] = max(amax[n], abs(row[n]))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def code_pairs(even, odd, inv, out):  # type: ignore[no-untyped-def]
+    """out[n] = the byte of rows 2j (low nibble) and 2j + 1 (high) of W at column n, each times its block's
+    1 / scale inv[n] and coded (`e2m1_code`): one row of W^T's byte pairs along N (vectorised)."""
+    for n in range(out.shape[0]):
+        out[n] = e2m1_code(even[n] * inv[n]) | (e2m1_code(odd[n] * inv[n]) << 4)
 
 
 TRANSPOSE_TILE = 32  # a 32 x 32 byte tile: its source and destination lines both stay in L1
@@ -411,9 +424,7 @@ def _pack_codes_t(w, inv_scale_t, packed):  # type: ignore[no-untyped-def]
     K, N = w.shape
     pairs = np.empty((K // 2, N), np.uint8)
     for j in range(K // 2):
-        even, odd, inv, out = w[2 * j], w[2 * j + 1], inv_scale_t[j // 16], pairs[j]
-        for n in range(N):
-            out[n] = e2m1_code(even[n] * inv[n]) | (e2m1_code(odd[n] * inv[n]) << 4)
+        code_pairs(w[2 * j], w[2 * j + 1], inv_scale_t[j // 16], pairs[j])
     T = TRANSPOSE_TILE
     for n0 in range(0, N, T):
         for j0 in range(0, K // 2, T):

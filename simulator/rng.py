@@ -204,8 +204,7 @@ def _fill_block_amax(state, std, out, amax_t, wi, ki, fi):  # type: ignore[no-un
     for i in range(K):
         row, amax = out[i], amax_t[i // 32]
         pos = _draw_row(state, raw, u32, pos, std, row, wi, ki, fi)
-        for n in range(N):  # the row is in L1: a vectorised max
-            amax[n] = max(amax[n], abs(row[n]))
+        fast.max_abs_into(amax, row)  # the row is in L1
 
 
 class NormalStream:
@@ -299,16 +298,13 @@ def _draw_mxfp4_t(state, std, codes, amax_t, exps, wi, ki, fi, thresholds, inv_s
         for i in range(32):
             row = strip[i]
             pos = _draw_row(state, raw, u32, pos, std, row, wi, ki, fi)
-            for n in range(N):
-                amax[n] = max(amax[n], abs(row[n]))
+            fast.max_abs_into(amax, row)
         bits = bits_t[s]
         for n in range(N):
             exp[n] = _exponent(bits[n], thresholds)
             inv[n] = inv_scale[exp[n] + 127]
-        for j in range(16):  # fast._pack_codes_t's byte pairs, along N (vectorised)
-            even, odd, out = strip[2 * j], strip[2 * j + 1], pairs[j]
-            for n in range(N):
-                out[n] = fast.e2m1_code(even[n] * inv[n]) | (fast.e2m1_code(odd[n] * inv[n]) << 4)
+        for j in range(16):  # fast._pack_codes_t's byte pairs
+            fast.code_pairs(strip[2 * j], strip[2 * j + 1], inv, pairs[j])
         for n in range(N):  # this strip's 16 bytes of each row of W^T
             for j in range(16):
                 codes[n, 16 * s + j] = pairs[j, n]
