@@ -27,11 +27,11 @@ import argparse
 import json
 import os
 import statistics
-import time
 from typing import Callable
 
 import numpy as np
 
+from fullsize import call_seconds  # benchmarks/ is the script's folder, first on sys.path
 from simulator import fast, rng
 from simulator.config import load_model
 from simulator.weights import LayerWeights, _seed
@@ -39,12 +39,7 @@ from simulator.weights import LayerWeights, _seed
 
 def best_rate(fn: Callable[[], object], params: int, repeats: int) -> dict[str, float]:
     """M params/s: the best and the median of `repeats` timed calls (after one warm-up call)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+    times = call_seconds(fn, repeats)
     return {"best": round(params / min(times) / 1e6, 1), "median": round(params / statistics.median(times) / 1e6, 1)}
 
 

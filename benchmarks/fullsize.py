@@ -79,17 +79,22 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
         dst[i] = src[i]
 
 
+def call_seconds(fn: Callable[[], object], repeats: int) -> list[float]:
+    """Wall seconds of `repeats` timed calls of fn, after one untimed warm-up call (compiles, faults pages in)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def copy_gbps(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
     """STREAM copy on all threads: 2 x bytes per pass (read + write), best of `repeats`."""
     src = np.ones(n_bytes // 8)
     dst = np.zeros_like(src)
-    _copy(dst, src)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        _copy(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * src.nbytes / best / GB
+    return 2 * src.nbytes / min(call_seconds(lambda: _copy(dst, src), repeats)) / GB
 
 
 def compile_kernels(layer: str, precision: str) -> dict[str, Any]:

@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fullsize import copy_gbps  # noqa: E402
+from fullsize import call_seconds, copy_gbps  # noqa: E402
 
 from simulator import fast  # noqa: E402
 
@@ -92,13 +91,7 @@ def grouped_figures(rng, codes, bits, down_codes, down_bits, part, threads):  # 
 
 
 def median_s(f, repeats: int = 7) -> float:  # type: ignore[no-untyped-def]
-    f()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return float(np.median(call_seconds(f, repeats)))
 
 
 def main() -> int:
