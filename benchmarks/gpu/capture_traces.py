@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import no_gpu_reason  # noqa: E402
+from harness import say_no_gpu  # noqa: E402
 
 D, ATTN, SHARED, EXPERTS, TOP_K = 7168, 1536, 768, 896, 16
 KEEP_TOP = ("schemaVersion", "deviceProperties", "displayTimeUnit", "traceName", "cuda_runtime_version",
@@ -217,9 +217,7 @@ def main() -> int:
     ap.add_argument("--suite", action="store_true",
                     help="instead: the suite layer (standard KDA layer, TP8, batch 1 and 64, the suite's own kernels)")
     args = ap.parse_args()
-    reason = no_gpu_reason()
-    if reason:
-        print(f"capture_traces: {reason}; nothing captured (run it on a machine with an NVIDIA GPU).")
+    if say_no_gpu("capture_traces", "nothing captured (run it on a machine with an NVIDIA GPU)"):
         return 0
     import torch
     args.out.mkdir(parents=True, exist_ok=True)

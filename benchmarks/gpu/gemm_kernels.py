@@ -18,16 +18,14 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
 
 import points as pts  # noqa: E402
-from harness import kernel_names, no_gpu_reason  # noqa: E402
+from harness import kernel_names, say_no_gpu  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    reason = no_gpu_reason()
-    if reason:
-        print(f"gemm_kernels: {reason}; nothing recorded.")
+    if say_no_gpu("gemm_kernels", "nothing recorded"):
         return 0
     import torch
     from fam_dense import gemm_calls

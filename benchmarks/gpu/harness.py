@@ -34,6 +34,15 @@ def no_gpu_reason() -> str | None:
     return None
 
 
+def say_no_gpu(script: str, nothing: str) -> bool:
+    """True, after one line saying why and what was not done, when no GPU measurement can run here: the
+    scripts' common start (exit 0 then: CI has no GPU, and that is not an error)."""
+    reason = no_gpu_reason()
+    if reason:
+        print(f"{script}: {reason}; {nothing}.")
+    return reason is not None
+
+
 def slots_for(bytes_per_call: int, l2_bytes: int = L2_BYTES_H200, max_slots: int = 64) -> int:
     """Rotation slots so that the slots together hold >= COLD_FACTOR x L2 (at least 2)."""
     if bytes_per_call <= 0:

@@ -18,15 +18,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import no_gpu_reason, time_graph  # noqa: E402
+from harness import say_no_gpu, time_graph  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    reason = no_gpu_reason()
-    if reason:
-        print(f"hot_inputs: {reason}; nothing measured.")
+    if say_no_gpu("hot_inputs", "nothing measured"):
         return 0
     import torch
     import fam_small

@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent.parent)]  # points/harness/fam_* and the simulator package
 
 import points as pts  # noqa: E402
-from harness import no_gpu_reason  # noqa: E402
+from harness import say_no_gpu  # noqa: E402
 
 FAMILY_MODULE = {"ceiling": "fam_dense", "gemm": "fam_dense", "moe": "fam_moe", "small": "fam_small",
                  "kda": "fam_attention", "mla": "fam_attention", "collective": "fam_collective"}
@@ -129,9 +129,7 @@ def main() -> int:
         return run_checks(args.device)
     if not args.part or not args.out:
         ap.error("--part and --out are required (or --check)")
-    reason = no_gpu_reason()
-    if reason:
-        print(f"moe-sim GPU suite: {reason}; nothing measured (run it on a machine with an NVIDIA GPU).")
+    if say_no_gpu("moe-sim GPU suite", "nothing measured (run it on a machine with an NVIDIA GPU)"):
         return 0
     import torch
     from harness import environment
