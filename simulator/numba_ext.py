@@ -24,8 +24,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from simulator.fast import (E2M1, E2M1_X2, FAST, STEP_WEIGHTS, _dot_loops, decode_block, has_avx512, mxfp4_dot,
-                            packed_at, prefetch)
+from simulator.fast import (E2M1, E2M1_X2, FAST, STEP_WEIGHTS, _dot_loops, decode_block, has_avx512, lanes,
+                            mxfp4_dot, packed_at, prefetch)
 from simulator.rng import _mulhi
 
 
@@ -128,7 +128,7 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, nbytes):  # type: ign
     f32 = dtype == types.float32
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        width = 16 if f32 else 8  # lanes
+        width = lanes("float32" if f32 else "float64")
         nib = STEP_WEIGHTS // width  # nibbles per lane
         flt, lane_int = (ir.FloatType(), ir.IntType(32)) if f32 else (ir.DoubleType(), ir.IntType(64))
         i1, i32, i64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)

@@ -211,9 +211,10 @@ class LayerWeights:
         (from the page cache, when the machine has the room) instead of drawing 11 M normals. The files
         are named by model, layer, seed, expert and part; the folder is the caller's (a temporary one)."""
         t0 = time.perf_counter()
-        spilled = [self._spill_path(key) is not None and os.path.exists(self._spill_path(key)) for key in keys]
+        paths = [self._spill_path(key) for key in keys]
+        spilled = [path is not None and os.path.exists(path) for path in paths]
         with ThreadPoolExecutor(max_workers=min(len(keys), os.cpu_count() or 1) or 1) as pool:
-            made = list(pool.map(self._read_or_draw, keys, spilled))
+            made = list(pool.map(self._read_or_draw, keys, paths, spilled))
         self.generate_s += time.perf_counter() - t0
         self.spill_reads += sum(spilled)
         self.expert_generations += len(keys) - sum(spilled)
@@ -224,9 +225,9 @@ class LayerWeights:
             return None
         return os.path.join(self.spill_dir, f"{self.cfg.name}-layer{self.layer}-seed{self.seed}-expert{key[0]}-{key[1]}.mxfp4")
 
-    def _read_or_draw(self, key: tuple[int, str], spilled: bool) -> Packed:
-        """Part `key` read from its spill file (codes, then scale bits), or drawn (and spilled)."""
-        path, name = self._spill_path(key), f"expert.{key[0]}.{key[1]}"
+    def _read_or_draw(self, key: tuple[int, str], path: str | None, spilled: bool) -> Packed:
+        """Part `key` read from its spill file `path` (codes, then scale bits), or drawn (and spilled there)."""
+        name = f"expert.{key[0]}.{key[1]}"
         (k, n), _ = weight_spec(self.cfg, name)
         if spilled:
             flat = np.fromfile(path, np.uint8)
