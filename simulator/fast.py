@@ -11,7 +11,8 @@ weights.py and ops/ (they import neither) so the weight store can pack and widen
     mxfp4_grouped     the same product for many packed weights and gathered token rows in one call: the
                       routed experts of a streamed chunk on every TP rank (ops/experts.py), both cores
     mxfp4_dot         one row of W^T times one token row; on AVX-512 a register-table lookup per nibble
-                      and one scale per block (numba_ext.mxfp4_dot_avx512), nothing written
+                      and one scale per block (numba_ext.mxfp4_dot_avx512), nothing written; bfloat16 x
+                      (the W4A16 path) with AVX-512 BF16: bf16 lookups and `vdpbf16ps` (mxfp4_dot_bf16)
     mxfp4_quantize_t  the checkpoint packer: W [K, N] -> codes and scales of W^T, blocks along K
     bf16_matmul       y = x @ W for W held as bfloat16 bits: 2 B per weight read once, widened in registers
     bf16_to           bfloat16 bits -> float32 / float64 (dense weights are held as bf16: 2 B/param)
@@ -57,6 +58,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 
 import numpy as np
@@ -209,7 +211,13 @@ def permute_x(x: Array) -> Array:
 
     A step loads 64 code bytes as L lanes (L = `lanes`) of 128/L nibbles each: lane i holds weights
     (128/L) i .. (128/L)(i + 1) - 1 and its j-th nibble is weight (128/L) i + j. So the x vector that
-    multiplies nibble j of every lane is x[(128/L) i + j] for i < L: position j L + i of the step."""
+    multiplies nibble j of every lane is x[(128/L) i + j] for i < L: position j L + i of the step.
+
+    float32 x whose values are all bfloat16 (the W4A16 path's activations) on a host with the AVX-512
+    bf16 dot comes back as `permute_x_bf16(x)` instead: uint16 bits that `mxfp4_dot` then multiplies with
+    `vdpbf16ps` (`has_bf16_dot`)."""
+    if x.dtype == np.float32 and has_bf16_dot() and numba_enabled() and _all_bf16(x):
+        return permute_x_bf16(x)
     m, k = x.shape
     width = lanes(x.dtype)
     steps = -(-k // STEP_WEIGHTS)
@@ -218,12 +226,45 @@ def permute_x(x: Array) -> Array:
     return np.ascontiguousarray(padded.reshape(m, steps, width, -1).transpose(0, 1, 3, 2)).reshape(m, -1)
 
 
+BF16_STEP = 64  # weights per step of the bf16 dot: 32 code bytes (one 256-bit vector), 2 blocks
+# Position 16 j + i of a step holds weight 4 i + j: nibble j of the step's 16-bit word i (`numba_ext.mxfp4_dot_bf16`)
+BF16_WEIGHT_AT = (4 * np.arange(16)[None, :] + np.arange(4)[:, None]).ravel()  # position -> weight
+
+
+def permute_x_bf16(x: Array) -> npt.NDArray[np.uint16]:
+    """bfloat16 bits of x (rounded to nearest even), in the bf16 dot's order.   [M, K] -> [M, 64 ceil(K/64)]"""
+    import ml_dtypes
+    m, k = x.shape
+    steps = -(-k // BF16_STEP)
+    padded = np.zeros((m, steps * BF16_STEP), ml_dtypes.bfloat16)
+    padded[:, :k] = x.astype(ml_dtypes.bfloat16)
+    order = padded.reshape(m, steps, BF16_STEP)[:, :, BF16_WEIGHT_AT]
+    return np.ascontiguousarray(order).reshape(m, -1).view(np.uint16)
+
+
+def _all_bf16(x: Array) -> bool:
+    """Every value of float32 x is a bfloat16 (its low 16 bits are zero)."""
+    return not np.any(np.ascontiguousarray(x).view(np.uint32) & np.uint32(0xFFFF))
+
+
+def has_bf16_dot() -> bool:
+    """The host has AVX-512 BF16 (`vdpbf16ps`, Zen 4, Cooper Lake, Sapphire Rapids and later) and AVX-512."""
+    return _host_avx512() and _host_feature("avx512bf16")
+
+
+@functools.cache
+def _host_feature(name: str) -> bool:
+    from llvmlite import binding
+    return bool(binding.get_host_cpu_features().get(name))
+
+
 def mxfp4_dot(codes: npt.NDArray[np.uint8], c0: int, scales: npt.NDArray[np.uint8], s0: int, lut: Array,
               xp: Array, nbytes: int) -> float:
     """One row of W^T times one token row: sum_b 2^(e_b - 127) sum_{i<32} x[32b + i] e2m1(code[32b + i]).
 
     codes[c0:c0 + nbytes] are the row's code bytes (nbytes a multiple of 16: whole blocks), scales[s0:]
-    its E8M0 bits, lut = `value_lut(x.dtype)`, xp the token row permuted (`permute_x`). The plain form;
+    its E8M0 bits, lut = `value_lut(x.dtype)`, xp the token row permuted (`permute_x`): float32 or float64,
+    or bfloat16 bits (uint16, `permute_x_bf16`) summed in float32 with lut = `value_lut(np.float32)`. The plain form;
     compiled kernels run `numba_ext.mxfp4_dot_avx512` on AVX-512 hosts (no scratch: each step's nibbles
     index a 16-entry register table), this form compiled elsewhere.
 
@@ -241,8 +282,9 @@ def mxfp4_dot(codes: npt.NDArray[np.uint8], c0: int, scales: npt.NDArray[np.uint
 
 @jitable
 def _dot_loops(codes, c0, scales, s0, lut, xp, nbytes, per_weight):  # type: ignore[no-untyped-def]
-    """`mxfp4_dot` weight by weight, in x's dtype. per_weight: scale each weight (c s, as the dequantized W
-    holds it) instead of each block's partial sum: the form for scales whose c s overflows that dtype."""
+    """`mxfp4_dot` weight by weight, in lut's dtype (x's, or float32 for bf16 bits). per_weight: scale each
+    weight (c s, as the dequantized W holds it) instead of each block's partial sum: the form for scales
+    whose c s overflows that dtype."""
     per = STEP_WEIGHTS // (64 // xp.itemsize)  # nibbles per lane
     width = STEP_WEIGHTS // per
     one = lut[127]
@@ -253,10 +295,27 @@ def _dot_loops(codes, c0, scales, s0, lut, xp, nbytes, per_weight):  # type: ign
         for t in range(32):
             k = 32 * b + t
             c = lut[E2M1_AT + (np.int64(codes[c0 + (k >> 1)]) >> (4 * (k & 1))) % 16]
-            q = k % STEP_WEIGHTS
-            part += xp[k - q + (q % per) * width + q // per] * (c * s if per_weight else c)
+            if xp.itemsize == 2:  # bfloat16 bits in the bf16 dot's order (`permute_x_bf16`)
+                q = k % BF16_STEP
+                xv = bf16_value(xp[k - q + BF16_ORDER_FLAT[q]])
+            else:
+                q = k % STEP_WEIGHTS
+                xv = xp[k - q + (q % per) * width + q // per]
+            part += xv * (c * s if per_weight else c)
         acc += part if per_weight else part * s
     return acc
+
+
+BF16_ORDER_FLAT = np.argsort(BF16_WEIGHT_AT)  # weight -> position in a bf16 step
+
+
+@jitable
+def bf16_value(bits):  # type: ignore[no-untyped-def]
+    """The value of bfloat16 bits (finite): (128 + m) 2^(e - 134), or m 2^-133 for e = 0, signed."""
+    b = np.int64(bits)  # (typed for float x too: `_dot_loops` compiles this branch for every dtype)
+    e, m = (b >> 7) & 255, b & 127
+    v = math.ldexp(float(m + 128 if e else m), int(max(e, 1)) - 134)
+    return np.float32(-v if b >> 15 else v)  # exact: a bfloat16 is a float32
 
 
 E2M1_AT = 256  # value_lut(dtype)[e] = 2^(e - 127) for E8M0 bits e, [256 + code] = e2m1(code)
@@ -298,15 +357,16 @@ def mxfp4_grouped(xp: Array, tokens: npt.NDArray[np.int64], wtab: npt.NDArray[np
                   items: npt.NDArray[np.int64], width: int) -> Array:
     """Many packed weights times gathered token rows in one compiled call (the routed experts of a chunk).
 
-    xp [T, P] token rows permuted (`permute_x`); wtab [W, 5] one packed W^T per row: address of its first
+    xp [T, P] token rows permuted (`permute_x`: float, or bfloat16 bits summed in float32); wtab [W, 5] one packed W^T per row: address of its first
     code byte, code row stride, address of its first scale byte, scale row stride, code bytes per row
     (K/2, whole blocks); items [I, 6]: (weight w, n0, n1, col0, r0, r1): y[r, col0 + n - n0] =
     x[tokens[r]] @ W_w[:, n] for n0 <= n < n1, r0 <= r < r1.   -> y [len(tokens), width]
     The caller keeps the weights alive. Each entry of y is one `mxfp4_dot` whatever the items around it,
     so splitting the work differently changes no bit."""
-    y = np.zeros((len(tokens), width), xp.dtype)
-    lut = value_lut(xp.dtype)
-    wide_from = F32_WIDE_SCALE_BITS if xp.dtype == np.float32 else 256  # those rows scale each weight
+    dtype = np.float32 if xp.dtype == np.uint16 else xp.dtype  # bfloat16 bits: float32 sums
+    y = np.zeros((len(tokens), width), dtype)
+    lut = value_lut(dtype)
+    wide_from = F32_WIDE_SCALE_BITS if dtype == np.float32 else 256  # those rows scale each weight
     work = int(np.sum((items[:, 2] - items[:, 1]) * wtab[items[:, 0], 4]))  # code bytes read
     if work < PARALLEL_BYTES or len(items) == 1:
         _mxfp4_grouped_items(xp, tokens, wtab, items, lut, wide_from, y, 0, len(items))

@@ -98,23 +98,28 @@ def test_reference_rows_together_equal_rows_alone(tiny):
 
 
 @pytest.mark.parametrize("avx512", [True, False], ids=["grouped-kernel", "shard-by-shard"])
-@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, "bfloat16"], ids=["float64", "float32", "bfloat16"])
 def test_grouped_ops_over_all_ranks_equal_each_rank_alone(tiny, dtype, avx512, monkeypatch):
     """The executor runs a grouped op over every rank in one call (`over_ranks`); each rank's output is
     what the op computes on that rank alone, bit for bit, and the packed product is the float one: with
-    the grouped kernel, and with the shard-by-shard fallback of hosts without AVX-512."""
+    the grouped kernel, and with the shard-by-shard fallback of hosts without AVX-512. bfloat16: float32
+    activations holding bfloat16 values (the W4A16 path), which the grouped kernel multiplies with the bf16
+    dot where the host has one."""
     from simulator import fast
+    from simulator.dtypes import round_bf16
     from simulator.ops.linear import MXFP4Weight
     if avx512 and not fast.has_avx512():
         pytest.skip("no AVX-512 on this host")
     monkeypatch.setattr(fast, "has_avx512", lambda: avx512)
+    bf16, dtype = dtype == "bfloat16", np.float32 if dtype == "bfloat16" else dtype
+    values = round_bf16 if bf16 else (lambda a: a)
     rng = np.random.default_rng(11)
     din, f, tp, m, k, n_exp = 64, 96, 3, 5, 2, 6  # F/P = 32: whole blocks in each row shard
     packed = {(e, p): fast.mxfp4_quantize_t(rng.standard_normal(shape, dtype=np.float32) * np.float32(0.2))
               for e in range(n_exp) for p, shape in (("gate", (din, f)), ("up", (din, f)), ("down", (f, din)))}
     topk_idx = np.stack([rng.choice(n_exp, k, replace=False) for _ in range(m)])
     weight = rng.random((m, k)).astype(dtype)
-    z = rng.standard_normal((m, din)).astype(dtype)
+    z = values(rng.standard_normal((m, din)).astype(dtype))
 
     def shards(r, names, form=lambda w: w):  # type: ignore[no-untyped-def]
         how = {"gate": "col", "up": "col", "down": "row"}
@@ -124,6 +129,7 @@ def test_grouped_ops_over_all_ranks_equal_each_rank_alone(tiny, dtype, avx512, m
     for r in range(tp):
         np.testing.assert_array_equal(hs[r], ex.expert_fc1(z, topk_idx, shards(r, ("gate", "up")), tiny))
         assert_close(hs[r], ex.expert_fc1(z, topk_idx, shards(r, ("gate", "up"), dense), tiny), dtype)
+    hs = [values(h) for h in hs]  # bfloat16: FC1 writes its output as bfloat16
     downs = [shards(r, ("down",)) for r in range(tp)]
     for name, ranks_form, one in (
             ("fc2", lambda: ex.expert_fc2.over_ranks(hs, [topk_idx] * tp, downs),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from simulator import fast
-from simulator.dtypes import mxfp4_dequantize, mxfp4_quantize
+from simulator.dtypes import mxfp4_dequantize, mxfp4_quantize, round_bf16
 from simulator.ops import norm
 from simulator.ops.linear import BF16Weight, MXFP4Weight, mxfp4_linear_reference
 from simulator.ops.router import route_fused, route_reference
@@ -270,9 +270,61 @@ def test_mxfp4_dot_avx512_equals_plain_form_and_dequantized_product(k, dtype):
         assert any(op in asm for op in wanted)
 
 
+BF16_DOT = pytest.mark.skipif(not fast.has_bf16_dot(), reason="no AVX-512 BF16 on this host")
+
+
+def test_permute_x_bf16_puts_each_weight_where_the_words_read_it():
+    """Position 16 j + i of a 64-weight step holds x[4 i + j] as bfloat16 bits, zero-padded."""
+    x = np.arange(1, 2 * 200 + 1, dtype=np.float32).reshape(2, 200) % 256  # integers: exact in bfloat16
+    xb = fast.permute_x_bf16(x)
+    assert xb.shape == (2, 256) and xb.dtype == np.uint16
+    for k in (0, 1, 3, 4, 63, 64, 65, 127, 128, 199):
+        step, q = divmod(k, 64)
+        i, j = divmod(q, 4)
+        assert fast.bf16_value(xb[1, 64 * step + 16 * j + i]) == x[1, k]
+    assert np.count_nonzero(xb[0]) == 200
+
+
+def test_bf16_value_is_the_bfloat16():
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    finite = (bits & 0x7F80) != 0x7F80
+    want = bits[finite].view(ml_dtypes.bfloat16).astype(np.float32)
+    got = np.array([fast.bf16_value(b) for b in bits[finite][::97]], np.float32)
+    np.testing.assert_array_equal(got, want[::97])
+
+
+def test_permute_x_takes_the_bf16_layout_only_for_bfloat16_values(monkeypatch):
+    x = np.random.default_rng(0).standard_normal((3, 96)).astype(np.float32)
+    assert fast.permute_x(x).dtype == np.float32  # not bfloat16 values: the float32 dot
+    assert fast.permute_x(round_bf16(x).astype(np.float64)).dtype == np.float64
+    assert fast.permute_x(round_bf16(x)).dtype == (np.uint16 if fast.has_bf16_dot() else np.float32)
+    monkeypatch.setenv("MOE_SIM_KERNELS", "numpy")
+    assert fast.permute_x(round_bf16(x)).dtype == np.float32
+
+
+@BF16_DOT
+@pytest.mark.parametrize("k", [32, 64, 96, 128, 192, 256, 416], ids=lambda k: f"K{k}")
+def test_mxfp4_dot_bf16_equals_plain_form_and_dequantized_product(k):
+    """The AVX-512 BF16 dot (whole 32-byte steps, odd step counts, a one-block tail) == the weight-by-weight
+    form compiled == its plain Python == x @ dequantize(W^T).T, for bfloat16 x with float32 sums."""
+    rng = np.random.default_rng(k)
+    codes, bits = _packed(rng, k, 5)
+    bits[1, 0], bits[2, -1] = 0, 200  # the smallest scale (2^-127, subnormal in float32) and a large one
+    x = round_bf16(rng.standard_normal((1, k)).astype(np.float32))
+    xb, lut = fast.permute_x_bf16(x)[0], fast.value_lut(np.float32)
+    want = (x.astype(np.float64) @ fast.mxfp4_dequantize_t(codes, bits, np.float64))[0].astype(np.float32)
+    simd = _dots_simd(codes, bits, lut, xb)
+    loops = _dots_loops(codes, bits, lut, xb)
+    plain = np.array([fast.mxfp4_dot(codes[n], 0, bits[n], 0, lut, xb, k // 2) for n in range(5)], np.float32)
+    for got in (simd, loops, plain):
+        assert_close(got, want, np.float32)
+    asm = next(a for sig, a in _dots_simd.inspect_asm().items() if "Array(uint16, 1" in str(sig))
+    assert "vdpbf16ps" in asm and "vpermw" in asm
+
+
 @numba.njit
 def _dots_simd(codes, bits, lut, xp):
-    out = np.empty(codes.shape[0], xp.dtype)
+    out = np.empty(codes.shape[0], lut.dtype)
     for n in range(codes.shape[0]):
         out[n] = fast.mxfp4_dot(codes[n], 0, bits[n], 0, lut, xp, codes.shape[1])
     return out
@@ -280,7 +332,7 @@ def _dots_simd(codes, bits, lut, xp):
 
 @numba.njit
 def _dots_loops(codes, bits, lut, xp):
-    out = np.empty(codes.shape[0], xp.dtype)
+    out = np.empty(codes.shape[0], lut.dtype)
     for n in range(codes.shape[0]):
         out[n] = fast._dot_loops(codes[n], 0, bits[n], 0, lut, xp, codes.shape[1], False)
     return out
@@ -290,25 +342,29 @@ AVX512 = pytest.mark.skipif(not fast.has_avx512(), reason="grouped_matmul runs o
 
 
 @AVX512
-@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("dtype", DTYPES + ["bfloat16"], ids=DT_IDS + ["bfloat16"])
 @pytest.mark.parametrize("m", [1, 4])
 def test_mxfp4_grouped_equals_products_of_the_shards(m, dtype):
     """Column shards, block-aligned row shards (strided rows) and whole weights of different experts in
-    one call: compiled (one thread and the parallel split) == .py_func == the dequantized products."""
+    one call: compiled (one thread and the parallel split) == .py_func == the dequantized products.
+    bfloat16: float32 x holding bfloat16 values, which the grouped call multiplies with the bf16 dot."""
     rng = np.random.default_rng(m)
+    bf16, dtype = dtype == "bfloat16", np.float32 if dtype == "bfloat16" else dtype
+    values = round_bf16 if bf16 else (lambda a: a)
     gate, down = _packed(rng, 256, 96), _packed(rng, 96, 256)
     shards = [MXFP4Weight(*gate).shard("col", 1, 3), MXFP4Weight(*gate).shard("col", 2, 3)]  # [256, 32] each
     rows = [MXFP4Weight(*down).shard("row", r, 3) for r in range(3)]  # [32, 256] each, k0 = 0, 32, 64
-    x = rng.standard_normal((m + 2, 256)).astype(dtype)
+    x = values(rng.standard_normal((m + 2, 256)).astype(dtype))
     tokens = [np.arange(m), np.arange(2, m + 2)]
     y = linear_grouped(x, [(tokens[0], tuple(shards)), (tokens[1], tuple(shards))])
     want = np.concatenate([x[t].astype(np.float64) @ np.concatenate([np.asarray(s, np.float64) for s in shards], axis=1)
                            for t in tokens])
     assert_close(y, want.astype(dtype), dtype)
-    h = rng.standard_normal((3 * m, 32)).astype(dtype)
+    h = values(rng.standard_normal((3 * m, 32)).astype(dtype))
     groups = [(np.arange(r * m, (r + 1) * m), (w,)) for r, w in enumerate(rows)]
     table, items = _table(rows), _items(rows, m)
     xp = fast.permute_x(h)
+    assert xp.dtype == (np.uint16 if bf16 and fast.has_bf16_dot() else dtype)
     got = fast.mxfp4_grouped(xp, np.arange(3 * m), table, items, 256)
     want = np.concatenate([h[g].astype(np.float64) @ np.asarray(w[0], np.float64) for g, w in groups])
     assert_close(got, want.astype(dtype), dtype)
@@ -334,14 +390,17 @@ def linear_grouped(x, groups, ranks=1):  # type: ignore[no-untyped-def]
 
 
 @AVX512
-def test_mxfp4_grouped_float32_scales_past_2_126_scale_each_weight():
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bfloat16"])
+def test_mxfp4_grouped_float32_scales_past_2_126_scale_each_weight(bf16):
     """E8M0 bits >= 253: 6 x 2^126 overflows float32, so such rows multiply c s per weight, as the
-    dequantized float32 W does (inf where it is inf), and the other rows are untouched."""
+    dequantized float32 W does (inf where it is inf), and the other rows are untouched; with bfloat16 x
+    too (those rows then read the bf16 dot's order weight by weight)."""
     rng = np.random.default_rng(5)
     codes, bits = _packed(rng, 64, 4)
     codes[0, :] = 0x77  # every weight of row 0 is 6.0 x its scale
     bits[0, 0], bits[1, 1] = 253, 253
     x = np.abs(rng.standard_normal((1, 64))).astype(np.float32)
+    x = round_bf16(x) if bf16 else x
     w = MXFP4Weight(codes, bits)
     got = linear_grouped(x, [(np.arange(1), (w,))])
     with np.errstate(over="ignore", invalid="ignore"):
