@@ -259,11 +259,12 @@ def _host_feature(name: str) -> bool:
 
 
 def mxfp4_dot(codes: npt.NDArray[np.uint8], c0: int, scales: npt.NDArray[np.uint8], s0: int, lut: Array,
-              xp: Array, nbytes: int) -> float:
+              xp: Array, x0: int, nbytes: int) -> float:
     """One row of W^T times one token row: sum_b 2^(e_b - 127) sum_{i<32} x[32b + i] e2m1(code[32b + i]).
 
     codes[c0:c0 + nbytes] are the row's code bytes (nbytes a multiple of 16: whole blocks), scales[s0:]
-    its E8M0 bits, lut = `value_lut(x.dtype)`, xp the token row permuted (`permute_x`): float32 or float64,
+    its E8M0 bits, lut = `value_lut(x.dtype)`, xp[x0:] the token row permuted (`permute_x`; x0 lets a
+    kernel pass every row of a flat xp without making a view per dot): float32 or float64,
     or bfloat16 bits (uint16, `permute_x_bf16`) summed in float32 with lut = `value_lut(np.float32)`. The plain form;
     compiled kernels run `numba_ext.mxfp4_dot_avx512` on AVX-512 hosts (no scratch: each step's nibbles
     index a 16-entry register table), this form compiled elsewhere.
@@ -277,11 +278,11 @@ def mxfp4_dot(codes: npt.NDArray[np.uint8], c0: int, scales: npt.NDArray[np.uint
     dequantized product rounds each term into subnormals and this rounds once; or a float32 partial sum that
     overflows where the whole sum would not). `mxfp4_grouped` scales each weight instead (`_dot_loops`) in
     float32 rows holding a scale >= 2^126, where the dequantized float32 weight itself can overflow."""
-    return _dot_loops(codes, c0, scales, s0, lut, xp, nbytes, False)
+    return _dot_loops(codes, c0, scales, s0, lut, xp, x0, nbytes, False)
 
 
 @jitable
-def _dot_loops(codes, c0, scales, s0, lut, xp, nbytes, per_weight):  # type: ignore[no-untyped-def]
+def _dot_loops(codes, c0, scales, s0, lut, xp, x0, nbytes, per_weight):  # type: ignore[no-untyped-def]
     """`mxfp4_dot` weight by weight, in lut's dtype (x's, or float32 for bf16 bits). per_weight: scale each
     weight (c s, as the dequantized W holds it) instead of each block's partial sum: the form for scales
     whose c s overflows that dtype."""
@@ -297,10 +298,10 @@ def _dot_loops(codes, c0, scales, s0, lut, xp, nbytes, per_weight):  # type: ign
             c = lut[E2M1_AT + (np.int64(codes[c0 + (k >> 1)]) >> (4 * (k & 1))) % 16]
             if xp.itemsize == 2:  # bfloat16 bits in the bf16 dot's order (`permute_x_bf16`)
                 q = k % BF16_STEP
-                xv = bf16_value(xp[k - q + BF16_ORDER_FLAT[q]])
+                xv = bf16_value(xp[x0 + k - q + BF16_ORDER_FLAT[q]])
             else:
                 q = k % STEP_WEIGHTS
-                xv = xp[k - q + (q % per) * width + q // per]
+                xv = xp[x0 + k - q + (q % per) * width + q // per]
             part += xv * (c * s if per_weight else c)
         acc += part if per_weight else part * s
     return acc
@@ -384,32 +385,110 @@ def _mxfp4_grouped_parallel(xp, tokens, wtab, items, lut, wide_from, y, chunks):
 
 @njit(cache=True)
 def _mxfp4_grouped_items(xp, tokens, wtab, items, lut, wide_from, y, i0, i1):  # type: ignore[no-untyped-def]
-    for i in range(i0, i1):
-        w, n0, n1, col, r0, r1 = items[i]
-        c_addr, c_stride, s_addr, s_stride, nbytes = wtab[w]
-        codes = packed_at(c_addr + n0 * c_stride, (n1 - n0 - 1) * c_stride + nbytes)
-        scales = packed_at(s_addr + n0 * s_stride, (n1 - n0 - 1) * s_stride + nbytes // 16)
-        top = np.uint8(0)  # the largest scale bits in the item's span (a superset of its rows' own)
-        if wide_from < 256:
-            for j in range(scales.shape[0]):  # a byte max reduction LLVM vectorises
-                top = max(top, scales[j])
-        for r in range(r0, r1):  # token rows outer: the item's rows of W^T (<= 57 KB) stay in L2
-            x = xp[tokens[r]]
+    i = i0
+    while i < i1:
+        j = _run_end(wtab, items, i, i1)
+        if j - i > 1:
+            _grouped_run(xp, tokens, wtab, items, lut, wide_from, y, i, j)
+        else:
+            _grouped_item(xp, tokens, wtab, items, lut, wide_from, y, i)
+        i = j
+
+
+@jitable
+def _run_end(wtab, items, i, i1):  # type: ignore[no-untyped-def]
+    """The end of the run of items from i: the same rows of row shards that sit side by side in memory (the
+    TP ranks' K slices of one weight: rank r's 96 bytes of a down-projection row follow rank r - 1's)."""
+    w = items[i, 0]
+    if wtab[w, 1] == wtab[w, 4]:  # whole rows: nothing beside them
+        return i + 1
+    j = i + 1
+    while j < i1 and items[j, 1] == items[i, 1] and items[j, 2] == items[i, 2] \
+            and wtab[items[j, 0], 0] == wtab[items[j - 1, 0], 0] + wtab[items[j - 1, 0], 4] \
+            and wtab[items[j, 0], 1] == wtab[w, 1] and wtab[items[j, 0], 4] == wtab[w, 4]:
+        j += 1
+    return j
+
+
+@jitable
+def _span_top(scales, wide_from):  # type: ignore[no-untyped-def]
+    """The largest scale bits in a span (a superset of its rows' own) when some may be wide, else 0."""
+    top = np.uint8(0)
+    if wide_from < 256:
+        for j in range(scales.shape[0]):  # a byte max reduction LLVM vectorises
+            top = max(top, scales[j])
+    return top
+
+
+@jitable
+def _wide(scales, s0, nbytes, wide_from):  # type: ignore[no-untyped-def]
+    """A row holds a scale from wide_from up: `mxfp4_dot` would overflow where c s does not."""
+    for b in range(nbytes // 16):
+        if scales[s0 + b] >= wide_from:
+            return True
+    return False
+
+
+@jitable
+def _grouped_item(xp, tokens, wtab, items, lut, wide_from, y, i):  # type: ignore[no-untyped-def]
+    """One item alone: token rows outer, so the item's rows of W^T (<= 57 KB) stay in L2."""
+    w, n0, n1, col, r0, r1 = items[i]
+    c_addr, c_stride, s_addr, s_stride, nbytes = wtab[w]
+    codes = packed_at(c_addr + n0 * c_stride, (n1 - n0 - 1) * c_stride + nbytes)
+    scales = packed_at(s_addr + n0 * s_stride, (n1 - n0 - 1) * s_stride + nbytes // 16)
+    for r in range(r0, r1):
+        x = xp[tokens[r]]
+        for n in range(n1 - n0):
+            if r == r0 and c_stride > nbytes:  # a lone row shard: its short rows are far apart, and without
+                ahead = c_addr + (n0 + n + PREFETCH_ROWS) * c_stride  # this each waits for DRAM
+                prefetch(ahead)
+                prefetch(ahead + nbytes - 1)
+                prefetch(s_addr + (n0 + n + PREFETCH_ROWS) * s_stride)
+            y[r, col + n] = mxfp4_dot(codes, n * c_stride, scales, n * s_stride, lut, x, 0, nbytes)
+    if _span_top(scales, wide_from) >= wide_from:  # rare: redo the rows with a wide scale weight by weight
+        for r in range(r0, r1):
             for n in range(n1 - n0):
-                c0, s0 = n * c_stride, n * s_stride
-                if r == r0 and c_stride > nbytes:  # a row shard: its short rows are far apart, and without
-                    ahead = c_addr + (n0 + n + PREFETCH_ROWS) * c_stride  # this each waits for DRAM
-                    prefetch(ahead)
-                    prefetch(ahead + nbytes - 1)
-                    prefetch(s_addr + (n0 + n + PREFETCH_ROWS) * s_stride)
-                wide = False
-                if top >= wide_from:
-                    for b in range(nbytes // 16):
-                        wide |= scales[s0 + b] >= wide_from
-                if wide:
-                    y[r, col + n] = _dot_loops(codes, c0, scales, s0, lut, x, nbytes, True)
-                else:
-                    y[r, col + n] = mxfp4_dot(codes, c0, scales, s0, lut, x, nbytes)
+                if _wide(scales, n * s_stride, nbytes, wide_from):
+                    y[r, col + n] = _dot_loops(codes, n * c_stride, scales, n * s_stride, lut, xp[tokens[r]], 0, nbytes, True)
+
+
+@jitable
+def _grouped_run(xp, tokens, wtab, items, lut, wide_from, y, i, j):  # type: ignore[no-untyped-def]
+    """Items i..j-1, row shards side by side (`_run_end`), row by row: each row of the weight they split is
+    read once, front to back, slice after slice, instead of a 96-byte slice of every row per item. Same dots,
+    so the same bits. Entries go through a small stage, so that y's rows are written a tile at a time."""
+    w0, n0, n1 = items[i, 0], items[i, 1], items[i, 2]
+    c_addr, c_stride, s_addr, s_stride, nbytes = wtab[w0]
+    span = (j - i) * nbytes  # the run's bytes of a row
+    codes = packed_at(c_addr + n0 * c_stride, (n1 - n0 - 1) * c_stride + span)
+    scales = packed_at(s_addr + n0 * s_stride, (n1 - n0 - 1) * s_stride + span // 16)
+    flat, width = xp.ravel(), xp.shape[1]  # one view of every token row: a view per dot costs more than the dot
+    count = 0
+    for k in range(i, j):
+        count += items[k, 5] - items[k, 4]
+    slot = np.empty((count, 2), np.int64)  # per entry of a row: its slice's offset in the row, its x's offset
+    at = 0
+    for k in range(j - i):
+        for r in range(items[i + k, 4], items[i + k, 5]):
+            slot[at, 0], slot[at, 1] = k * nbytes, tokens[r] * width
+            at += 1
+    stage = np.empty((n1 - n0, count), y.dtype)
+    for n in range(n1 - n0):
+        c0, s0 = n * c_stride, n * s_stride
+        for e in range(count):
+            stage[n, e] = mxfp4_dot(codes, c0 + slot[e, 0], scales, s0 + slot[e, 0] // 16, lut, flat, slot[e, 1], nbytes)
+    if _span_top(scales, wide_from) >= wide_from:  # rare: the rows with a wide scale again, weight by weight
+        for n in range(n1 - n0):
+            c0, s0 = n * c_stride, n * s_stride
+            for e in range(count):
+                if _wide(scales, s0 + slot[e, 0] // 16, nbytes, wide_from):
+                    stage[n, e] = _dot_loops(codes, c0 + slot[e, 0], scales, s0 + slot[e, 0] // 16, lut, flat, slot[e, 1],
+                                             nbytes, True)
+    at = 0
+    for k in range(i, j):
+        for r in range(items[k, 4], items[k, 5]):
+            y[r, items[k, 3]:items[k, 3] + n1 - n0] = stage[:, at]
+            at += 1
 
 
 def add_rows(out: Array, rows: npt.NDArray[np.int64], values: Array) -> None:

@@ -111,16 +111,18 @@ def prefetch_llvm(typingctx, addr):  # type: ignore[no-untyped-def]
 
 
 @overload(mxfp4_dot, inline="always")
-def _mxfp4_dot_compiled(codes, c0, scales, s0, lut, xp, nbytes):  # type: ignore[no-untyped-def]
+def _mxfp4_dot_compiled(codes, c0, scales, s0, lut, xp, x0, nbytes):  # type: ignore[no-untyped-def]
     if has_bf16_dot() and xp.dtype == types.uint16:
-        return lambda codes, c0, scales, s0, lut, xp, nbytes: mxfp4_dot_bf16(codes, c0, scales, s0, lut, xp, nbytes)
+        return lambda codes, c0, scales, s0, lut, xp, x0, nbytes: mxfp4_dot_bf16(codes, c0, scales, s0, lut, xp, x0,
+                                                                                  nbytes)
     if has_avx512() and xp.dtype in (types.float32, types.float64):
-        return lambda codes, c0, scales, s0, lut, xp, nbytes: mxfp4_dot_avx512(codes, c0, scales, s0, xp, nbytes)
-    return lambda codes, c0, scales, s0, lut, xp, nbytes: _dot_loops(codes, c0, scales, s0, lut, xp, nbytes, False)
+        return lambda codes, c0, scales, s0, lut, xp, x0, nbytes: mxfp4_dot_avx512(codes, c0, scales, s0, xp, x0, nbytes)
+    return lambda codes, c0, scales, s0, lut, xp, x0, nbytes: _dot_loops(codes, c0, scales, s0, lut, xp, x0, nbytes,
+                                                                          False)
 
 
 @intrinsic
-def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, nbytes):  # type: ignore[no-untyped-def]
+def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, x0, nbytes):  # type: ignore[no-untyped-def]
     """`mxfp4_dot` in AVX-512, nothing written but the result. A step loads 64 code bytes as L lanes (16
     dwords for float32, 8 qwords for float64); for each nibble j of a lane, a shift right by 4j puts it in
     the lane's low 4 bits, which is all `vpermps` (float32: a 16-entry table in one register) or
@@ -164,8 +166,8 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, nbytes):  # type: ign
             low, high = ir.Constant(vf, [float(v) for v in E2M1[:8]]), ir.Constant(vf, [float(v) for v in E2M1[8:]])
             lookup = lambda idx: builder.call(permute, [low, idx, high])  # noqa: E731
         cbase, sbase = _row_bases(context, builder, signature, args)
-        x_arr = context.make_array(signature.args[4])(context, builder, args[4])
-        nbytes = args[5]
+        xbase = builder.gep(context.make_array(signature.args[4])(context, builder, args[4]).data, [args[5]])
+        nbytes = args[6]
         steps, tail = builder.lshr(nbytes, ir.Constant(i64, 6)), builder.and_(nbytes, ir.Constant(i64, 63))
         acc = cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * width))
         block_shift = ir.Constant(vi, [8 * (lane // (width // 4)) for lane in range(width)])
@@ -179,7 +181,7 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, nbytes):  # type: ign
             else:
                 bits = builder.shl(builder.add(e, splat(1023 - 127)), splat(52))
             scale = builder.bitcast(bits, vf)
-            xrow = builder.gep(x_arr.data, [builder.mul(c, ir.Constant(i64, STEP_WEIGHTS))])
+            xrow = builder.gep(xbase, [builder.mul(c, ir.Constant(i64, STEP_WEIGHTS))])
             odd = builder.lshr(codes, splat(4))  # the high nibbles of every byte in its low bits
             chains: list[ir.Value] = []
             for j in range(nib):
@@ -218,7 +220,7 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, nbytes):  # type: ign
                 word = builder.or_(word, builder.shl(byte, ir.Constant(i32, 8 * t)))
             step(steps, codes, word)
         return _lane_sum(builder, builder.load(acc), width)
-    return dtype(codes, types.int64, scales, types.int64, xp, types.int64), codegen
+    return dtype(codes, types.int64, scales, types.int64, xp, types.int64, types.int64), codegen
 
 
 def _row_bases(context, builder, signature, args):  # type: ignore[no-untyped-def]
@@ -257,7 +259,7 @@ E2M1_BF16 = E2M1.astype(np.float32).view(np.uint32) >> 16  # the E2M1 values as 
 
 
 @intrinsic
-def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, nbytes):  # type: ignore[no-untyped-def]
+def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, x0, nbytes):  # type: ignore[no-untyped-def]
     """`mxfp4_dot` for bfloat16 x (bits in `fast.permute_x_bf16`'s order) with AVX-512 BF16, float32 sums.
 
     A step is 32 code bytes (2 blocks) = 64 weights, loaded as 16 words of 4 nibbles. For nibble j of every
@@ -284,8 +286,8 @@ def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, nbytes):  # type: 
         zero_f = ir.Constant(vf, [0.0] * 8)
         cbase, sbase = _row_bases(context, builder, signature, args)
         lut_arr = context.make_array(signature.args[4])(context, builder, args[4])
-        x_arr = context.make_array(signature.args[5])(context, builder, args[5])
-        nbytes = args[6]
+        xbase = builder.gep(context.make_array(signature.args[5])(context, builder, args[5]).data, [args[6]])
+        nbytes = args[7]
         steps, tail = builder.lshr(nbytes, ir.Constant(i64, 5)), builder.and_(nbytes, ir.Constant(i64, 31))
         accs = [cgutils.alloca_once_value(builder, zero_f) for _ in range(2)]  # even and odd steps: two FMA chains
 
@@ -299,7 +301,7 @@ def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, nbytes):  # type: 
                 halves.append(builder.shuffle_vector(one, ir.Constant(vf, ir.Undefined), ir.Constant(vi, [0] * 8)))
             scale = builder.select(ir.Constant(ir.VectorType(ir.IntType(1), 8), [1] * 4 + [0] * 4), *halves) \
                 if blocks == 2 else halves[0]  # a one-block tail: block 1's codes are zero
-            xrow = builder.bitcast(builder.gep(x_arr.data, [builder.mul(c, ir.Constant(i64, BF16_STEP))]), bf.as_pointer())
+            xrow = builder.bitcast(builder.gep(xbase, [builder.mul(c, ir.Constant(i64, BF16_STEP))]), bf.as_pointer())
             words = builder.bitcast(codes, vw)
             sums = []
             for j in range(4):  # nibble j of every 16-bit word: weight 4 i + j of the step
@@ -330,4 +332,4 @@ def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, nbytes):  # type: 
             codes = builder.shuffle_vector(half, ir.Constant(bytes16, [0] * 16), ir.Constant(ir.VectorType(i32, 32), list(range(32))))
             step(steps, codes, 1, accs[1])
         return _lane_sum(builder, builder.fadd(builder.load(accs[0]), builder.load(accs[1])), 8)
-    return types.float32(codes, types.int64, scales, types.int64, lut, xb, types.int64), codegen
+    return types.float32(codes, types.int64, scales, types.int64, lut, xb, types.int64, types.int64), codegen

@@ -261,7 +261,7 @@ def test_mxfp4_dot_avx512_equals_plain_form_and_dequantized_product(k, dtype):
     want = (x.astype(np.float64) @ fast.mxfp4_dequantize_t(codes, bits, np.float64))[0]
     simd = _dots_simd(codes, bits, lut, xp)
     loops = _dots_loops(codes, bits, lut, xp)
-    plain = np.array([fast.mxfp4_dot(codes[n], 0, bits[n], 0, lut, xp, k // 2) for n in range(5)], dtype)
+    plain = np.array([fast.mxfp4_dot(codes[n], 0, bits[n], 0, lut, xp, 0, k // 2) for n in range(5)], dtype)
     for got in (simd, loops, plain):
         assert_close(got, want.astype(dtype), dtype)
     if fast.has_avx512():  # the AVX-512 form did run: its table lookup is in the machine code
@@ -315,7 +315,7 @@ def test_mxfp4_dot_bf16_equals_plain_form_and_dequantized_product(k):
     want = (x.astype(np.float64) @ fast.mxfp4_dequantize_t(codes, bits, np.float64))[0].astype(np.float32)
     simd = _dots_simd(codes, bits, lut, xb)
     loops = _dots_loops(codes, bits, lut, xb)
-    plain = np.array([fast.mxfp4_dot(codes[n], 0, bits[n], 0, lut, xb, k // 2) for n in range(5)], np.float32)
+    plain = np.array([fast.mxfp4_dot(codes[n], 0, bits[n], 0, lut, xb, 0, k // 2) for n in range(5)], np.float32)
     for got in (simd, loops, plain):
         assert_close(got, want, np.float32)
     asm = next(a for sig, a in _dots_simd.inspect_asm().items() if "Array(uint16, 1" in str(sig))
@@ -326,7 +326,7 @@ def test_mxfp4_dot_bf16_equals_plain_form_and_dequantized_product(k):
 def _dots_simd(codes, bits, lut, xp):
     out = np.empty(codes.shape[0], lut.dtype)
     for n in range(codes.shape[0]):
-        out[n] = fast.mxfp4_dot(codes[n], 0, bits[n], 0, lut, xp, codes.shape[1])
+        out[n] = fast.mxfp4_dot(codes[n], 0, bits[n], 0, lut, xp, 0, codes.shape[1])
     return out
 
 
@@ -334,7 +334,7 @@ def _dots_simd(codes, bits, lut, xp):
 def _dots_loops(codes, bits, lut, xp):
     out = np.empty(codes.shape[0], lut.dtype)
     for n in range(codes.shape[0]):
-        out[n] = fast._dot_loops(codes[n], 0, bits[n], 0, lut, xp, codes.shape[1], False)
+        out[n] = fast._dot_loops(codes[n], 0, bits[n], 0, lut, xp, 0, codes.shape[1], False)
     return out
 
 
@@ -377,6 +377,21 @@ def test_mxfp4_grouped_equals_products_of_the_shards(m, dtype):
     np.testing.assert_array_equal(parallel, got)  # each entry is one dot, however the items are split
 
 
+def test_grouped_runs_are_the_ranks_slices_of_the_same_rows():
+    """`fast._run_end`: the TP row shards of one weight, same rows, side by side in memory, form one run
+    (read row by row); column shards and whole weights are runs of one."""
+    rng = np.random.default_rng(3)
+    down = MXFP4Weight(*_packed(rng, 128, 64))
+    rows = [down.shard("row", r, 4) for r in range(4)]  # 16 bytes a row each, one after another
+    cols = [MXFP4Weight(*_packed(rng, 64, 96)).shard("col", r, 3) for r in range(3)]
+    for weights, run in ((rows, 4), (cols, 1)):
+        wtab = _table(weights)
+        items = np.array([(w, n0, n0 + 32, n0, w, w + 1) for n0 in (0, 32) for w in range(len(weights))], np.int64)
+        assert [fast._run_end(wtab, items, i, len(items)) - i for i in range(0, len(items), run)] == [run] * (len(items) // run)
+    wtab = _table(rows[::-1])  # not in memory order: no run
+    assert fast._run_end(wtab, np.array([(w, 0, 32, 0, w, w + 1) for w in range(4)], np.int64), 0, 4) == 1
+
+
 def _items(weights: list[MXFP4Weight], m: int) -> np.ndarray:
     return np.array([(w, n0, n0 + 32, n0, w * m, (w + 1) * m) for w in range(len(weights)) for n0 in range(0, 256, 32)],
                     np.int64)
@@ -407,6 +422,18 @@ def test_mxfp4_grouped_float32_scales_past_2_126_scale_each_weight(bf16):
         want = x @ np.asarray(w, np.float32)
     assert np.isinf(want[0, 0]) and np.isinf(got[0, 0])
     assert_close(got[:, 1:], want[:, 1:], np.float32)
+    # the same rows as two ranks' K slices side by side: one run (`fast._run_end`), row by row
+    codes[1, 16:32] = 0  # row 1's block 1 (scale 253) as +6 and -6 2^126 only: inf - inf in the float32 W, a nan
+    codes[1, 16] = 0x7F  # that scaling the block's partial sum (a finite 6 (x_33 - x_32) 2^126) would miss
+    shards = [w.shard("row", r, 2) for r in range(2)]  # rank 0: block 0 (scale 253 in row 0), rank 1: block 1
+    got = linear_grouped(np.concatenate([x[:, :32], x[:, 32:]]), [(np.arange(r, r + 1), (s,)) for r, s in enumerate(shards)],
+                         ranks=2)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = np.concatenate([x[:, 32 * r:32 * r + 32] @ np.asarray(s, np.float32) for r, s in enumerate(shards)])
+    assert np.isinf(want[0, 0]) and np.isnan(want[1, 1]) and np.isfinite(want[1, 0])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))  # inf and nan where the float32 W has them
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    assert_close(got[np.isfinite(want)], want[np.isfinite(want)], np.float32)
 
 
 def test_add_rows_is_add_at_in_order():
