@@ -114,16 +114,20 @@ def test_grouped_ops_over_all_ranks_equal_each_rank_alone(tiny, dtype, avx512, m
               for e in range(n_exp) for p, shape in (("gate", (din, f)), ("up", (din, f)), ("down", (f, din)))}
     topk_idx = np.stack([rng.choice(n_exp, k, replace=False) for _ in range(m)])
     weight = rng.random((m, k)).astype(dtype)
-    z = rng.standard_normal((m, din)).astype(dtype)
+    zs = [rng.standard_normal((m, din)).astype(dtype) for _ in range(tp)]
 
-    def shards(r, names, form=lambda w: w):  # type: ignore[no-untyped-def]
-        how = {"gate": "col", "up": "col", "down": "row"}
+    how = {"gate": "col", "up": "col", "down": "row"}
+    part = lambda e, p: packed[(e, p)]  # noqa: E731  one for every rank: the all-ranks forms see the same parts
+
+    def shards(r, names, form=None):  # type: ignore[no-untyped-def]
+        if form is None:  # as the executor hands them: the all-ranks forms build every rank's table at once
+            return ex.PackedExperts(part, names, tuple(how[p] for p in names), r, tp)
         return lambda e: tuple(form(MXFP4Weight(*packed[(e, p)]).shard(how[p], r, tp)) for p in names)
     dense = lambda w: np.asarray(w, np.float64).astype(dtype)  # noqa: E731
-    hs = ex.expert_fc1.over_ranks([z] * tp, [topk_idx] * tp, [shards(r, ("gate", "up")) for r in range(tp)], tiny)
+    hs = ex.expert_fc1.over_ranks(zs, [topk_idx] * tp, [shards(r, ("gate", "up")) for r in range(tp)], tiny)
     for r in range(tp):
-        np.testing.assert_array_equal(hs[r], ex.expert_fc1(z, topk_idx, shards(r, ("gate", "up")), tiny))
-        assert_close(hs[r], ex.expert_fc1(z, topk_idx, shards(r, ("gate", "up"), dense), tiny), dtype)
+        np.testing.assert_array_equal(hs[r], ex.expert_fc1(zs[r], topk_idx, shards(r, ("gate", "up")), tiny))
+        assert_close(hs[r], ex.expert_fc1(zs[r], topk_idx, shards(r, ("gate", "up"), dense), tiny), dtype)
     downs = [shards(r, ("down",)) for r in range(tp)]
     for name, ranks_form, one in (
             ("fc2", lambda: ex.expert_fc2.over_ranks(hs, [topk_idx] * tp, downs),
