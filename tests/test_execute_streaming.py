@@ -114,7 +114,8 @@ def test_grouped_ops_over_all_ranks_equal_each_rank_alone(tiny, dtype, avx512, m
               for e in range(n_exp) for p, shape in (("gate", (din, f)), ("up", (din, f)), ("down", (f, din)))}
     topk_idx = np.stack([rng.choice(n_exp, k, replace=False) for _ in range(m)])
     weight = rng.random((m, k)).astype(dtype)
-    zs = [rng.standard_normal((m, din)).astype(dtype) for _ in range(tp)]
+    z = rng.standard_normal((m, din)).astype(dtype)
+    zs = [z, z.copy(), rng.standard_normal((m, din)).astype(dtype)]  # replicated on ranks 0 and 1, not on 2
 
     how = {"gate": "col", "up": "col", "down": "row"}
     part = lambda e, p: packed[(e, p)]  # noqa: E731  one for every rank: the all-ranks forms see the same parts
