@@ -178,7 +178,8 @@ def expert_fc2_finalize_ranks(hs: list[Array], topk_idx: list[npt.NDArray[np.int
 
     def write(out: Array, product: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], Array, Array]) -> None:
         rows, slots, y, weight = product
-        fast.add_rows(out, rows, weight[rows, slots, None].astype(out.dtype) * y)
+        y *= weight[rows, slots, None].astype(out.dtype)  # y is this call's product: no [rows, Din] temporary
+        fast.add_rows(out, rows, y)
     return _continue(outs, len(hs), products, lambda p: (topk_idx[0].shape[0], p[2].shape[1]), hs[0].dtype, write)
 
 
