@@ -129,7 +129,7 @@ def warm_parallel_forms(precision: str) -> None:
     try:
         fast.bf16_matmul(x, bits)
         fast.bf16_matmul(x, bits[:, :2 * fast.BF16_TILE])
-        grouped_matmul(x, [(np.arange(2), (w,))])
+        grouped_matmul([x], [(np.arange(2), (w,))])
     finally:
         fast.PARALLEL_BYTES = parallel_from
 

@@ -12,8 +12,9 @@ check's batch 1), each figure the median of 7, in GB/s of packed bytes (codes + 
   rows for gate/up, a 192-row K slice of the down part: what the plans called before the grouped kernel,
   on one thread);
 - grouped (what the routed experts run now, `fast.mxfp4_grouped` with the AVX-512 `mxfp4_dot`): the whole
-  part with x in float64 and in float32 (the W4A16 path), all threads and one thread, and the 16 TP16 row
-  shards of a down part in one call (96-byte rows, each rank's own x), all threads.
+  part with x in float64, float32 and bfloat16 values (the W4A16 path: `vdpbf16ps` where the host has AVX-512
+  BF16), all threads and one thread, and the 16 TP16 row shards of a down part in one call (96-byte rows,
+  each rank's own x, read row by row as one run), all threads.
 
 Half the copy bandwidth needs decode >= copy / 2 before any multiply; the gap between decode and matmul is
 the dot product and the per-row overhead. The grouped kernel's roof is its own arithmetic (fast.py's
@@ -72,21 +73,25 @@ def _decode_pairs(packed, pairs, sink):  # type: ignore[no-untyped-def]
 
 def grouped_figures(rng, codes, bits, down_codes, down_bits, part, threads):  # type: ignore[no-untyped-def]
     """GB/s of `fast.mxfp4_grouped` (packed bytes read): the whole part, and a down part's 16 row shards."""
+    from simulator.dtypes import round_bf16
     from simulator.ops.linear import MXFP4Weight, grouped_matmul
     if not fast.has_avx512():  # grouped_matmul declines (returns None): timing it would time nothing
         return {"grouped": "skipped: no AVX-512 on this host (the plans run shard by shard)"}
     whole, down = MXFP4Weight(codes, bits), MXFP4Weight(down_codes, down_bits)
-    shards = [down.shard("row", r, 16) for r in range(16)]
     doc = {}
-    for name, dtype in (("fp64", np.float64), ("fp32", np.float32)):
+    for name, dtype, values in (("fp64", np.float64, None), ("fp32", np.float32, None), ("bf16", np.float32, round_bf16)):
+        if name == "bf16" and not fast.has_bf16_dot():
+            doc["grouped_bf16"] = "skipped: no AVX-512 BF16 on this host (bfloat16 x runs the float32 kernel)"
+            continue
         x = rng.standard_normal((1, codes.shape[1] * 2)).astype(dtype)
-        h = rng.standard_normal((16, down_codes.shape[1] * 2 // 16)).astype(dtype)
+        hs = [h[None] for h in rng.standard_normal((16, down_codes.shape[1] * 2 // 16)).astype(dtype)]
+        x, hs = (x, hs) if values is None else (values(x), [values(h) for h in hs])
         for label, t in (("", threads), ("_one_thread", 1)):
             numba.set_num_threads(t)
-            doc[f"grouped_part_{name}{label}_gbps"] = part / median_s(lambda: grouped_matmul(x, [(np.arange(1), (whole,))])) / GB
+            doc[f"grouped_part_{name}{label}_gbps"] = part / median_s(lambda: grouped_matmul([x], [(np.arange(1), (whole,))])) / GB
         numba.set_num_threads(threads)
-        groups = [(np.arange(r, r + 1), (w,)) for r, w in enumerate(shards)]
-        doc[f"grouped_down_shards_{name}_gbps"] = part / median_s(lambda: grouped_matmul(h, groups, ranks=16)) / GB
+        doc[f"grouped_down_shards_{name}_gbps"] = part / median_s(
+            lambda: grouped_matmul(hs, [(np.arange(1), (down,))], ("row",))) / GB
     return doc
 
 

@@ -23,18 +23,19 @@ state (KDA recurrent state and conv history) is sharded by head; the MLA latent 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from simulator import fast
 from simulator.dtypes import Array, Precision
-from simulator.ops.linear import BF16Weight, MXFP4Weight
+from simulator.ops.experts import ExpertFn, PackedExperts
+from simulator.ops.linear import BF16Weight
 from simulator.plans.common import Dims
 from simulator.plans.kernel import EXPERT, Kernel, Plan, RunOption, Tensor
 from simulator.state import LayerIO, LayerState, shard_state, unshard_state
-from simulator.weights import LayerWeights, column_shard, row_shard, weight_spec, widen
+from simulator.weights import LayerWeights, column_shard, row_shard, shard_shape, weight_spec, widen
 
 
 @dataclass
@@ -200,25 +201,20 @@ def _pack(held: list[np.ndarray], axis: int) -> np.ndarray:
 
 
 def _expert_weights(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, t: Tensor,
-                    parts: tuple[tuple[str, str], ...]) -> Callable[[int], tuple[Array, ...]]:
-    """e -> the declared parts of expert e's shard; each checked against the declared per-expert shape."""
-    per_expert = (t.unpadded or t.shape)[1:]
-    packed = weights.packs_experts and fast.numba_enabled()
-
-    def part(e: int, name: str, shard: str) -> Array | MXFP4Weight:
-        if packed:
-            return MXFP4Weight(*weights.expert_part(e, name)).shard(shard, rank.r, rank.tp)
-        return _shard(weights.get(f"expert.{e}.{name}", prec.dtype), shard, rank)
-
-    def expert(e: int) -> tuple[Array | MXFP4Weight, ...]:
-        got = tuple(part(e, name[len(EXPERT):], shard) for name, shard in parts)
-        width = sum(g.shape[t.pack_axis] for g in got)
-        shape = list(got[0].shape)
-        shape[t.pack_axis] = width
-        if tuple(shape) != per_expert:
-            raise BindingError(f"kernel '{kernel.key}' is handed expert {e} as {tuple(shape)}, declared {per_expert}")
-        return got
-    return expert
+                    parts: tuple[tuple[str, str], ...]) -> ExpertFn:
+    """e -> the declared parts of expert e's shard: packed views (`PackedExperts`) when the experts are packed and
+    the Numba kernels on, float arrays otherwise. Every expert's parts have the specification's shapes, so the
+    shard is checked against the declared per-expert shape once, not per expert."""
+    names, shards = tuple(name[len(EXPERT):] for name, _ in parts), tuple(shard for _, shard in parts)
+    got = [shard_shape(weight_spec(weights.cfg, f"expert.0.{name}")[0], shard, rank.tp) for name, shard in zip(names, shards)]
+    shape = list(got[0])
+    shape[t.pack_axis] = sum(g[t.pack_axis] for g in got)
+    if tuple(shape) != (t.unpadded or t.shape)[1:]:
+        raise BindingError(f"kernel '{kernel.key}' is handed experts as {tuple(shape)}, declared {(t.unpadded or t.shape)[1:]}")
+    if weights.packs_experts and fast.numba_enabled():
+        return PackedExperts(weights.expert_part, names, shards, rank.r, rank.tp)
+    return lambda e: tuple(_shard(weights.get(f"expert.{e}.{name}", prec.dtype), shard, rank)
+                           for name, shard in zip(names, shards))
 
 
 def _initial_buffers(io: LayerIO, boundary: bool, prec: Precision) -> dict[str, Array]:

@@ -82,6 +82,25 @@ def test_streamed_layer_equals_one_chunk_bit_for_bit(tiny, layer, precision, bac
         np.testing.assert_array_equal(streamed.prefix, whole.prefix)
 
 
+def test_executor_runs_a_chunk_of_a_grouped_op_on_all_ranks_in_one_compiled_call(tiny, monkeypatch):
+    """The executor hands packed experts as `PackedExperts`, so an all-ranks op builds every rank's weight
+    table at once: one `fast.mxfp4_grouped` per chunk of FC1 and of FC2 + finalize, not one per rank (experts
+    widened so that each rank's shard holds whole 32-blocks: L = 64, F/P = 128/4)."""
+    from dataclasses import replace
+
+    from simulator import fast
+    if not fast.has_avx512():
+        pytest.skip("no AVX-512 on this host")
+    calls, grouped = [], fast.mxfp4_grouped
+    monkeypatch.setattr(fast, "mxfp4_grouped", lambda *a: calls.append(len(a[1])) or grouped(*a))
+    cfg, shape = replace(tiny, latent_dim=64, moe_intermediate=128), DecodeShape(5, 1, 6)
+    d = make_dims(cfg, 4, shape, None, "kda")
+    io, state = make_inputs(cfg, d, np.random.default_rng(7))
+    _, _, diag = run_plan(specialized.build(cfg, 4, shape, "kda", d.layer), d, LayerWeights(cfg, d.layer, 7), io,
+                          state, Precision("bf16"))
+    assert calls == [4 * diag["topk_idx"].size] * 2  # every rank's (token, slot) rows, in one call per op
+
+
 def test_reference_rows_together_equal_rows_alone(tiny):
     """The reference runs the rows that chose an expert together; on packed experts each row is still its
     own product with each dequantized chunk, so every row has the bits of the token-by-token form."""
@@ -120,15 +139,20 @@ def test_grouped_ops_over_all_ranks_equal_each_rank_alone(tiny, dtype, avx512, m
     topk_idx = np.stack([rng.choice(n_exp, k, replace=False) for _ in range(m)])
     weight = rng.random((m, k)).astype(dtype)
     z = values(rng.standard_normal((m, din)).astype(dtype))
+    zs = [z, z.copy(), values(rng.standard_normal((m, din)).astype(dtype))]  # replicated on ranks 0 and 1, not on 2
 
-    def shards(r, names, form=lambda w: w):  # type: ignore[no-untyped-def]
-        how = {"gate": "col", "up": "col", "down": "row"}
+    how = {"gate": "col", "up": "col", "down": "row"}
+    part = lambda e, p: packed[(e, p)]  # noqa: E731  one for every rank: the all-ranks forms see the same parts
+
+    def shards(r, names, form=None):  # type: ignore[no-untyped-def]
+        if form is None:  # as the executor hands them: the all-ranks forms build every rank's table at once
+            return ex.PackedExperts(part, names, tuple(how[p] for p in names), r, tp)
         return lambda e: tuple(form(MXFP4Weight(*packed[(e, p)]).shard(how[p], r, tp)) for p in names)
     dense = lambda w: np.asarray(w, np.float64).astype(dtype)  # noqa: E731
-    hs = ex.expert_fc1.over_ranks([z] * tp, [topk_idx] * tp, [shards(r, ("gate", "up")) for r in range(tp)], tiny)
+    hs = ex.expert_fc1.over_ranks(zs, [topk_idx] * tp, [shards(r, ("gate", "up")) for r in range(tp)], tiny)
     for r in range(tp):
-        np.testing.assert_array_equal(hs[r], ex.expert_fc1(z, topk_idx, shards(r, ("gate", "up")), tiny))
-        assert_close(hs[r], ex.expert_fc1(z, topk_idx, shards(r, ("gate", "up"), dense), tiny), dtype)
+        np.testing.assert_array_equal(hs[r], ex.expert_fc1(zs[r], topk_idx, shards(r, ("gate", "up")), tiny))
+        assert_close(hs[r], ex.expert_fc1(zs[r], topk_idx, shards(r, ("gate", "up"), dense), tiny), dtype)
     hs = [values(h) for h in hs]  # bfloat16: FC1 writes its output as bfloat16
     downs = [shards(r, ("down",)) for r in range(tp)]
     for name, ranks_form, one in (

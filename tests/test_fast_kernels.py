@@ -346,7 +346,8 @@ AVX512 = pytest.mark.skipif(not fast.has_avx512(), reason="grouped_matmul runs o
 @pytest.mark.parametrize("m", [1, 4])
 def test_mxfp4_grouped_equals_products_of_the_shards(m, dtype):
     """Column shards, block-aligned row shards (strided rows) and whole weights of different experts in
-    one call: compiled (one thread and the parallel split) == .py_func == the dequantized products.
+    one call: compiled (one thread and the parallel split) == .py_func == the dequantized products; every
+    rank's shard of a whole weight (`grouped_matmul`'s table from the whole rows) == the shard's own product.
     bfloat16: float32 x holding bfloat16 values, which the grouped call multiplies with the bf16 dot."""
     rng = np.random.default_rng(m)
     bf16, dtype = dtype == "bfloat16", np.float32 if dtype == "bfloat16" else dtype
@@ -356,10 +357,15 @@ def test_mxfp4_grouped_equals_products_of_the_shards(m, dtype):
     rows = [MXFP4Weight(*down).shard("row", r, 3) for r in range(3)]  # [32, 256] each, k0 = 0, 32, 64
     x = values(rng.standard_normal((m + 2, 256)).astype(dtype))
     tokens = [np.arange(m), np.arange(2, m + 2)]
-    y = linear_grouped(x, [(tokens[0], tuple(shards)), (tokens[1], tuple(shards))])
+    y = linear_grouped([x], [(tokens[0], tuple(shards)), (tokens[1], tuple(shards))])[0]
     want = np.concatenate([x[t].astype(np.float64) @ np.concatenate([np.asarray(s, np.float64) for s in shards], axis=1)
                            for t in tokens])
     assert_close(y, want.astype(dtype), dtype)
+    xs = [values(rng.standard_normal((m + 2, 256)).astype(dtype)) for _ in range(3)]  # every rank its column shard
+    together = linear_grouped(xs, [(t, (MXFP4Weight(*gate),)) for t in tokens], ("col",))
+    for r in range(3):
+        np.testing.assert_array_equal(together[r], linear_grouped([xs[r]], [(t, (MXFP4Weight(*gate).shard("col", r, 3),))
+                                                                             for t in tokens])[0])
     h = values(rng.standard_normal((3 * m, 32)).astype(dtype))
     groups = [(np.arange(r * m, (r + 1) * m), (w,)) for r, w in enumerate(rows)]
     table, items = _table(rows), _items(rows, m)
@@ -368,7 +374,8 @@ def test_mxfp4_grouped_equals_products_of_the_shards(m, dtype):
     got = fast.mxfp4_grouped(xp, np.arange(3 * m), table, items, 256)
     want = np.concatenate([h[g].astype(np.float64) @ np.asarray(w[0], np.float64) for g, w in groups])
     assert_close(got, want.astype(dtype), dtype)
-    assert_close(linear_grouped(h, groups, ranks=3), got, dtype)
+    ranks = linear_grouped([h[g] for g, _ in groups], [(np.arange(m), (MXFP4Weight(*down),))], ("row",))
+    np.testing.assert_array_equal(ranks.reshape(got.shape), got)
     py, parallel = np.zeros_like(got), np.zeros_like(got)
     lut = fast.value_lut(dtype)
     fast._mxfp4_grouped_items.py_func(xp, np.arange(3 * m), table, items, lut, 256, py, 0, len(items))
@@ -397,9 +404,9 @@ def _items(weights: list[MXFP4Weight], m: int) -> np.ndarray:
                     np.int64)
 
 
-def linear_grouped(x, groups, ranks=1):  # type: ignore[no-untyped-def]
+def linear_grouped(xs, groups, shards=None):  # type: ignore[no-untyped-def]
     from simulator.ops.linear import grouped_matmul
-    y = grouped_matmul(x, groups, ranks)
+    y = grouped_matmul(xs, groups, shards)
     assert y is not None
     return y
 
@@ -417,7 +424,7 @@ def test_mxfp4_grouped_float32_scales_past_2_126_scale_each_weight(bf16):
     x = np.abs(rng.standard_normal((1, 64))).astype(np.float32)
     x = round_bf16(x) if bf16 else x
     w = MXFP4Weight(codes, bits)
-    got = linear_grouped(x, [(np.arange(1), (w,))])
+    got = linear_grouped([x], [(np.arange(1), (w,))])[0]
     with np.errstate(over="ignore", invalid="ignore"):
         want = x @ np.asarray(w, np.float32)
     assert np.isinf(want[0, 0]) and np.isinf(got[0, 0])
@@ -426,8 +433,7 @@ def test_mxfp4_grouped_float32_scales_past_2_126_scale_each_weight(bf16):
     codes[1, 16:32] = 0  # row 1's block 1 (scale 253) as +6 and -6 2^126 only: inf - inf in the float32 W, a nan
     codes[1, 16] = 0x7F  # that scaling the block's partial sum (a finite 6 (x_33 - x_32) 2^126) would miss
     shards = [w.shard("row", r, 2) for r in range(2)]  # rank 0: block 0 (scale 253 in row 0), rank 1: block 1
-    got = linear_grouped(np.concatenate([x[:, :32], x[:, 32:]]), [(np.arange(r, r + 1), (s,)) for r, s in enumerate(shards)],
-                         ranks=2)
+    got = linear_grouped([x[:, :32], x[:, 32:]], [(np.arange(1), (w,))], ("row",))[:, 0]
     with np.errstate(over="ignore", invalid="ignore"):
         want = np.concatenate([x[:, 32 * r:32 * r + 32] @ np.asarray(s, np.float32) for r, s in enumerate(shards)])
     assert np.isinf(want[0, 0]) and np.isnan(want[1, 1]) and np.isfinite(want[1, 0])

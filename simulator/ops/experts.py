@@ -34,10 +34,31 @@ from simulator.config import ModelConfig
 from simulator.dtypes import Array
 from simulator.errors import UserError
 from simulator.ops.collectives import all_reduce_one_shot
-from simulator.ops.linear import grouped_matmul
+from simulator.ops.linear import MXFP4Weight, grouped_matmul
 from simulator.ops.pointwise import sigmoid
+from simulator.weights import Packed
 
 ExpertFn = Callable[[int], tuple[Array, ...]]  # e -> the parts of expert e's TP shard a kernel declares
+
+
+@dataclass(frozen=True, eq=False)
+class PackedExperts:
+    """The ExpertFn of rank `rank` of `tp` over packed experts: e -> its shards (`shards`: "col", "row" or "full"
+    per part) of expert e's parts `names`, `part(e, name)` the whole part (LayerWeights.expert_part). What the
+    executor hands the routed-expert ops: their all-ranks forms see every rank's shard of the same parts and
+    build all ranks' weight table from the whole parts (`grouped_matmul`), without P shard objects an expert."""
+
+    part: Callable[[int, str], Packed]
+    names: tuple[str, ...]
+    shards: tuple[str, ...]
+    rank: int = 0
+    tp: int = 1
+
+    def whole(self, e: int) -> tuple[MXFP4Weight, ...]:
+        return tuple(MXFP4Weight(*self.part(e, name)) for name in self.names)
+
+    def __call__(self, e: int) -> tuple[MXFP4Weight, ...]:
+        return tuple(w.shard(how, self.rank, self.tp) for w, how in zip(self.whole(e), self.shards))
 
 
 def glu(g: Array, u: Array, cfg: ModelConfig) -> Array:
@@ -131,9 +152,8 @@ def expert_fc1_ranks(zs: list[Array], topk_idx: list[npt.NDArray[np.int64]], exp
     """`expert_fc1` on every rank: P x [M, Din] -> P x [M, k, F/P]."""
     groups = list(_groups(topk_idx[0], only))
     rows, slots = (_cat(groups, 1), _cat(groups, 2)) if groups else (None, None)
-    gus = _products_over_ranks([(z, [(r, expert(e)) for e, r, _ in groups])
-                                for z, expert in zip(zs, experts)]) if groups else []
-    hs = [glu(*np.split(gu, 2, axis=1), cfg) for gu in gus]  # [rows of all groups, F/P] per rank
+    gu = _products_over_ranks(zs, [(e, r) for e, r, _ in groups], experts) if groups else []
+    hs = glu(*np.split(gu, 2, axis=-1), cfg) if groups else []  # [P, rows of all groups, F/P]
 
     def write(out: Array, h: Array) -> None:
         out[rows, slots] = h
@@ -158,7 +178,8 @@ def expert_fc2_finalize_ranks(hs: list[Array], topk_idx: list[npt.NDArray[np.int
 
     def write(out: Array, product: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], Array, Array]) -> None:
         rows, slots, y, weight = product
-        fast.add_rows(out, rows, weight[rows, slots, None].astype(out.dtype) * y)
+        y *= weight[rows, slots, None].astype(out.dtype)  # y is this call's product: no [rows, Din] temporary
+        fast.add_rows(out, rows, y)
     return _continue(outs, len(hs), products, lambda p: (topk_idx[0].shape[0], p[2].shape[1]), hs[0].dtype, write)
 
 
@@ -181,8 +202,8 @@ def _down_products(hs: list[Array], topk_idx: npt.NDArray[np.int64], experts: li
     groups = list(_groups(topk_idx, only))
     if not groups:
         return []
-    rows, slots = _cat(groups, 1), _cat(groups, 2)
-    ys = _products_over_ranks([(h[rows, slots], _stacked(groups, expert)) for h, expert in zip(hs, experts)])
+    rows, slots, k = _cat(groups, 1), _cat(groups, 2), topk_idx.shape[1]
+    ys = _products_over_ranks([h.reshape(-1, h.shape[-1]) for h in hs], [(e, r * k + s) for e, r, s in groups], experts)
     return [(rows, slots, y) for y in ys]
 
 
@@ -191,28 +212,27 @@ expert_fc2.over_ranks = expert_fc2_ranks  # type: ignore[attr-defined]
 expert_fc2_finalize.over_ranks = expert_fc2_finalize_ranks  # type: ignore[attr-defined]
 
 
-def _products_over_ranks(jobs: list[tuple[Array, list[tuple[npt.NDArray[np.int64], tuple[Array, ...]]]]]) -> list[Array]:
-    """For every rank's (x, groups): x[rows] @ [W_1 | ... | W_p] for each group (rows, parts), stacked group
-    after group. One compiled call over all ranks where `grouped_matmul` applies, the ranks' shards of an
-    expert next to each other; else group by group. Every rank has the same groups (the routing is replicated)."""
-    offsets = np.cumsum([0] + [len(x) for x, _ in jobs])
-    merged = [(rows + off, parts) for g in range(len(jobs[0][1])) for (_, groups), off in zip(jobs, offsets)
-              for rows, parts in (groups[g],)]
-    y = grouped_matmul(np.concatenate([x for x, _ in jobs]), merged, ranks=len(jobs))
-    if y is None:
-        return [np.concatenate([np.concatenate([x[rows] @ w for w in parts], axis=1) for rows, parts in groups])
-                for x, groups in jobs]
-    n = np.array([len(rows) for rows, _ in jobs[0][1]])  # rows per group, on every rank
-    ranks = len(jobs)
-    first = np.repeat(np.cumsum(ranks * n) - ranks * n, n) + np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
-    return [y[first + r * np.repeat(n, n)] for r in range(ranks)]  # y holds group g's ranks one after another
+def _products_over_ranks(xs: list[Array], groups: list[tuple[int, npt.NDArray[np.int64]]],
+                         experts: list[ExpertFn]) -> Array:
+    """For every rank's (x, expert): x[rows] @ [W_1 | ... | W_p] for each group (e, rows), (W_1, ..., W_p) =
+    expert(e), stacked group after group: [P, rows of all groups, N]. One compiled call over all ranks where
+    they are the `PackedExperts` shards of the same parts, rank by rank, and `grouped_matmul` applies; else
+    one per rank where it applies; else group by group."""
+    first = experts[0]
+    if all(isinstance(f, PackedExperts) and (f.part, f.names, f.shards, f.rank, f.tp) ==
+           (first.part, first.names, first.shards, r, len(experts)) for r, f in enumerate(experts)):
+        y = grouped_matmul(xs, [(rows, first.whole(e)) for e, rows in groups], first.shards)
+        if y is not None:
+            return y
+    return np.stack([_products(x, [(rows, expert(e)) for e, rows in groups]) for x, expert in zip(xs, experts)])
 
 
-def _stacked(groups: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]],
-             expert: ExpertFn) -> list[tuple[npt.NDArray[np.int64], tuple[Array, ...]]]:
-    """The groups as rows of their gathered inputs (group after group) with their expert's parts."""
-    bounds = np.cumsum([0] + [len(rows) for _, rows, _ in groups])
-    return [(np.arange(lo, hi), expert(e)) for (e, _, _), lo, hi in zip(groups, bounds[:-1], bounds[1:])]
+def _products(x: Array, groups: list[tuple[npt.NDArray[np.int64], tuple[Array, ...]]]) -> Array:
+    """x[rows] @ [W_1 | ... | W_p] for each group (rows, (W_1, ..., W_p)), stacked group after group."""
+    y = grouped_matmul([x], groups)
+    if y is not None:
+        return y[0]
+    return np.concatenate([np.concatenate([x[rows] @ w for w in parts], axis=1) for rows, parts in groups])
 
 
 def _cat(groups: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]], i: int) -> npt.NDArray[np.int64]:

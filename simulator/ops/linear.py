@@ -18,8 +18,8 @@ Because every scale is a power of two, both give the same FP32 result up to summ
 (`fast.mxfp4_matmul`, one pass over the packed bytes, when the Numba kernels are on) or, for the
 float64 reference, dequantizes K-chunks and multiplies (`form="reference"`): code that multiplies by a
 weight is the same for a float array and a packed one, and no full float copy of an expert is made.
-The grouped expert ops hand all their packed shards to `grouped_matmul` instead: one compiled call
-(`fast.mxfp4_grouped`) over every (expert, rank, token rows) of a streamed chunk.
+The grouped expert ops hand their packed experts to `grouped_matmul` instead, whole, with each part's TP
+shard: one compiled call (`fast.mxfp4_grouped`) over every (expert, rank, token rows) of a streamed chunk.
 
 Dimension legend: M tokens, K input width, N output width.
 """
@@ -177,46 +177,98 @@ class BF16Weight:
 GROUPED_TILE = 32  # rows of W^T (output columns) per work item of `grouped_matmul`: 57 KB of a 3584-wide part
 
 
-def grouped_matmul(x: Array, groups: list[tuple[npt.NDArray[np.int64], tuple[MXFP4Weight, ...]]],
-                   ranks: int = 1) -> Array | None:
-    """For every group (rows, (W_1, ..., W_p)): x[rows] @ [W_1 | ... | W_p], stacked group after group:
-    [sum of len(rows), sum of N_i], every group's parts the same widths. One compiled call over all of them
-    on all cores (`fast.mxfp4_grouped`, work items of GROUPED_TILE output columns), no Python per weight.
-    `ranks`: runs of that many groups are the TP shards of one expert; their items go tile by tile, rank
-    after rank, so that the row shards' slices of the same rows (adjacent in memory) are read together.
+def grouped_matmul(xs: list[Array], groups: list[tuple[npt.NDArray[np.int64], tuple[MXFP4Weight, ...]]],
+                   shards: tuple[str, ...] | None = None) -> Array | None:
+    """For every rank r < P = len(xs) and every group (rows, (W_1, ..., W_p)): xs[r][rows] @ [W_1^r | ... | W_p^r],
+    W^r rank r's shard of W (`MXFP4Weight.shard`; `shards` names each part's, all "full" when None), stacked
+    group after group: [P, sum of len(rows), sum of the shards' N]. Every group's parts have the same shapes.
+
+    One compiled call over all of them on all cores (`fast.mxfp4_grouped`, work items of GROUPED_TILE output
+    columns). The weight table and the items are array arithmetic on the whole weights' `packed_rows`: Python
+    works per whole weight, not per shard or tile (batch 1, TP16: 48 weights, not 768 shard objects, and
+    31,744 items never sorted). Items go expert by expert, part, tile, then rank, so that the row shards' slices of the
+    same rows (adjacent in memory) are read together. Only the input rows the groups use are permuted, and
+    once for the ranks whose rows are rank 0's bit for bit (FC1's input, the replicated latent activation):
+    at batch 64 a chunk of 21 experts reads ~30 rows, 16 x 30 x 14 KB = 6.9 MB to permute, 9 ms with the
+    concatenation; one rank's with the comparisons, 0.7 ms.
 
     None where it does not apply, and the caller multiplies group by group: the Numba kernels off, a host
     without AVX-512 (`fast.mxfp4_matmul` then decodes into scratch), x neither float32 nor float64, or a
-    weight not a fused `MXFP4Weight` on whole 32-blocks."""
-    if not groups or not fast.numba_enabled() or x.dtype not in (np.float32, np.float64) or not fast.has_avx512():
+    weight not a fused `MXFP4Weight` on whole 32-blocks (a shard's included)."""
+    dtype = xs[0].dtype
+    if not groups or not fast.numba_enabled() or dtype not in (np.float32, np.float64) or not fast.has_avx512():
         return None
-    table: list[tuple[int, ...]] = []
-    spans: list[tuple[int, ...]] = []  # (weight, N, column of its first output, first row, end row, part, group)
-    r0 = 0
-    for g, (rows, parts) in enumerate(groups):
-        col = 0
-        for part, w in enumerate(parts):
-            where = w.packed_rows() if isinstance(w, MXFP4Weight) else None
-            if where is None or w.shape[0] != x.shape[1]:
-                return None
-            spans.append((len(table), w.shape[1], col, r0, r0 + len(rows), part, g))
-            table.append(where)
-            col += w.shape[1]
-        r0 += len(rows)
-    tokens = np.concatenate([rows for rows, _ in groups]).astype(np.int64)
-    return fast.mxfp4_grouped(fast.permute_x(x), tokens, np.array(table, np.int64),
-                              _tiles(np.array(spans, np.int64), ranks), col)
+    ranks, count = len(xs), len(groups[0][1])
+    shards = shards or ("full",) * count
+    weights = [w for _, parts in groups for w in parts]
+    if not all(isinstance(w, MXFP4Weight) for w in weights) or any(len(parts) != count for _, parts in groups):
+        return None
+    rows = [w.packed_rows() for w in weights]
+    if None in rows or any(w.shape != weights[i % count].shape for i, w in enumerate(weights)):
+        return None
+    whole = np.array(rows, np.int64).reshape(len(groups), count, 5)
+    table, widths = [], []
+    for p, how in enumerate(shards):
+        shard = _shard_rows(whole[:, p], weights[p].shape, how, ranks)
+        if shard is None or shard[1][0] != xs[0].shape[1]:
+            return None
+        table.append(shard[0])
+        widths.append(shard[1][1])
+    lengths = np.array([len(r) for r, _ in groups])
+    used, tokens = np.unique(np.concatenate([r for r, _ in groups]), return_inverse=True)
+    blocks = [x[used] for x in xs]
+    bits = [b.view(f"u{b.itemsize}") for b in blocks]
+    shared = np.array([r > 0 and np.array_equal(b, bits[0]) for r, b in enumerate(bits)])  # replicated
+    x = fast.permute_x(np.concatenate([b for b, s in zip(blocks, shared) if not s]))  # [used rows, K] per block
+    block = np.where(shared, 0, np.cumsum(~shared) - 1)  # each rank's block of x
+    tokens = (block[:, None] * len(used) + tokens).ravel()  # y's rows: rank, group, row
+    y = fast.mxfp4_grouped(x, tokens, np.stack(table, axis=1).reshape(-1, 5),
+                           _tiles(lengths, widths, ranks), sum(widths))
+    return y.reshape(ranks, -1, y.shape[1])
 
 
-def _tiles(spans: npt.NDArray[np.int64], ranks: int) -> npt.NDArray[np.int64]:
-    """Work items (weight, n0, n1, col0, r0, r1) of GROUPED_TILE output columns from the spans (weight, N,
-    col, r0, r1, part, group) of whole weights, ordered by expert, part, tile, then rank."""
-    count = -(-spans[:, 1] // GROUPED_TILE)
-    span = np.repeat(np.arange(len(spans)), count)
-    n0 = (np.arange(len(span)) - np.repeat(np.cumsum(count) - count, count)) * GROUPED_TILE
-    w, n, col, r0, r1, part, g = spans[span].T
-    order = np.lexsort((g % ranks, n0, part, g // ranks))
-    return np.stack([w, n0, np.minimum(n0 + GROUPED_TILE, n), col + n0, r0, r1], axis=1)[order]
+def _shard_rows(whole: npt.NDArray[np.int64], shape: tuple[int, int], how: str, tp: int,
+                ) -> tuple[npt.NDArray[np.int64], tuple[int, int]] | None:
+    """Every rank's `packed_rows` of its `how` shard (`MXFP4Weight.shard`) of weights [K, N] whose whole rows
+    are `whole` [G, 5], and the shards' shape: [G, tp, 5]; None when a row shard falls inside a 32-block."""
+    (k, n), r = shape, np.arange(tp)
+    rows = np.repeat(whole[:, None], tp, axis=1)
+    if how == "col":  # W^T rows N/P r ..: the codes' and the scales' addresses move r N/P row strides
+        rows[..., 0] += r * (n // tp) * whole[:, None, 1]
+        rows[..., 2] += r * (n // tp) * whole[:, None, 3]
+        return rows, (k, n // tp)
+    if how == "row":  # K rows K/P r ..: each W^T row's bytes K/P r / 2 .. and scales K/P r / 32 ..
+        if (k // tp) % MX_BLOCK:
+            return None
+        rows[..., 0] += r * (k // tp) // 2
+        rows[..., 2] += r * (k // tp) // MX_BLOCK
+        rows[..., 4] = k // tp // 2
+        return rows, (k // tp, n)
+    return rows, (k, n)
+
+
+def _tiles(lengths: npt.NDArray[np.int64], widths: list[int], ranks: int) -> npt.NDArray[np.int64]:
+    """Work items (weight, n0, n1, col0, r0, r1) of GROUPED_TILE output columns for groups of `lengths` rows
+    times parts of `widths` columns on every rank: weight (group, part, rank) of the table, output rows (rank,
+    group); ordered by group, part, tile, then rank. Written column by column into one array: stacking
+    broadcast columns copied the 3.6 MB of a batch-64 FC2 chunk's 75 k items twice (3.6 ms, 0.3 ms now)."""
+    total, parts = int(lengths.sum()), len(widths)
+    counts = [-(-n // GROUPED_TILE) for n in widths]
+    items = np.empty((len(lengths), sum(counts), ranks, 6), np.int64)
+    g, r = np.arange(len(lengths))[:, None, None], np.arange(ranks)
+    r0 = r * total + (np.cumsum(lengths) - lengths)[:, None, None]  # [G, 1, P]
+    t0 = col = 0
+    for p, (n, count) in enumerate(zip(widths, counts)):
+        part = items[:, t0:t0 + count]  # [G, T, P, 6]
+        n0 = np.arange(0, n, GROUPED_TILE)[:, None]  # [T, 1]
+        part[..., 0] = (g * parts + p) * ranks + r
+        part[..., 1] = n0
+        part[..., 2] = np.minimum(n0 + GROUPED_TILE, n)
+        part[..., 3] = col + n0
+        part[..., 4] = r0
+        part[..., 5] = r0 + lengths[:, None, None]
+        t0, col = t0 + count, col + n
+    return items.reshape(-1, 6)
 
 
 REFERENCE_CHUNK = 256  # K rows dequantized at a time: [N, 256] float64 = 6 MB for N = 3072, cache-resident
