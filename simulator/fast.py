@@ -365,7 +365,7 @@ def mxfp4_grouped(xp: Array, tokens: npt.NDArray[np.int64], wtab: npt.NDArray[np
     The caller keeps the weights alive. Each entry of y is one `mxfp4_dot` whatever the items around it,
     so splitting the work differently changes no bit."""
     dtype = np.float32 if xp.dtype == np.uint16 else xp.dtype  # bfloat16 bits: float32 sums
-    y = np.zeros((len(tokens), width), dtype)
+    y = np.empty((len(tokens), width), dtype)  # the items cover every entry once
     lut = value_lut(dtype)
     wide_from = F32_WIDE_SCALE_BITS if dtype == np.float32 else 256  # those rows scale each weight
     work = int(np.sum((items[:, 2] - items[:, 1]) * wtab[items[:, 0], 4]))  # code bytes read
