@@ -242,12 +242,18 @@ def main() -> int:
     ap.add_argument("--expert-cache-gb", type=float, default=0.5, help="bound of the packed expert cache")
     ap.add_argument("--stream-chunk-gb", type=float, default=0.25, help="packed experts drawn per streamed chunk")
     ap.add_argument("--spill-dir", help="draw each expert part once: later paths read it back from a temporary "
-                    "folder made here (~8 GB at batch 64) instead of drawing it again")
+                    "folder made here (~8 GB at batch 64; the folder is made if missing) instead of drawing it again")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.batch < 1:
         print("--batch must be a positive integer.", file=sys.stderr)
         return 2
+    if args.spill_dir:  # a scratch folder the user names: made if missing, as `mkdir -p` would
+        try:
+            os.makedirs(args.spill_dir, exist_ok=True)
+        except OSError as e:
+            print(f"--spill-dir {args.spill_dir}: cannot make that folder ({e.strerror}).", file=sys.stderr)
+            return 2
     columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TextColumn("{task.fields[rss]}"))
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("starting", total=len(PHASES), rss="")
