@@ -128,11 +128,20 @@ def _flips(ref_diag: dict[str, Any], diag: dict[str, Any], tokens: int) -> list[
     return flips
 
 
+ERR_BLOCK = 1 << 21  # elements a step when comparing: a batch-64 KDA state is 67 M float64 values (0.5 GB)
+
+
 def _err(name: str, x: np.ndarray, ref: np.ndarray, tol: float) -> TensorError:
-    diff = x.astype(np.float64) - ref.astype(np.float64)
-    denom = float(np.linalg.norm(ref)) or 1.0
-    max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
-    return TensorError(name, max_abs, float(np.linalg.norm(diff)) / denom, tol)
+    """Max |x - ref| and ||x - ref|| / ||ref|| in float64, ERR_BLOCK elements at a time: whole-array
+    temporaries (two float64 copies, the difference, its absolute value) were 2 GB for that state."""
+    xs, refs = x.reshape(-1), ref.reshape(-1)
+    max_abs, sq_diff, sq_ref = 0.0, 0.0, 0.0
+    for i in range(0, xs.size, ERR_BLOCK):
+        r = refs[i:i + ERR_BLOCK].astype(np.float64)
+        diff = xs[i:i + ERR_BLOCK].astype(np.float64) - r
+        max_abs = max(max_abs, float(np.max(np.abs(diff))))
+        sq_diff, sq_ref = sq_diff + float(diff @ diff), sq_ref + float(r @ r)
+    return TensorError(name, max_abs, float(np.sqrt(sq_diff)) / (float(np.sqrt(sq_ref)) or 1.0), tol)
 
 
 def _output_errors(out: LayerIO, ref: LayerIO, keep: np.ndarray, precision: str) -> list[TensorError]:

@@ -23,30 +23,34 @@ weights.py and ops/ (they import neither) so the weight store can pack and widen
 
 Dimension legend: M rows (tokens), K reduction width, N output width, S sources, E experts, k picks.
 
-Napkin math for the routed experts (this machine: 2 Ice Lake-server cores at 2.8 GHz, 37-42 GB/s
-in-process copy when quiet; benchmarks/mxfp4_roofline.py and benchmarks/fullsize.py measure it). A full-size
-K3 expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB packed; at batch 1 a rank touches 16 of them, 16
-ranks -> 280 MB per layer, 7 ms at 40 GB/s, 14 ms at half of it. The dequantize-then-GEMM form moves 8x
-(float32) or 15x (float64) those bytes and writes them first. `mxfp4_dot` reads each byte once, and its
-arithmetic is the roof, not the memory:
-- per 64 code bytes (128 weights) and token row it issues, float32: 8 shifts (port 0 only on 512-bit
-  vectors), 8 `vpermps` (port 5 only), 8 multiply-adds, 1 add and the block-scale build and FMA, ~30 vector
-  ops; float64 (8 lanes): 16 + 16 + 16 + ~4, ~52. 512-bit work issues on 2 ports, so >= 15 (float32) and
-  >= 26 (float64) cycles per 68 packed bytes: at 2.8 GHz at most 12.7 and 7.3 GB/s per core (turbo clocks
-  add up to a fifth), 25 and 15 GB/s on both (60 % and 35 % of a 42 GB/s copy). The FMAs alone would allow
-  47 GB/s at float64 (8 lanes x 2 ports x 2 cores x 2.8 GHz = 90 G weights/s x 0.53 B): the shift and the
-  lookup per weight, not the multiply, bind.
-- measured with the data in cache, one core, repeated over an hour of a shared machine: float32 17-22 G
-  weights/s (9-12 GB/s), float64 10-16 (5-8.5 GB/s); streaming 88 MB from memory, one core: 6.6-7.7 and
-  5.1-6.3 GB/s (NumPy's sum reads 10-11 GB/s on one core); both cores add 1.4-1.5x, not 2x.
-- a TP16 down-projection row shard is 96 bytes (1.5 steps: a full step and a masked one) per row, and each
-  dot pays its horizontal sum and tail: 15-40 ns per 96-byte dot, 2.5-6 GB/s per core whatever the roof.
-- around the kernel, per rank and expert, the executor's shard views and the work list cost ~10 us a part:
-  about a quarter of the layer's routed-expert time at batch 1.
-So float64 cannot reach half the copy bandwidth here (its own arithmetic caps it near a third), nor, in
-the layer, float32 (the W4A16 path, `--precision bf16`): measured at batch 1, 3.4 and 4.6 GB/s against a
-40-43 GB/s copy on this machine (8.5 % and 10.5 %), 14-16 % and 19-22 % on 2 quiet cores of another
-AVX-512 Xeon whose copy is 22-26 GB/s (docs/architecture.md has the figures).
+Napkin math for the routed experts. A full-size K3 expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB
+packed; at batch 1 a rank touches 16 of them, 16 ranks -> 280 MB per layer, 7 ms at 40 GB/s, 14 ms at half
+of it. The dequantize-then-GEMM form moves 8x (float32) or 15x (float64) those bytes and writes them
+first. `mxfp4_dot` reads each byte once, and on a CPU its arithmetic is the roof, not the memory (one core
+of either machine below reads 30 GB/s with NumPy's sum; benchmarks/mxfp4_roofline.py and
+benchmarks/fullsize.py measure the rest):
+- float kernel, per 64 code bytes (128 weights) and token row, float32: 8 shifts, 8 `vpermps`, 8
+  multiply-adds, 1 add and the block-scale build and FMA, ~30 vector ops; float64 (8 lanes): 16 + 16 + 16
+  + ~4, ~52. On 2 Ice Lake-server cores at 2.8 GHz (the development machine until 2026-11-30; shifts on
+  port 0 and permutes on port 5 only for 512-bit vectors) >= 15 and >= 26 cycles per 68 packed bytes: at
+  most 12.7 and 7.3 GB/s per core. The FMAs alone would allow 47 GB/s at float64 on 2 cores: the shift and
+  the lookup per weight, not the multiply, bind. Measured there with the data in cache: float32 9-12 GB/s,
+  float64 5-8.5 per core; on the 2 Zen 4 (EPYC, ~3.65 GHz) cores of the machine since 2026-12-01: 10.7-12.9
+  and 6.1-7.0 per core, 16-25 and 7.5-11 on both.
+- bfloat16 x (the W4A16 path: `--precision bf16` activations are bfloat16 values) on AVX-512 BF16 hosts,
+  per 32 code bytes (64 weights): 4 `vpermw` lookups + 3 shifts + 4 `vdpbf16ps` (16 exact products each)
+  + the scale, ~17 ops against the float32 kernel's ~15 per 32 bytes but with a quarter of its
+  multiply-adds. Zen 4 runs the 256-bit shuffles and shifts on two pipes, a `vpermw` apparently as two:
+  ~7 cycles a step, measured 13-17.6 GB/s per core, 19-33 on both (1.25-1.45x the float32 kernel).
+- a TP16 down-projection row shard is 96 bytes a row (3 bf16 steps; a float step and a masked one), and
+  each dot pays its setup and horizontal sum: bf16 8.4-9 ns a slice on one Zen 4 core (6.3 ns when the
+  loop's trip count and width are constants), so the down projection reads ~2/3 as fast as FC1's long rows.
+  The ranks' slices of one row are read as one run, row by row (`_grouped_run`), and the rare wide-scale
+  rows are redone after the loop: that check inside it cost as much as the dot.
+- in the layer (batch 1, bf16, 2 Zen 4 cores, 2026-12-01): FC1 6.3-7.5 ms for 187 MB (25-30 GB/s), FC2
+  5.1-5.3 ms for 94 MB (18 GB/s), ~4.5 ms of Python around them: 15.6-16.8 GB/s for the routed experts,
+  0.42-0.61 of the in-process copy, which itself reads 26-48 GB/s on this VM from one run to the next. At
+  fp64 7.3-8.0 GB/s (0.26-0.30): float64 arithmetic caps it.
 
 Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
 run the NumPy forms that way); every fused op in ops/ asks it per call, so there is no module state.

@@ -36,3 +36,17 @@ def test_available_memory_reads_the_machine():
 def test_check_json_reports_its_estimate():
     doc = json.loads(runner.invoke(app, ["check", "--json"]).stdout)
     assert 0.2 <= doc["memory_estimate_gb"] < 1.0  # tiny-k3: mostly the interpreter baseline
+
+
+def test_errors_in_blocks_are_the_whole_array_errors(monkeypatch):
+    """`check._err` walks the arrays ERR_BLOCK elements at a time (no state-sized temporaries); the figures
+    are the whole-array ones, for float32 against float64 and a block that does not divide the size."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((5, 7, 11))
+    x = (ref + 1e-3 * rng.standard_normal(ref.shape)).astype(np.float32)
+    monkeypatch.setattr(check, "ERR_BLOCK", 37)
+    got = check._err("t", x, ref, 1e-2)
+    diff = x.astype(np.float64) - ref
+    assert got.max_abs_error == np.max(np.abs(diff))
+    np.testing.assert_allclose(got.rel_rms_error, np.linalg.norm(diff) / np.linalg.norm(ref), rtol=1e-12)
