@@ -6,7 +6,8 @@
 
 What it measures, in one process:
 - compile: a tiny-k3 check of the same layer type first, then the parallel forms its small weights do not
-  reach (`warm_parallel_forms`), so every Numba kernel is compiled or loaded from its on-disk cache (`cache_hits` / `cache_misses` say which): the first run after an install pays
+  reach (`warm_parallel_forms`), so every Numba kernel is compiled or loaded from its on-disk cache
+  (`cache_hits` / `cache_misses` say which): the first run after an install pays
   the compile, later runs the cache load;
 - drawing (`draw_s`): the layer's dense weights drawn once on all cores (one stream per tensor), then per
   path the routed experts it draws. Experts stream expert-major: a chunk of touched experts (256 MB

@@ -88,7 +88,8 @@ def grouped_figures(rng, codes, bits, down_codes, down_bits, part, threads):  # 
         x, hs = (x, hs) if values is None else (values(x), [values(h) for h in hs])
         for label, t in (("", threads), ("_one_thread", 1)):
             numba.set_num_threads(t)
-            doc[f"grouped_part_{name}{label}_gbps"] = part / median_s(lambda: grouped_matmul([x], [(np.arange(1), (whole,))])) / GB
+            doc[f"grouped_part_{name}{label}_gbps"] = part / median_s(
+                lambda: grouped_matmul([x], [(np.arange(1), (whole,))])) / GB
         numba.set_num_threads(threads)
         doc[f"grouped_down_shards_{name}_gbps"] = part / median_s(
             lambda: grouped_matmul(hs, [(np.arange(1), (down,))], ("row",))) / GB

@@ -362,8 +362,9 @@ def mxfp4_grouped(xp: Array, tokens: npt.NDArray[np.int64], wtab: npt.NDArray[np
                   items: npt.NDArray[np.int64], width: int) -> Array:
     """Many packed weights times gathered token rows in one compiled call (the routed experts of a chunk).
 
-    xp [T, P] token rows permuted (`permute_x`: float, or bfloat16 bits summed in float32); wtab [W, 5] one packed W^T per row: address of its first
-    code byte, code row stride, address of its first scale byte, scale row stride, code bytes per row
+    xp [T, P] token rows permuted (`permute_x`: float, or bfloat16 bits summed in float32); wtab [W, 5] one
+    packed W^T per row: address of its first code byte, code row stride, address of its first scale byte,
+    scale row stride, code bytes per row
     (K/2, whole blocks); items [I, 6]: (weight w, n0, n1, col0, r0, r1): y[r, col0 + n - n0] =
     x[tokens[r]] @ W_w[:, n] for n0 <= n < n1, r0 <= r < r1.   -> y [len(tokens), width]
     The caller keeps the weights alive. Each entry of y is one `mxfp4_dot` whatever the items around it,
@@ -453,7 +454,8 @@ def _grouped_item(xp, tokens, wtab, items, lut, wide_from, y, i):  # type: ignor
         for r in range(r0, r1):
             for n in range(n1 - n0):
                 if _wide(scales, n * s_stride, nbytes, wide_from):
-                    y[r, col + n] = _dot_loops(codes, n * c_stride, scales, n * s_stride, lut, xp[tokens[r]], 0, nbytes, True)
+                    x = xp[tokens[r]]
+                    y[r, col + n] = _dot_loops(codes, n * c_stride, scales, n * s_stride, lut, x, 0, nbytes, True)
 
 
 @jitable
@@ -480,14 +482,15 @@ def _grouped_run(xp, tokens, wtab, items, lut, wide_from, y, i, j):  # type: ign
     for n in range(n1 - n0):
         c0, s0 = n * c_stride, n * s_stride
         for e in range(count):
-            stage[n, e] = mxfp4_dot(codes, c0 + slot[e, 0], scales, s0 + slot[e, 0] // 16, lut, flat, slot[e, 1], nbytes)
+            c, x0 = c0 + slot[e, 0], slot[e, 1]
+            stage[n, e] = mxfp4_dot(codes, c, scales, s0 + slot[e, 0] // 16, lut, flat, x0, nbytes)
     if _span_top(scales, wide_from) >= wide_from:  # rare: the rows with a wide scale again, weight by weight
         for n in range(n1 - n0):
             c0, s0 = n * c_stride, n * s_stride
             for e in range(count):
-                if _wide(scales, s0 + slot[e, 0] // 16, nbytes, wide_from):
-                    stage[n, e] = _dot_loops(codes, c0 + slot[e, 0], scales, s0 + slot[e, 0] // 16, lut, flat, slot[e, 1],
-                                             nbytes, True)
+                c, s, x0 = c0 + slot[e, 0], s0 + slot[e, 0] // 16, slot[e, 1]
+                if _wide(scales, s, nbytes, wide_from):
+                    stage[n, e] = _dot_loops(codes, c, scales, s, lut, flat, x0, nbytes, True)
     at = 0
     for k in range(i, j):
         for r in range(items[k, 4], items[k, 5]):

@@ -329,7 +329,8 @@ def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, x0, nbytes):  # ty
         with builder.if_then(builder.icmp_unsigned("!=", tail, ir.Constant(i64, 0))):
             half = builder.load(builder.bitcast(builder.gep(cbase, [builder.mul(steps, ir.Constant(i64, 32))]),
                                                 bytes16.as_pointer()), align=1)
-            codes = builder.shuffle_vector(half, ir.Constant(bytes16, [0] * 16), ir.Constant(ir.VectorType(i32, 32), list(range(32))))
+            widen = ir.Constant(ir.VectorType(i32, 32), list(range(32)))  # block 1's bytes zero
+            codes = builder.shuffle_vector(half, ir.Constant(bytes16, [0] * 16), widen)
             step(steps, codes, 1, accs[1])
         return _lane_sum(builder, builder.fadd(builder.load(accs[0]), builder.load(accs[1])), 8)
     return types.float32(codes, types.int64, scales, types.int64, lut, xb, types.int64, types.int64), codegen

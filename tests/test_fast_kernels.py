@@ -394,7 +394,8 @@ def test_grouped_runs_are_the_ranks_slices_of_the_same_rows():
     for weights, run in ((rows, 4), (cols, 1)):
         wtab = _table(weights)
         items = np.array([(w, n0, n0 + 32, n0, w, w + 1) for n0 in (0, 32) for w in range(len(weights))], np.int64)
-        assert [fast._run_end(wtab, items, i, len(items)) - i for i in range(0, len(items), run)] == [run] * (len(items) // run)
+        ends = [fast._run_end(wtab, items, i, len(items)) - i for i in range(0, len(items), run)]
+        assert ends == [run] * (len(items) // run)
     wtab = _table(rows[::-1])  # not in memory order: no run
     assert fast._run_end(wtab, np.array([(w, 0, 32, 0, w, w + 1) for w in range(4)], np.int64), 0, 4) == 1
 
