@@ -218,16 +218,17 @@ CHUNK = 256  # points evaluated together at most: their interval plans share one
 
 def evaluate_points(points: Iterator[dict[str, Any]], kind: str, count: int, workers: int,
                     interval: bool = True) -> Iterator[list[dict[str, Any]]]:
-    """Each point's rows, in order, chunk by chunk (`_evaluate_chunk`). With several workers, chunks of
+    """Each point's rows, in order, chunk by chunk (`_chunk_rows`). With several workers, chunks of
     consecutive points go to forked processes (neighbours in the grid share plan shapes, so each worker's plan
     caches hit), at most two chunks per worker in flight (the grid is never held whole), and results are
     yielded in grid order. Fork is safe here: the cost model runs no parallel Numba kernel, whose thread pool
     a fork would lose."""
-    size = max(1, min(CHUNK, count // (16 * workers)))
+    serial = workers <= 1 or count < PARALLEL_MIN_POINTS
+    size = CHUNK if serial else max(1, min(CHUNK, count // (16 * workers)))
     chunks = iter(lambda: list(itertools.islice(points, size)), [])
-    if workers <= 1 or count < PARALLEL_MIN_POINTS:
+    if serial:
         for chunk in chunks:
-            yield from _evaluate_chunk(chunk, kind, interval)
+            yield from _chunk_rows(chunk, kind, interval)
         return
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_ignore_sigint)
     try:
@@ -240,10 +241,16 @@ def evaluate_points(points: Iterator[dict[str, Any]], kind: str, count: int, wor
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _evaluate_chunk(points: list[dict[str, Any]], kind: str, interval: bool) -> list[list[dict[str, Any]]]:
+def _chunk_rows(points: list[dict[str, Any]], kind: str, interval: bool) -> Iterator[list[dict[str, Any]]]:
+    """The points' rows one point at a time (a Ctrl-C keeps the finished ones), their interval plans scheduled
+    together first."""
     if interval and kind == "step":
         _schedule_step_draws(points)
-    return [evaluate(p, kind, interval) for p in points]
+    return (evaluate(p, kind, interval) for p in points)
+
+
+def _evaluate_chunk(points: list[dict[str, Any]], kind: str, interval: bool) -> list[list[dict[str, Any]]]:
+    return list(_chunk_rows(points, kind, interval))
 
 
 def _ignore_sigint() -> None:
