@@ -54,13 +54,18 @@ def _interval_spec(interval: bool) -> Any:
     return IntervalSpec(draws=SWEEP_INTERVAL_DRAWS)
 
 
+def _step_inputs(point: dict[str, Any]) -> tuple:
+    """`step_report`'s leading arguments at a point: (cfg, hw, tp, batch, context, draft tokens, acceptance
+    length, variant, drafter, fusions, routing)."""
+    return (_model(point["model"], point["precision"]), _hardware(point["hardware"]), point["tp"], point["batch"],
+            point["context"], point["draft_tokens"], point["acceptance_length"], point["variant"], point["drafter"],
+            _fusions(point), _routing(point))
+
+
 def _step_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, Any]]:
     from simulator.cost.fastsim import makespan_us  # thousands of plans: the compiled loop repays its load
     from simulator.report.summary import step_report
-    doc = step_report(_model(point["model"], point["precision"]), _hardware(point["hardware"]), point["tp"],
-                      point["batch"], point["context"], point["draft_tokens"], point["acceptance_length"],
-                      point["variant"], point["drafter"], _fusions(point), _routing(point),
-                      interval=_interval_spec(interval), makespan=makespan_us)
+    doc = step_report(*_step_inputs(point), interval=_interval_spec(interval), makespan=makespan_us)
     rows = []
     for variant, v in doc["variants"].items():
         row = {"variant": variant, "step_ms": v["step_ms"], "tokens_per_s": v["tokens_per_s"],
@@ -71,6 +76,34 @@ def _step_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, A
         row |= {f"{k}_ms": x for k, x in v["breakdown_ms"].items()}
         rows.append(row | _memory_columns(doc["memory_gb"]))
     return rows
+
+
+def _schedule_step_draws(points: list[dict[str, Any]]) -> None:
+    """Schedule under each GPU's draws, in one lockstep loop per GPU, every plan the points' step intervals
+    will read, so that each point's own pricing finds them all (`uncertainty.priced`: one run, no loop).
+    Why: a loop over 2 plans x 100 draws is all NumPy call overhead (~50 ms, ~80 events); over a chunk's
+    ~100 plans it costs a few times that, not 50 times. Points that differ only in acceptance length build
+    the same plans (it only scales the tokens) and are named once; an impossible point names none."""
+    from simulator.cost.step import estimate_step
+    from simulator.cost.uncertainty import schedule_plans, uncertainty_for
+    from simulator.report.summary import variants_of
+    plans: dict[Any, list] = {}
+    named = set()
+    for point in points:
+        key = tuple(v for k, v in point.items() if k != "acceptance_length")
+        if key in named:
+            continue
+        cfg, hw, tp, batch, context, draft, accept, variant, drafter, fusions, routing = _step_inputs(point)
+        todo = plans.setdefault(hw, [])
+        try:
+            for v in variants_of(variant):
+                estimate_step(cfg, hw, v, tp, batch, context, draft, accept, drafter, fusions, routing,
+                              lambda plan, _: todo.append(plan) or 1.0)
+        except UserError:
+            continue
+        named.add(key)
+    for hw, todo in plans.items():
+        schedule_plans(todo, uncertainty_for(hw, _interval_spec(True)).sample)
 
 
 def _layer_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, Any]]:
@@ -180,19 +213,23 @@ def run(sc: Scenario, out_dir: str | Path | None = None, progress: Callable[[int
 
 
 PARALLEL_MIN_POINTS = 64  # fewer run in this process: starting workers would cost more than they save
+CHUNK = 256  # points evaluated together at most: their interval plans share one lockstep loop per GPU
 
 
 def evaluate_points(points: Iterator[dict[str, Any]], kind: str, count: int, workers: int,
                     interval: bool = True) -> Iterator[list[dict[str, Any]]]:
-    """Each point's rows, in order. With several workers, chunks of consecutive points go to forked
-    processes (neighbours in the grid share plan shapes, so each worker's plan caches hit), at most two
-    chunks per worker in flight (the grid is never held whole), and results are yielded in grid order.
-    Fork is safe here: the cost model runs no parallel Numba kernel, whose thread pool a fork would lose."""
-    if workers <= 1 or count < PARALLEL_MIN_POINTS:
-        yield from (evaluate(p, kind, interval) for p in points)
-        return
-    size = max(1, min(256, count // (16 * workers)))
+    """Each point's rows, in order, chunk by chunk (`_chunk_rows`). With several workers, chunks of
+    consecutive points go to forked processes (neighbours in the grid share plan shapes, so each worker's plan
+    caches hit), at most two chunks per worker in flight (the grid is never held whole), and results are
+    yielded in grid order. Fork is safe here: the cost model runs no parallel Numba kernel, whose thread pool
+    a fork would lose."""
+    serial = workers <= 1 or count < PARALLEL_MIN_POINTS
+    size = CHUNK if serial else max(1, min(CHUNK, count // (16 * workers)))
     chunks = iter(lambda: list(itertools.islice(points, size)), [])
+    if serial:
+        for chunk in chunks:
+            yield from _chunk_rows(chunk, kind, interval)
+        return
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_ignore_sigint)
     try:
         pending = deque(pool.submit(_evaluate_chunk, c, kind, interval) for c in itertools.islice(chunks, 2 * workers))
@@ -204,8 +241,16 @@ def evaluate_points(points: Iterator[dict[str, Any]], kind: str, count: int, wor
         pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _chunk_rows(points: list[dict[str, Any]], kind: str, interval: bool) -> Iterator[list[dict[str, Any]]]:
+    """The points' rows one point at a time (a Ctrl-C keeps the finished ones), their interval plans scheduled
+    together first."""
+    if interval and kind == "step":
+        _schedule_step_draws(points)
+    return (evaluate(p, kind, interval) for p in points)
+
+
 def _evaluate_chunk(points: list[dict[str, Any]], kind: str, interval: bool) -> list[list[dict[str, Any]]]:
-    return [evaluate(p, kind, interval) for p in points]
+    return list(_chunk_rows(points, kind, interval))
 
 
 def _ignore_sigint() -> None:

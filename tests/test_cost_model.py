@@ -209,3 +209,18 @@ def test_layers_sharing_a_plan_shape_build_the_same_kernels(model, layer):
         moved += [replace(SHAPES[1], context=5000)] if cfg.attn_kinds[representative_layer(cfg, layer)] == "mla" else []
         for shape in moved if layer != "dense" else moved[:1]:
             assert plan_shape(cfg, shape, layer) != plan_shape(cfg, SHAPES[1], layer)
+
+
+@pytest.mark.parametrize("model", ["kimi-k3", "tiny-deepseek"])
+def test_heads_sharing_a_head_shape_build_the_same_kernels(model):
+    """The step prices one head (and draft head) per `head_shape`: the context and routing it drops must not
+    change the kernels, and the tokens it keeps must."""
+    from simulator.cost.step import head_shape
+    from simulator.plans.head import draft_head_plan, head_plan
+    cfg = load_model(model)
+    for shape in SHAPES:
+        same = head_shape(shape)
+        for variant in ("standard", "specialized"):
+            assert head_plan(cfg, 8, shape, variant).kernels == head_plan(cfg, 8, same, variant).kernels
+        assert draft_head_plan(cfg, 8, shape, 3).kernels == draft_head_plan(cfg, 8, same, 3).kernels
+    assert head_shape(replace(SHAPES[1], tokens_per_seq=2)) != head_shape(SHAPES[1])

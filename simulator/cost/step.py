@@ -98,9 +98,15 @@ def plan_shape(cfg: ModelConfig, shape: DecodeShape, layer_type: str) -> DecodeS
 
 def _head(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, variant: str, pdl: bool,
           makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> tuple[Any, int]:
-    """(makespan, kernel count) of the model head."""
+    """(makespan, kernel count) of the model head, `shape` as `head_shape` gives it."""
     plan = head_plan(cfg, tp, shape, variant, pdl)
     return makespan(plan, hw), len(plan)
+
+
+def head_shape(shape: DecodeShape) -> DecodeShape:
+    """The shape with only what the head reads, its tokens (embedding rows, LM head, sampling): one head plan
+    per batch and draft length, not per context and routing as well (a sweep prices each one under 100 draws)."""
+    return DecodeShape(shape.batch, shape.tokens_per_seq, 0)
 
 
 def _draft(drafter: ModelConfig, hw: HardwareProfile, tp: int, batch: int, draft_tokens: int, context: int,
@@ -127,8 +133,11 @@ def drafter_plans(drafter: ModelConfig, tp: int, batch: int, draft_tokens: int, 
     m_tokens = batch * draft_tokens if drafting == "block" else batch
     shape = DecodeShape(m_tokens, 1, context)
     layers = [standard.build(drafter, tp, shape, "dense", i) for i in range(drafter.num_layers)]
-    head = draft_head_plan(drafter, tp, shape, taps)
+    head = _draft_head_plan(drafter, tp, head_shape(shape), taps)
     return tuple(layers) + (head,), (1 if drafting == "block" else draft_tokens)
+
+
+_draft_head_plan = lru_cache(maxsize=1024)(draft_head_plan)  # one object per head shape, as `head_plan`
 
 
 # ---------------------------------------------------------------------------------------
@@ -194,7 +203,7 @@ def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, 
             breakdown[f"{layer_type}_layers"] = count * per_layer[layer_type]
             kernels += count * n
     pdl = variant == "specialized" and (fusions is None or "pdl_prefetch" in fusions)
-    breakdown["head"], n = head(cfg, hw, tp, shape, variant, pdl)
+    breakdown["head"], n = head(cfg, hw, tp, head_shape(shape), variant, pdl)
     kernels += n
     if draft_tokens:
         dcfg, drafting, taps = load_drafter(drafter)

@@ -231,6 +231,8 @@ class Sample:
     timelines: dict = field(default_factory=dict, compare=False, repr=False)  # id(plan) -> (plan, makespans
     # before the structural factor): plans are cached and immutable, and the conditioning prices the figures'
     # plans, which a default `step` prices again
+    terms: dict = field(default_factory=dict, compare=False, repr=False)  # kernel -> `kernel_draws`: plans of
+    # neighbouring shapes share most kernels (an MLA layer at two contexts: 25 of 27)
 
     @property
     def n(self) -> int:
@@ -312,7 +314,10 @@ def _draw_arrays(plan: Plan, sample: Sample) -> tuple:
     """The plan's `events.simulate` arrays under every draw: phases [N, n] re-priced on the drawn constants and
     scaled by the kernels' family factors; the layout (deps, bytes, prefetch targets) is the same in all."""
     pred, deps, nbytes, can_pf = plan_layout(plan)
-    launch, fixed, math_us, comm, stream = np.stack([kernel_draws(k, sample) for k in plan], axis=2)  # [5, N, n]
+    terms = np.empty((5, sample.n, len(plan)))
+    for i, k in enumerate(plan):
+        terms[:, :, i] = kernel_draws(k, sample)
+    launch, fixed, math_us, comm, stream = terms  # [N, n] each
     index = {f: j for j, f in enumerate(FAMILIES)}
     none = len(FAMILIES)
     fams = [kernel_families(k) for k in plan]
@@ -321,26 +326,45 @@ def _draw_arrays(plan: Plan, sample: Sample) -> tuple:
     return pred, deps, launch, fixed * fw, math_us * fw, comm * fc, nbytes, stream * 1e-6 / fw, can_pf
 
 
+TERMS_KEPT = 20_000  # kernels whose draws a sample remembers (5 x 100 draws: 4 KB each, 80 MB): then it forgets all
+
+
 def kernel_draws(kernel: Kernel, sample: Sample) -> Array:
-    """`kernel_terms` under every draw [5, N]: one call on a profile whose drawn constants are arrays, or, should
-    the pricing branch on a drawn constant (numpy refuses to branch on an array), one call per draw."""
+    """`kernel_terms` under every draw [5, N], remembered per kernel (equal kernels price the same: pricing
+    reads no field that equality ignores): one call on a profile whose drawn constants are arrays, or,
+    should the pricing branch on a drawn constant (numpy refuses to branch on an array), one call per draw."""
+    seen = sample.terms.get(kernel)
+    if seen is not None:
+        return seen
     try:
         terms = kernel_terms(kernel, sample.stacked)
-        return np.stack([np.broadcast_to(np.asarray(t, dtype=np.float64), (sample.n,)) for t in terms])
+        out = np.empty((5, sample.n))
+        for j, t in enumerate(terms):
+            out[j] = t
     except (TypeError, ValueError):
-        return np.array([kernel_terms(kernel, hw) for hw in sample.profiles], dtype=np.float64).T
+        out = np.array([kernel_terms(kernel, hw) for hw in sample.profiles], dtype=np.float64).T
+    if len(sample.terms) >= TERMS_KEPT:
+        sample.terms.clear()
+    sample.terms[kernel] = out
+    return out
 
 
 def priced(sample: Sample, price: Callable[[Callable[[Plan, HardwareProfile], Array]], Any]) -> Any:
-    """`price(makespan)` under the sample's draws, every plan it asks for scheduled together first: a dry
-    run with a stand-in makespan names the plans, one lockstep loop schedules them, the real run reads them."""
-    asked: list[Plan] = []
+    """`price(makespan)` under the sample's draws, every plan it asks for scheduled together: a first run reads
+    the plans already scheduled and names the others (a stand-in for their draws); if it named any, one
+    lockstep loop schedules them all and a second run reads them. Plans scheduled beforehand (a sweep
+    schedules a chunk of points' plans in one loop, `schedule_plans`) cost one run."""
+    missing: list[Plan] = []
 
-    def record(plan: Plan, hw: HardwareProfile) -> Array:
-        asked.append(plan)
+    def seen_or_named(plan: Plan, hw: HardwareProfile) -> Array:
+        if sample.timelines.get(id(plan), (None,))[0] is plan:
+            return plan_draws(plan, sample)
+        missing.append(plan)
         return np.ones(sample.n)
-    price(record)
-    schedule_plans(asked, sample)
+    result = price(seen_or_named)
+    if not missing:
+        return result
+    schedule_plans(missing, sample)
     return price(makespan_with(sample))
 
 
