@@ -35,7 +35,7 @@ from simulator.dtypes import Array
 from simulator.errors import UserError
 from simulator.ops.collectives import all_reduce_one_shot
 from simulator.ops.linear import MXFP4Weight, grouped_matmul
-from simulator.ops.pointwise import sigmoid
+from simulator.ops.pointwise import sigmoid, sigmoid_exp
 from simulator.weights import Packed
 
 ExpertFn = Callable[[int], tuple[Array, ...]]  # e -> the parts of expert e's TP shard a kernel declares
@@ -68,6 +68,26 @@ def glu(g: Array, u: Array, cfg: ModelConfig) -> Array:
         b1, b2 = cfg.situ_beta, cfg.situ_linear_beta
         return (b1 * np.tanh(g / b1) * sig) * (b2 * np.tanh(u / b2))
     return g * sig * u
+
+
+def glu_product(gu: Array, cfg: ModelConfig) -> Array:
+    """`glu` as the kernels run it, on the gate+up product: [..., 2F] = [gate | up] -> [..., F]. The same
+    formula and order of products, with `sigmoid_exp` (NumPy's SIMD exp, not logaddexp's scalar loop) and in
+    place on its temporaries: SiTU on FC1's [16 ranks, 16 rows, 192] float32 at batch 1 ~0.8 -> 0.2 ms. Within
+    a few ulp of `glu`, which the float64 reference keeps. (A Numba loop was slower: scalar tanhf, ~19 ns.)"""
+    g, u = np.split(gu, 2, axis=-1)
+    h = sigmoid_exp(g)
+    if cfg.hidden_act == "situ":
+        b1, b2 = cfg.situ_beta, cfg.situ_linear_beta
+        gate, up = np.tanh(g / b1), np.tanh(u / b2)
+        gate *= b1
+        gate *= h
+        up *= b2
+        gate *= up
+        return gate
+    h *= g
+    h *= u
+    return h
 
 
 def mlp_reference(x: Array, w_gate: Array, w_up: Array, w_down: Array, cfg: ModelConfig) -> Array:
@@ -153,7 +173,7 @@ def expert_fc1_ranks(zs: list[Array], topk_idx: list[npt.NDArray[np.int64]], exp
     groups = list(_groups(topk_idx[0], only))
     rows, slots = (_cat(groups, 1), _cat(groups, 2)) if groups else (None, None)
     gu = _products_over_ranks(zs, [(e, r) for e, r, _ in groups], experts) if groups else []
-    hs = glu(*np.split(gu, 2, axis=-1), cfg) if groups else []  # [P, rows of all groups, F/P]
+    hs = glu_product(gu, cfg) if groups else []  # [P, rows of all groups, F/P]
 
     def write(out: Array, h: Array) -> None:
         out[rows, slots] = h
@@ -266,8 +286,7 @@ def _groups(topk_idx: npt.NDArray[np.int64], only: Collection[int] | None = None
 # ===================================================================== dense kernels of the plans
 def glu_split(gu: Array, *, cfg: ModelConfig) -> Array:
     """The activation kernel: [M, 2F] = [gate | up] -> [M, F]."""
-    g, u = np.split(gu, 2, axis=-1)
-    return glu(g, u, cfg)
+    return glu_product(gu, cfg)
 
 
 def linear_glu(x: Array, w_gate_up: Array, *, cfg: ModelConfig) -> Array:
