@@ -5,6 +5,7 @@ import pytest
 
 from simulator.ops import collectives as col
 from simulator.ops import experts as ex
+from simulator.ops import expert_kernels
 from simulator.ops import norm
 from simulator.ops.router import route_fused, route_reference
 from simulator.weights import LayerWeights
@@ -105,6 +106,25 @@ def test_glu_product_is_glu_within_a_few_ulp(request, model, dtype):
     got = ex.glu_product(gu, cfg)
     assert got.dtype == dtype
     assert np.all(np.abs(got - ref) <= 32 * np.spacing(np.abs(ref)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float64", "float32"])
+def test_scale_add_rows_is_scale_then_add_at(monkeypatch, dtype):
+    """Compiled, its .py_func and the NumPy form == scale in out's dtype, then np.add.at, bit for bit: a row
+    repeated adds in order, a float64 weight rounds to float32 before the product (no FMA either)."""
+    rng = np.random.default_rng(0)
+    rows, weight = np.array([2, 0, 2, 1, 2]), rng.random(5)
+    values, start = rng.standard_normal((5, 37)).astype(dtype), rng.standard_normal((3, 37)).astype(dtype)
+    want = start.copy()
+    np.add.at(want, rows, weight.astype(dtype)[:, None] * values)
+    for backend in ("numba", "numpy"):
+        monkeypatch.setenv("MOE_SIM_KERNELS", backend)
+        got = start.copy()
+        expert_kernels.scale_add_rows(got, rows, weight, values)
+        np.testing.assert_array_equal(got, want)
+    py = start.copy()
+    expert_kernels._scale_add_rows.py_func(py, rows, weight.astype(dtype), values)
+    np.testing.assert_array_equal(py, want)
 
 
 def test_expected_unique_experts():

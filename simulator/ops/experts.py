@@ -29,11 +29,11 @@ from typing import Any, Callable, Collection
 import numpy as np
 import numpy.typing as npt
 
-from simulator import fast
 from simulator.config import ModelConfig
 from simulator.dtypes import Array
 from simulator.errors import UserError
 from simulator.ops.collectives import all_reduce_one_shot
+from simulator.ops.expert_kernels import scale_add_rows
 from simulator.ops.linear import MXFP4Weight, grouped_matmul
 from simulator.ops.pointwise import sigmoid, sigmoid_exp
 from simulator.weights import Packed
@@ -157,7 +157,7 @@ def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: 
     """FC2 with the routing weight and the scatter-add in its epilogue; expert(e) = (w_down,).
     [M, k, F/P] -> [M, Din]. Never writes the [M, k, Din] slot outputs: at M = 8, k = 16, Din = 3584
     that is 0.9 MB of bf16 not written and not re-read, and one launch fewer. The adds into a token's
-    row run in expert order (`fast.add_rows`, sequential), so chunked calls add in the single call's order."""
+    row run in expert order (`scale_add_rows`, sequential), so chunked calls add in the single call's order."""
     return expert_fc2_finalize_ranks([h], [topk_idx], [topk_weight], [expert], only=only, outs=[out])[0]
 
 
@@ -198,8 +198,7 @@ def expert_fc2_finalize_ranks(hs: list[Array], topk_idx: list[npt.NDArray[np.int
 
     def write(out: Array, product: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], Array, Array]) -> None:
         rows, slots, y, weight = product
-        y *= weight[rows, slots, None].astype(out.dtype)  # y is this call's product: no [rows, Din] temporary
-        fast.add_rows(out, rows, y)
+        scale_add_rows(out, rows, weight[rows, slots], y)
     return _continue(outs, len(hs), products, lambda p: (topk_idx[0].shape[0], p[2].shape[1]), hs[0].dtype, write)
 
 
