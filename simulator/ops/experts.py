@@ -273,13 +273,11 @@ def _groups(topk_idx: npt.NDArray[np.int64], only: Collection[int] | None = None
     flat = topk_idx.ravel()
     order = np.argsort(flat, kind="stable")
     experts, starts = np.unique(flat[order], return_index=True)
-    bounds = list(starts[1:]) + [len(flat)]
-    k = topk_idx.shape[1]
-    keep = np.ones(len(experts), bool) if only is None else np.isin(experts, np.asarray(list(only)))
-    for e, lo, hi, kept in zip(experts, starts, bounds, keep):
-        if kept:
-            pos = order[lo:hi]
-            yield int(e), pos // k, pos % k
+    rows, slots = np.divmod(order, topk_idx.shape[1])  # once, each group a slice: not two divisions a group
+    wanted = None if only is None else set(only)  # np.isin took ~25 us at batch 1
+    for e, lo, hi in zip(experts.tolist(), starts.tolist(), starts[1:].tolist() + [len(flat)]):
+        if wanted is None or e in wanted:
+            yield e, rows[lo:hi], slots[lo:hi]
 
 
 # ===================================================================== dense kernels of the plans
