@@ -218,7 +218,7 @@ def grouped_matmul(xs: list[Array], groups: list[tuple[npt.NDArray[np.int64], tu
         widths.append(shard[1][1])
     lengths = np.array([len(r) for r, _ in groups])
     used, tokens = np.unique(np.concatenate([r for r, _ in groups]), return_inverse=True)
-    blocks = [x[used] for x in xs]
+    blocks = xs if len(used) == len(xs[0]) else [x[used] for x in xs]  # every row (batch 1): no gathers
     bits = [b.view(f"u{b.itemsize}") for b in blocks]
     shared = np.array([r > 0 and np.array_equal(b, bits[0]) for r, b in enumerate(bits)])  # replicated
     kept = [b for b, s in zip(blocks, shared) if not s]  # [used rows, K] each
