@@ -191,3 +191,23 @@ def test_mxfp4_linear_chunked_is_the_float64_product(rows):
     w_abs = np.abs(mxfp4_dequantize(w_t, np.float64).T[k0:k1])
     assert np.all(np.abs(got - want) <= 2 * (k1 - k0) * np.finfo(np.float64).eps * (np.abs(x) @ w_abs))
     np.testing.assert_array_equal(mxfp4_linear_chunked(x[1:2], w)[0], got[1])
+
+
+@pytest.mark.parametrize("lengths, widths, ranks", [([1] * 4, [96], 16), ([3, 1, 2], [64, 40], 2), ([5], [31], 1)],
+                         ids=str)
+def test_tiles_cover_every_output_entry_once_in_item_order(lengths, widths, ranks):
+    """grouped_matmul's work items, compiled and .py_func: each (row, column) of y in exactly one item whose
+    weight is the row's (group, part, rank); items ordered by group, part, tile, then rank."""
+    lengths, widths = np.array(lengths), np.array(widths)
+    got = expert_kernels.tiles(lengths, widths, ranks, 32)
+    np.testing.assert_array_equal(expert_kernels.tiles.py_func(lengths, widths, ranks, 32), got)
+    total, starts = lengths.sum(), np.cumsum(widths) - widths
+    hits = np.zeros((ranks * total, widths.sum()), int)
+    for w, n0, n1, col0, r0, r1 in got:
+        group, part, rank = w // (len(widths) * ranks), w // ranks % len(widths), w % ranks
+        first = rank * total + lengths[:group].sum()
+        assert (r0, r1, col0) == (first, first + lengths[group], starts[part] + n0) and 0 <= n0 < n1 <= widths[part]
+        hits[r0:r1, col0:col0 + n1 - n0] += 1
+    assert np.all(hits == 1)
+    key = [(w // ranks, n0, w % ranks) for w, n0, *_ in got]  # (group, part) as one, tile, rank
+    assert key == sorted(key)
