@@ -185,9 +185,9 @@ def grouped_matmul(xs: list[Array], groups: list[tuple[npt.NDArray[np.int64], tu
     group after group: [P, sum of len(rows), sum of the shards' N]. Every group's parts have the same shapes.
 
     One compiled call over all of them on all cores (`fast.mxfp4_grouped`, work items of GROUPED_TILE output
-    columns). The weight table is array arithmetic on the whole weights' `packed_rows` and the items one compiled
-    pass (`ops.expert_kernels.tiles`): Python works per whole weight, not per shard or tile (batch 1, TP16: 48
-    weights, not 768 shard objects, and 31,744 items never sorted). Items go expert by expert, part, tile, then rank, so that the row shards' slices of the
+    columns, listed by `expert_kernels.tiles`). The weight table is arithmetic on the whole `packed_rows`: Python
+    works per whole weight, not per shard or tile (batch 1, TP16: 48 weights, not 768 shard objects, and
+    31,744 items never sorted). Items go expert by expert, part, tile, then rank, so that the row shards' slices of the
     same rows (adjacent in memory) are read together. Only the input rows the groups use are permuted, and
     once for the ranks whose rows are rank 0's bit for bit (FC1's input, the replicated latent activation):
     at batch 64 a chunk of 21 experts reads ~30 rows, 16 x 30 x 14 KB = 6.9 MB to permute, 9 ms with the
