@@ -78,11 +78,10 @@ def glu_product(gu: Array, cfg: ModelConfig) -> Array:
     g, u = np.split(gu, 2, axis=-1)
     h = sigmoid_exp(g)
     if cfg.hidden_act == "situ":
-        b1, b2 = cfg.situ_beta, cfg.situ_linear_beta
-        gate, up = np.tanh(g / b1), np.tanh(u / b2)
-        gate *= b1
+        gate, up = np.tanh(g / cfg.situ_beta), np.tanh(u / cfg.situ_linear_beta)
+        gate *= cfg.situ_beta
         gate *= h
-        up *= b2
+        up *= cfg.situ_linear_beta
         gate *= up
         return gate
     h *= g
