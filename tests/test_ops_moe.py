@@ -5,6 +5,7 @@ import pytest
 
 from simulator.ops import collectives as col
 from simulator.ops import experts as ex
+from simulator.ops import expert_kernels
 from simulator.ops import norm
 from simulator.ops.router import route_fused, route_reference
 from simulator.weights import LayerWeights
@@ -94,6 +95,38 @@ def test_situ_is_bounded(tiny):
     assert np.all(np.abs(y) <= tiny.situ_beta * tiny.situ_linear_beta + 1e-9)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float64", "float32"])
+@pytest.mark.parametrize("model", ["tiny", "tiny_ds"])
+def test_glu_product_is_glu_within_a_few_ulp(request, model, dtype):
+    """The kernels' activation (`sigmoid_exp`, in place) against the definition: SiTU and SiLU, gates out to
+    +-40 where the sigmoid is e^-40 (normal in float32, so the error is relative). Measured: <= 15 ulp."""
+    cfg = request.getfixturevalue(model)
+    gu = (8 * np.random.default_rng(0).standard_normal((4, 16, 2 * 192))).astype(dtype)
+    ref = ex.glu(*np.split(gu, 2, axis=-1), cfg)
+    got = ex.glu_product(gu, cfg)
+    assert got.dtype == dtype
+    assert np.all(np.abs(got - ref) <= 32 * np.spacing(np.abs(ref)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float64", "float32"])
+def test_scale_add_rows_is_scale_then_add_at(monkeypatch, dtype):
+    """Compiled, its .py_func and the NumPy form == scale in out's dtype, then np.add.at, bit for bit: a row
+    repeated adds in order, a float64 weight rounds to float32 before the product (no FMA either)."""
+    rng = np.random.default_rng(0)
+    rows, weight = np.array([2, 0, 2, 1, 2]), rng.random(5)
+    values, start = rng.standard_normal((5, 37)).astype(dtype), rng.standard_normal((3, 37)).astype(dtype)
+    want = start.copy()
+    np.add.at(want, rows, weight.astype(dtype)[:, None] * values)
+    for backend in ("numba", "numpy"):
+        monkeypatch.setenv("MOE_SIM_KERNELS", backend)
+        got = start.copy()
+        expert_kernels.scale_add_rows(got, rows, weight, values)
+        np.testing.assert_array_equal(got, want)
+    py = start.copy()
+    expert_kernels._scale_add_rows.py_func(py, rows, weight.astype(dtype), values)
+    np.testing.assert_array_equal(py, want)
+
+
 def test_expected_unique_experts():
     assert ex.expected_unique_experts(1, 896, 16) == pytest.approx(16)
     assert ex.expected_unique_experts(8, 256, 8) == pytest.approx(57.4, abs=0.1)  # sources.md §5.1
@@ -158,3 +191,23 @@ def test_mxfp4_linear_chunked_is_the_float64_product(rows):
     w_abs = np.abs(mxfp4_dequantize(w_t, np.float64).T[k0:k1])
     assert np.all(np.abs(got - want) <= 2 * (k1 - k0) * np.finfo(np.float64).eps * (np.abs(x) @ w_abs))
     np.testing.assert_array_equal(mxfp4_linear_chunked(x[1:2], w)[0], got[1])
+
+
+@pytest.mark.parametrize("lengths, widths, ranks", [([1] * 4, [96], 16), ([3, 1, 2], [64, 40], 2), ([5], [31], 1)],
+                         ids=str)
+def test_tiles_cover_every_output_entry_once_in_item_order(lengths, widths, ranks):
+    """grouped_matmul's work items, compiled and .py_func: each (row, column) of y in exactly one item whose
+    weight is the row's (group, part, rank); items ordered by group, part, tile, then rank."""
+    lengths, widths = np.array(lengths), np.array(widths)
+    got = expert_kernels.tiles(lengths, widths, ranks, 32)
+    np.testing.assert_array_equal(expert_kernels.tiles.py_func(lengths, widths, ranks, 32), got)
+    total, starts = lengths.sum(), np.cumsum(widths) - widths
+    hits = np.zeros((ranks * total, widths.sum()), int)
+    for w, n0, n1, col0, r0, r1 in got:
+        group, part, rank = w // (len(widths) * ranks), w // ranks % len(widths), w % ranks
+        first = rank * total + lengths[:group].sum()
+        assert (r0, r1, col0) == (first, first + lengths[group], starts[part] + n0) and 0 <= n0 < n1 <= widths[part]
+        hits[r0:r1, col0:col0 + n1 - n0] += 1
+    assert np.all(hits == 1)
+    key = [(w // ranks, n0, w % ranks) for w, n0, *_ in got]  # (group, part) as one, tile, rank
+    assert key == sorted(key)

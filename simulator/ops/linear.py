@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from simulator import fast
 from simulator.dtypes import MX_BLOCK, MXFP4, Array, mxfp4_dequantize
+from simulator.ops.expert_kernels import tiles
 from simulator.weights import widen
 
 
@@ -184,7 +185,7 @@ def grouped_matmul(xs: list[Array], groups: list[tuple[npt.NDArray[np.int64], tu
     group after group: [P, sum of len(rows), sum of the shards' N]. Every group's parts have the same shapes.
 
     One compiled call over all of them on all cores (`fast.mxfp4_grouped`, work items of GROUPED_TILE output
-    columns). The weight table and the items are array arithmetic on the whole weights' `packed_rows`: Python
+    columns, listed by `expert_kernels.tiles`). The weight table is arithmetic on the whole `packed_rows`: Python
     works per whole weight, not per shard or tile (batch 1, TP16: 48 weights, not 768 shard objects, and
     31,744 items never sorted). Items go expert by expert, part, tile, then rank, so that the row shards' slices of the
     same rows (adjacent in memory) are read together. Only the input rows the groups use are permuted, and
@@ -218,7 +219,7 @@ def grouped_matmul(xs: list[Array], groups: list[tuple[npt.NDArray[np.int64], tu
         widths.append(shard[1][1])
     lengths = np.array([len(r) for r, _ in groups])
     used, tokens = np.unique(np.concatenate([r for r, _ in groups]), return_inverse=True)
-    blocks = [x[used] for x in xs]
+    blocks = xs if len(used) == len(xs[0]) else [x[used] for x in xs]  # every row (batch 1): no gathers
     bits = [b.view(f"u{b.itemsize}") for b in blocks]
     shared = np.array([r > 0 and np.array_equal(b, bits[0]) for r, b in enumerate(bits)])  # replicated
     kept = [b for b, s in zip(blocks, shared) if not s]  # [used rows, K] each
@@ -226,7 +227,7 @@ def grouped_matmul(xs: list[Array], groups: list[tuple[npt.NDArray[np.int64], tu
     block = np.where(shared, 0, np.cumsum(~shared) - 1)  # each rank's block of x
     tokens = (tokens[None, :] * len(kept) + block[:, None]).ravel()  # y's rows: rank, group, row
     y = fast.mxfp4_grouped(x, tokens, np.stack(table, axis=1).reshape(-1, 5),
-                           _tiles(lengths, widths, ranks), sum(widths))
+                           tiles(lengths, np.array(widths), ranks, GROUPED_TILE), sum(widths))
     return y.reshape(ranks, -1, y.shape[1])
 
 
@@ -248,30 +249,6 @@ def _shard_rows(whole: npt.NDArray[np.int64], shape: tuple[int, int], how: str, 
         rows[..., 4] = k // tp // 2
         return rows, (k // tp, n)
     return rows, (k, n)
-
-
-def _tiles(lengths: npt.NDArray[np.int64], widths: list[int], ranks: int) -> npt.NDArray[np.int64]:
-    """Work items (weight, n0, n1, col0, r0, r1) of GROUPED_TILE output columns for groups of `lengths` rows
-    times parts of `widths` columns on every rank: weight (group, part, rank) of the table, output rows (rank,
-    group); ordered by group, part, tile, then rank. Written column by column into one array: stacking
-    broadcast columns copied the 3.6 MB of a batch-64 FC2 chunk's 75 k items twice (3.6 ms, 0.3 ms now)."""
-    total, parts = int(lengths.sum()), len(widths)
-    counts = [-(-n // GROUPED_TILE) for n in widths]
-    items = np.empty((len(lengths), sum(counts), ranks, 6), np.int64)
-    g, r = np.arange(len(lengths))[:, None, None], np.arange(ranks)
-    r0 = r * total + (np.cumsum(lengths) - lengths)[:, None, None]  # [G, 1, P]
-    t0 = col = 0
-    for p, (n, count) in enumerate(zip(widths, counts)):
-        part = items[:, t0:t0 + count]  # [G, T, P, 6]
-        n0 = np.arange(0, n, GROUPED_TILE)[:, None]  # [T, 1]
-        part[..., 0] = (g * parts + p) * ranks + r
-        part[..., 1] = n0
-        part[..., 2] = np.minimum(n0 + GROUPED_TILE, n)
-        part[..., 3] = col + n0
-        part[..., 4] = r0
-        part[..., 5] = r0 + lengths[:, None, None]
-        t0, col = t0 + count, col + n
-    return items.reshape(-1, 6)
 
 
 REFERENCE_CHUNK = 256  # K rows dequantized at a time: [N, 256] float64 = 6 MB for N = 3072, cache-resident

@@ -2,6 +2,8 @@
 
     sigmoid(x) = 1 / (1 + e^-x) = exp(-log(1 + e^-x))         no overflow for large |x|, full relative
                                                                precision for very negative x
+    sigmoid_exp(x) = 1 / (1 + e^-x), x >= 0; e^x / (1 + e^x)   the same function from one e^-|x|: the
+                                                               kernels' form (the expert activation)
     gate(o, g) = o * sigmoid(g)                                MLA's output gate (no norm)
 
 Dimension legend: M tokens, n any width.
@@ -17,6 +19,14 @@ from simulator.dtypes import Array
 def sigmoid(x: Array) -> Array:
     """1 / (1 + e^-x) in x's dtype, computed as exp(-logaddexp(0, -x))."""
     return np.exp(-np.logaddexp(0.0, -x))
+
+
+def sigmoid_exp(x: Array) -> Array:
+    """1 / (1 + e^-x) in x's dtype from t = e^-|x|: 1 / (1 + t) for x >= 0, t / (1 + t) below, the form of the
+    compiled kernels' sigmoid (`ops.kda._sigmoid_scalar`). NumPy's exp is SIMD, its logaddexp a scalar
+    log1p(exp) loop: on [16, 16, 192] float32 ~0.06 ms against `sigmoid`'s 0.78 ms. Within a few ulp of it."""
+    t = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1, t) / (1 + t)
 
 
 def sigmoid_gate(o: Array, g: Array) -> Array:
