@@ -19,7 +19,6 @@ weights.py and ops/ (they import neither) so the weight store can pack and widen
     rms_norm          y = x / sqrt(mean(x^2) + eps) * w, one pass over x per row
     attn_res_mix      h = sum_s softmax_s(<v_s / rms(v_s), q>) v_s, one read of each source
     topk_order        the first k of a stable descending argsort, by insertion (no [M, E] sort)
-    add_rows          out[rows[i]] += v[i] in order (np.add.at, compiled)
 
 Dimension legend: M rows (tokens), K reduction width, N output width, S sources, E experts, k picks.
 
@@ -496,21 +495,6 @@ def _grouped_run(xp, tokens, wtab, items, lut, wide_from, y, i, j):  # type: ign
         for r in range(items[k, 4], items[k, 5]):
             y[r, items[k, 3]:items[k, 3] + n1 - n0] = stage[:, at]
             at += 1
-
-
-def add_rows(out: Array, rows: npt.NDArray[np.int64], values: Array) -> None:
-    """out[rows[i]] += values[i] for i in order: `np.add.at(out, rows, values)` (a repeated row adds in
-    order), compiled: np.add.at takes ~20 ns an element, a 3584-wide row 70 us."""
-    if numba_enabled():
-        _add_rows(out, rows, values)
-    else:
-        np.add.at(out, rows, values)
-
-
-@njit(cache=True)
-def _add_rows(out, rows, values):  # type: ignore[no-untyped-def]
-    for i in range(rows.shape[0]):
-        out[rows[i]] += values[i]
 
 
 # ===================================================================== MXFP4 packing (weight generation)

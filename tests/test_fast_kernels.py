@@ -441,15 +441,3 @@ def test_mxfp4_grouped_float32_scales_past_2_126_scale_each_weight(bf16):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))  # inf and nan where the float32 W has them
     np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
     assert_close(got[np.isfinite(want)], want[np.isfinite(want)], np.float32)
-
-
-def test_add_rows_is_add_at_in_order():
-    rng = np.random.default_rng(0)
-    rows, values = np.array([2, 0, 2, 1, 2]), rng.standard_normal((5, 7))
-    start = rng.standard_normal((3, 7))
-    want, got, py = start.copy(), start.copy(), start.copy()
-    np.add.at(want, rows, values)
-    fast.add_rows(got, rows, values)
-    fast._add_rows.py_func(py, rows, values)
-    np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(py, want)
