@@ -270,7 +270,7 @@ def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, x0, nbytes):  # ty
     and 4-7 block 1, so one FMA a step scales the partial sums by each block's 2^(e - 127) (read from lut),
     as the float kernel does; even and odd steps keep separate accumulators. A 16-byte tail (one block)
     loads half a vector. Per 64 weights: 4 `vpermw` + 3 shifts + 4 `vdpbf16ps` + the scale, against 8
-    `vpermps` + 8 shifts + 8 FMAs per 128 in the float32 kernel at 16 lanes: 1.4-1.5x its rate on one Zen 4
+    `vpermps` + 8 shifts + 8 FMAs per 128 in the float32 kernel at 16 lanes: 1.2-1.45x its rate on one Zen 4
     core (benchmarks/mxfp4_roofline.py). `vdpbf16ps` treats subnormal inputs and results as zero (x below
     2^-126, or a partial sum of such terms, which the float path keeps)."""
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
