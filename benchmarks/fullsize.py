@@ -15,13 +15,18 @@ What it measures, in one process:
   next chunk follows; what the bounded cache kept (`--expert-cache-gb`) a later path does not draw again.
   `draw_rate_mparams_s` is expert parameters drawn and packed per second (both cores);
 - wall_s per path (reference, standard, specialized): the path's compute, drawing taken out;
-  `wall_incl_draw_s` is the same with it in. Peak RSS after each path (ru_maxrss);
+  `wall_incl_draw_s` is the first run's with it in. Peak RSS after each path (ru_maxrss). The standard and
+  specialized paths run `--repeats` times, interleaved (default 5 up to batch 16, else 1): wall_s is the
+  median, `wall_s_runs` every run. This VM's neighbours move one run's figures by up to 2x;
 - expert_gbps: the specialized plan's routed-expert kernels (FC1, FC2 + finalize, all 16 ranks) timed
   in place (their ops, called once per streamed chunk over all ranks; the drawing of the chunk happens
   between the calls and is not in the time), bytes = the packed MXFP4 bytes of the touched experts (every
-  rank reads its 1/P of each); at `--precision bf16` the kernel runs in float32 (W4A16: bf16 values,
-  float32 sums), at fp64 in float64;
-- copy_gbps: STREAM copy (dst[:] = src[:], bytes read + written) of 2 x 256 MB on all threads, best of 5;
+  rank reads its 1/P of each); at `--precision bf16` the kernel takes bfloat16 x and sums in float32
+  (W4A16, what the GPU runs), at fp64 in float64;
+- copy_gbps: STREAM copy (dst[:] = src[:], bytes read + written) of 2 x 256 MB on all threads, best of 5,
+  measured just before each specialized run, so that each kernel figure has a copy figure taken under the
+  same neighbours; expert_vs_copy is the median of the runs' ratios (`expert_vs_copy_runs`), copy_gbps
+  and expert_gbps the medians of theirs;
 - max_rel_rms_error of both plans against the reference, so that a fast wrong answer cannot pass.
 
 Napkin math, batch 1: 16 experts x 17.5 MB = 280 MB packed, 14 ms at 20 GB/s; drawing them is 16 x 3 x
@@ -67,7 +72,8 @@ from simulator.reference import reference_layer
 from simulator.weights import LayerWeights, weight_table
 
 GB = 1e9
-PHASES = ("compile", "copy bandwidth", "dense weights", "reference", "standard", "specialized")
+SMALL_BATCH, SMALL_BATCH_REPEATS = 16, 5  # paths of up to ~1 s: five paired runs cost a few seconds
+PHASES = ("compile", "dense weights", "reference", "standard", "specialized")
 
 
 def peak_rss_gb() -> float:
@@ -158,17 +164,16 @@ def timed_experts(plan: Plan, clock: dict[str, float], weights: LayerWeights) ->
 
 
 def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: float, chunk_gb: float,
-        step: Callable[[str], None], spill_dir: str | None = None) -> dict[str, Any]:
-    cfg = load_model("kimi-k3")
+        step: Callable[..., None], spill_dir: str | None = None, repeats: int = 1,
+        model: str = "kimi-k3") -> dict[str, Any]:
+    cfg = load_model(model)
     shape = DecodeShape(batch, 1, 64)
     d = make_dims(cfg, tp, shape, None, layer)
     prec = Precision(precision)
     doc: dict[str, Any] = {"batch": batch, "layer": layer, "layer_index": d.layer, "tp": tp, "precision": precision,
-                           "model": cfg.name, "threads": numba.get_num_threads()}
+                           "model": cfg.name, "threads": numba.get_num_threads(), "repeats": repeats}
     step("compile")
     doc["compile"] = compile_kernels(layer, precision)
-    step("copy bandwidth")
-    doc["copy_gbps"] = round(copy_gbps(), 2)
     weights = LayerWeights(cfg, d.layer, seed, expert_cache_bytes=int(cache_gb * GB), stream_chunk_bytes=int(chunk_gb * GB),
                            spill_dir=spill_dir)
     step("dense weights")
@@ -176,28 +181,40 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
     weights.materialize(layer_weight_names(cfg, layer))
     draw = {"dense": time.perf_counter() - t0}
     io, state = make_inputs(cfg, d, np.random.default_rng(seed))
-    wall, rss, errors, clock = {}, {}, {}, {"s": 0.0}
     step("reference")
     g0, t0 = weights.generate_s, time.perf_counter()
     ref_io, ref_state, ref_diag = reference_layer(cfg, d.layer, shape, weights, io, state)
-    wall["reference"], draw["reference"] = time.perf_counter() - t0, weights.generate_s - g0
+    wall, rss, errors = {"reference": [time.perf_counter() - t0 - (weights.generate_s - g0)]}, {}, {}
+    draw["reference"] = weights.generate_s - g0
     rss["reference"] = peak_rss_gb()
-    for name, build in (("standard", standard.build), ("specialized", specialized.build)):
-        step(name)
-        plan = build(cfg, tp, shape, layer, d.layer)
-        plan = timed_experts(plan, clock, weights) if name == "specialized" else plan
-        g0, t0 = weights.generate_s, time.perf_counter()
-        out, new_state, _ = run_plan(plan, d, weights, io, state, prec)
-        wall[name], draw[name] = time.perf_counter() - t0, weights.generate_s - g0
-        rss[name] = peak_rss_gb()
-        found = _output_errors(out, ref_io, np.ones(d.M, bool), precision) + _state_errors(new_state, ref_state, d, precision)
-        errors[name] = max(e.rel_rms_error for e in found)
-        del out, new_state  # not held through the next path: at batch 64 the KDA state alone is 0.5 GB
+    copies, kernel_s = [], []
+    for rep in range(repeats):  # the paths interleaved, and a copy measured just before each timed kernel
+        for name, build in (("standard", standard.build), ("specialized", specialized.build)):
+            step(name, f"{rep + 1}/{repeats}")
+            clock = {"s": 0.0}
+            plan = build(cfg, tp, shape, layer, d.layer)
+            if name == "specialized":
+                plan = timed_experts(plan, clock, weights)
+                copies.append(copy_gbps())
+            g0, t0 = weights.generate_s, time.perf_counter()
+            out, new_state, _ = run_plan(plan, d, weights, io, state, prec)
+            wall.setdefault(name, []).append(time.perf_counter() - t0 - (weights.generate_s - g0))
+            draw[name] = draw.get(name, 0.0) + weights.generate_s - g0
+            rss[name] = peak_rss_gb()
+            if name == "specialized":
+                kernel_s.append(clock["s"])
+            if rep == 0:  # every repeat computes the same bits
+                found = (_output_errors(out, ref_io, np.ones(d.M, bool), precision)
+                         + _state_errors(new_state, ref_state, d, precision))
+                errors[name] = max(e.rel_rms_error for e in found)
+            del out, new_state  # not held through the next path: at batch 64 the KDA state alone is 0.5 GB
     experts = np.unique(ref_diag["topk_idx"]) if "topk_idx" in ref_diag else np.empty(0, int)
     part_bytes = cfg.expert_in_dim * cfg.moe_intermediate * 17 // 32  # codes (1/2 B) + scales (1/32 B)
     expert_draw_s = sum(v for k, v in draw.items() if k != "dense")
-    doc |= {"wall_s": {k: round(v - draw[k], 3) for k, v in wall.items()},
-            "wall_incl_draw_s": {k: round(v, 3) for k, v in wall.items()},
+    median = {k: float(np.median(v)) for k, v in wall.items()}
+    doc |= {"wall_s": {k: round(v, 3) for k, v in median.items()},
+            "wall_s_runs": {k: [round(x, 3) for x in v] for k, v in wall.items()},
+            "wall_incl_draw_s": {k: round(wall[k][0] + draw[k], 3) for k in wall},
             "draw_s": {k: round(v, 3) for k, v in draw.items()} | {"total": round(sum(draw.values()), 3)},
             "peak_rss_gb": round(peak_rss_gb(), 3), "peak_rss_gb_after": {k: round(v, 3) for k, v in rss.items()},
             "experts_touched": len(experts), "expert_part_draws": weights.expert_generations,
@@ -205,13 +222,17 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
             "draw_rate_mparams_s": round(weights.expert_generations * cfg.expert_in_dim * cfg.moe_intermediate
                                          / max(expert_draw_s, 1e-9) / 1e6, 1),
             "expert_cache_gb": cache_gb, "stream_chunk_gb": chunk_gb,
-            "max_rel_rms_error": {k: float(f"{v:.3g}") for k, v in errors.items()}}
-    doc["specialized_vs_standard"] = round(doc["wall_s"]["standard"] / doc["wall_s"]["specialized"], 2)
+            "max_rel_rms_error": {k: float(f"{v:.3g}") for k, v in errors.items()},
+            "copy_gbps": round(float(np.median(copies)), 2), "copy_gbps_runs": [round(c, 2) for c in copies]}
+    doc["specialized_vs_standard"] = round(median["standard"] / median["specialized"], 2)
     if len(experts):
-        doc["expert_kernel_s"] = round(clock["s"], 4)
-        doc["expert_bytes_gb"] = round(3 * part_bytes * len(experts) / GB, 3)
-        doc["expert_gbps"] = round(doc["expert_bytes_gb"] / clock["s"], 2)
-        doc["expert_vs_copy"] = round(doc["expert_gbps"] / doc["copy_gbps"], 3)
+        nbytes = 3 * part_bytes * len(experts)
+        gbps = [nbytes / s / GB for s in kernel_s]
+        ratios = [g / c for g, c in zip(gbps, copies)]
+        doc |= {"expert_kernel_s": round(float(np.median(kernel_s)), 4), "expert_bytes_gb": round(nbytes / GB, 3),
+                "expert_gbps": round(float(np.median(gbps)), 2), "expert_gbps_runs": [round(g, 2) for g in gbps],
+                "expert_vs_copy": round(float(np.median(ratios)), 3),
+                "expert_vs_copy_runs": [round(r, 3) for r in ratios]}
     return doc
 
 
@@ -222,6 +243,8 @@ def report(doc: dict[str, Any]) -> str:
              f"misses {doc['compile']['cache_misses']}",
              f"  dense weights drawn in {doc['draw_s']['dense']} s; {doc['expert_part_draws']} expert parts drawn at "
              f"{doc['draw_rate_mparams_s']} M params/s"]
+    runs = f"median of {doc['repeats']} runs" if doc["repeats"] > 1 else "one run"
+    lines.append(f"  wall per path, drawing taken out ({runs} of standard and specialized):")
     for k, v in doc["wall_s"].items():
         lines.append(f"  {k:12s} {v:8.2f} s  (+{doc['draw_s'][k]:.2f} s drawing experts)  peak RSS so far "
                      f"{doc['peak_rss_gb_after'][k]:.2f} GB  rel RMS error {doc['max_rel_rms_error'].get(k, 0):.1e}")
@@ -229,7 +252,8 @@ def report(doc: dict[str, Any]) -> str:
         lines.append(f"  routed experts (specialized, {doc['precision']}, {doc['experts_touched']} touched): "
                      f"{doc['expert_bytes_gb']} GB "
                      f"packed in {doc['expert_kernel_s']} s = {doc['expert_gbps']} GB/s; copy {doc['copy_gbps']} GB/s; "
-                     f"ratio {doc['expert_vs_copy']}")
+                     f"ratio {doc['expert_vs_copy']} ({runs}; each run's ratio to the copy just before it: "
+                     f"{', '.join(f'{r:.2f}' for r in doc['expert_vs_copy_runs'])})")
     lines.append(f"  peak RSS {doc['peak_rss_gb']} GB; specialized {doc['specialized_vs_standard']}x as fast as standard")
     return "\n".join(lines)
 
@@ -245,11 +269,19 @@ def main() -> int:
     ap.add_argument("--stream-chunk-gb", type=float, default=0.25, help="packed experts drawn per streamed chunk")
     ap.add_argument("--spill-dir", help="draw each expert part once: later paths read it back from a temporary "
                     "folder made here (~8 GB at batch 64; the folder is made if missing) instead of drawing it again")
+    ap.add_argument("--repeats", type=int, help="runs of the standard and specialized paths, interleaved, each "
+                    "specialized run paired with a copy measured just before it; medians reported "
+                    f"(default {SMALL_BATCH_REPEATS} up to batch {SMALL_BATCH}, else 1)")
+    ap.add_argument("--model", default="kimi-k3", help=argparse.SUPPRESS)  # tests run the tiny model
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.batch < 1:
         print("--batch must be a positive integer.", file=sys.stderr)
         return 2
+    if args.repeats is not None and args.repeats < 1:
+        print("--repeats must be a positive integer.", file=sys.stderr)
+        return 2
+    repeats = args.repeats or (SMALL_BATCH_REPEATS if args.batch <= SMALL_BATCH else 1)
     if args.spill_dir:  # a scratch folder the user names: made if missing, as `mkdir -p` would
         try:
             os.makedirs(args.spill_dir, exist_ok=True)
@@ -260,12 +292,13 @@ def main() -> int:
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("starting", total=len(PHASES), rss="")
 
-        def step(phase: str) -> None:
-            bar.update(task, description=phase, completed=PHASES.index(phase), rss=f"peak RSS {peak_rss_gb():.2f} GB")
+        def step(phase: str, note: str = "") -> None:
+            bar.update(task, description=f"{phase} {note}", completed=PHASES.index(phase),
+                       rss=f"peak RSS {peak_rss_gb():.2f} GB")
 
         with tempfile.TemporaryDirectory(dir=args.spill_dir) if args.spill_dir else nullcontext() as spill:
             doc = run(args.batch, args.layer, args.tp, args.precision, args.seed, args.expert_cache_gb,
-                      args.stream_chunk_gb, step, spill)
+                      args.stream_chunk_gb, step, spill, repeats, args.model)
     print(json.dumps(doc, indent=2) if args.json else report(doc))
     return 0
 
