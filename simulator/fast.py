@@ -450,11 +450,23 @@ def _grouped_item(xp, tokens, wtab, items, lut, wide_from, y, i):  # type: ignor
                 prefetch(s_addr + (n0 + n + PREFETCH_ROWS) * s_stride)
             y[r, col + n] = mxfp4_dot(codes, n * c_stride, scales, n * s_stride, lut, x, 0, nbytes)
     if _span_top(scales, wide_from) >= wide_from:  # rare: redo the rows with a wide scale weight by weight
-        for r in range(r0, r1):
-            for n in range(n1 - n0):
-                if _wide(scales, n * s_stride, nbytes, wide_from):
-                    x = xp[tokens[r]]
-                    y[r, col + n] = _dot_loops(codes, n * c_stride, scales, n * s_stride, lut, x, 0, nbytes, True)
+        rows = np.arange(r0, r1)
+        slot = np.zeros((r1 - r0, 2), np.int64)
+        slot[:, 1] = tokens[r0:r1] * xp.shape[1]
+        _redo_wide(codes, scales, lut, xp.ravel(), nbytes, wide_from, n1 - n0, c_stride, s_stride, slot, rows,
+                   np.full(r1 - r0, col), y)
+
+
+@jitable
+def _redo_wide(codes, scales, lut, flat, nbytes, wide_from, m, c_stride, s_stride, slot, rows, cols, y):  # type: ignore[no-untyped-def]
+    """The entries of m rows of W^T whose row holds a wide scale (`_wide`), again weight by weight (c s, as
+    the dequantized W holds it): entry e reads its row's bytes from slot[e, 0] and x from slot[e, 1] of the
+    flat token rows, and goes to y[rows[e], cols[e] + n]."""
+    for n in range(m):
+        for e in range(slot.shape[0]):
+            c, s = n * c_stride + slot[e, 0], n * s_stride + slot[e, 0] // 16
+            if _wide(scales, s, nbytes, wide_from):
+                y[rows[e], cols[e] + n] = _dot_loops(codes, c, scales, s, lut, flat, slot[e, 1], nbytes, True)
 
 
 @jitable
@@ -483,18 +495,19 @@ def _grouped_run(xp, tokens, wtab, items, lut, wide_from, y, i, j):  # type: ign
         for e in range(count):
             c, x0 = c0 + slot[e, 0], slot[e, 1]
             stage[n, e] = mxfp4_dot(codes, c, scales, s0 + slot[e, 0] // 16, lut, flat, x0, nbytes)
-    if _span_top(scales, wide_from) >= wide_from:  # rare: the rows with a wide scale again, weight by weight
-        for n in range(n1 - n0):
-            c0, s0 = n * c_stride, n * s_stride
-            for e in range(count):
-                c, s, x0 = c0 + slot[e, 0], s0 + slot[e, 0] // 16, slot[e, 1]
-                if _wide(scales, s, nbytes, wide_from):
-                    stage[n, e] = _dot_loops(codes, c, scales, s, lut, flat, x0, nbytes, True)
     at = 0
     for k in range(i, j):
         for r in range(items[k, 4], items[k, 5]):
             y[r, items[k, 3]:items[k, 3] + n1 - n0] = stage[:, at]
             at += 1
+    if _span_top(scales, wide_from) >= wide_from:  # rare: the rows with a wide scale again, weight by weight
+        rows, cols = np.empty(count, np.int64), np.empty(count, np.int64)
+        at = 0
+        for k in range(i, j):
+            for r in range(items[k, 4], items[k, 5]):
+                rows[at], cols[at] = r, items[k, 3]
+                at += 1
+        _redo_wide(codes, scales, lut, flat, nbytes, wide_from, n1 - n0, c_stride, s_stride, slot, rows, cols, y)
 
 
 # ===================================================================== MXFP4 packing (weight generation)
