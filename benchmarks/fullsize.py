@@ -24,9 +24,12 @@ What it measures, in one process:
   rank reads its 1/P of each); at `--precision bf16` the kernel takes bfloat16 x and sums in float32
   (W4A16, what the GPU runs), at fp64 in float64;
 - copy_gbps: STREAM copy (dst[:] = src[:], bytes read + written) of 2 x 256 MB on all threads, best of 5,
-  measured just before each specialized run, so that each kernel figure has a copy figure taken under the
-  same neighbours; expert_vs_copy is the median of the runs' ratios (`expert_vs_copy_runs`), copy_gbps
-  and expert_gbps the medians of theirs;
+  measured just before each specialized run (`copy_gbps_runs`). The headline figures take the same
+  statistic on both sides, STREAM's: expert_gbps is the best run's, copy_gbps the best copy's, and
+  expert_vs_copy their ratio. Each run's own ratio to the copy just before it is in `expert_vs_copy_runs`
+  and their median in `expert_vs_copy_median`: a neighbour that takes a core for a few ms costs one ~15 ms
+  kernel run far more than it costs a best-of-5 copy, so those single-run ratios spread (0.28-0.85 in one
+  run of this benchmark on a loaded VM);
 - max_rel_rms_error of both plans against the reference, so that a fast wrong answer cannot pass.
 
 Napkin math, batch 1: 16 experts x 17.5 MB = 280 MB packed, 14 ms at 20 GB/s; drawing them is 16 x 3 x
@@ -223,17 +226,22 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
                                          / max(expert_draw_s, 1e-9) / 1e6, 1),
             "expert_cache_gb": cache_gb, "stream_chunk_gb": chunk_gb,
             "max_rel_rms_error": {k: float(f"{v:.3g}") for k, v in errors.items()},
-            "copy_gbps": round(float(np.median(copies)), 2), "copy_gbps_runs": [round(c, 2) for c in copies]}
+            "copy_gbps": round(max(copies), 2), "copy_gbps_runs": [round(c, 2) for c in copies]}
     doc["specialized_vs_standard"] = round(median["standard"] / median["specialized"], 2)
     if len(experts):
         nbytes = 3 * part_bytes * len(experts)
         gbps = [nbytes / s / GB for s in kernel_s]
         ratios = [g / c for g, c in zip(gbps, copies)]
-        doc |= {"expert_kernel_s": round(float(np.median(kernel_s)), 4), "expert_bytes_gb": round(nbytes / GB, 3),
-                "expert_gbps": round(float(np.median(gbps)), 2), "expert_gbps_runs": [round(g, 2) for g in gbps],
-                "expert_vs_copy": round(float(np.median(ratios)), 3),
-                "expert_vs_copy_runs": [round(r, 3) for r in ratios]}
+        doc |= {"expert_kernel_s": _sig(min(kernel_s)), "expert_bytes_gb": _sig(nbytes / GB),
+                "expert_gbps": _sig(max(gbps)), "expert_gbps_runs": [_sig(g) for g in gbps],
+                "expert_vs_copy": _sig(max(gbps) / max(copies)), "expert_vs_copy_runs": [_sig(r) for r in ratios],
+                "expert_vs_copy_median": _sig(float(np.median(ratios)))}
     return doc
+
+
+def _sig(x: float) -> float:
+    """x to 3 significant digits (the tiny model's figures are thousandths of a GB)."""
+    return float(f"{x:.3g}")
 
 
 def report(doc: dict[str, Any]) -> str:
@@ -252,8 +260,8 @@ def report(doc: dict[str, Any]) -> str:
         lines.append(f"  routed experts (specialized, {doc['precision']}, {doc['experts_touched']} touched): "
                      f"{doc['expert_bytes_gb']} GB "
                      f"packed in {doc['expert_kernel_s']} s = {doc['expert_gbps']} GB/s; copy {doc['copy_gbps']} GB/s; "
-                     f"ratio {doc['expert_vs_copy']} ({runs}; each run's ratio to the copy just before it: "
-                     f"{', '.join(f'{r:.2f}' for r in doc['expert_vs_copy_runs'])})")
+                     f"ratio {doc['expert_vs_copy']} (best of {doc['repeats']} of each; each run's ratio to the copy "
+                     f"just before it: {', '.join(f'{r:.2f}' for r in doc['expert_vs_copy_runs'])})")
     lines.append(f"  peak RSS {doc['peak_rss_gb']} GB; specialized {doc['specialized_vs_standard']}x as fast as standard")
     return "\n".join(lines)
 
