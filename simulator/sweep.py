@@ -79,11 +79,13 @@ def _step_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, A
 
 
 def _schedule_step_draws(points: list[dict[str, Any]]) -> None:
-    """Schedule under each GPU's draws, in one lockstep loop per GPU, every plan the points' step intervals
-    will read, so that each point's own pricing finds them all (`uncertainty.priced`: one run, no loop).
-    Why: a loop over 2 plans x 100 draws is all NumPy call overhead (~50 ms, ~80 events); over a chunk's
-    ~100 plans it costs a few times that, not 50 times. Points that differ only in acceptance length build
-    the same plans (it only scales the tokens) and are named once; an impossible point names none."""
+    """Schedule under each GPU's draws, in one call of the compiled rows loop per GPU (`fastsim.simulate_plans`),
+    every plan the points' step intervals will read, so that each point's own pricing finds them all
+    (`uncertainty.priced`: one run, no loop). Why: point by point, `priced` would schedule them with lockstep's
+    NumPy loop, all call overhead (~50 ms for 2 plans x 100 draws, ~80 events); a chunk's ~100 plans in one
+    call cost ~3 µs a (plan, draw) row. Points that differ only in acceptance length build the same plans (it
+    only scales the tokens) and are named once; an impossible point names none."""
+    from simulator.cost.fastsim import simulate_plans
     from simulator.cost.step import estimate_step
     from simulator.cost.uncertainty import schedule_plans, uncertainty_for
     from simulator.report.summary import variants_of
@@ -103,7 +105,7 @@ def _schedule_step_draws(points: list[dict[str, Any]]) -> None:
             continue
         named.add(key)
     for hw, todo in plans.items():
-        schedule_plans(todo, uncertainty_for(hw, _interval_spec(True)).sample)
+        schedule_plans(todo, uncertainty_for(hw, _interval_spec(True)).sample, simulate_plans)
 
 
 def _layer_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, Any]]:
@@ -213,7 +215,7 @@ def run(sc: Scenario, out_dir: str | Path | None = None, progress: Callable[[int
 
 
 PARALLEL_MIN_POINTS = 64  # fewer run in this process: starting workers would cost more than they save
-CHUNK = 256  # points evaluated together at most: their interval plans share one lockstep loop per GPU
+CHUNK = 256  # points evaluated together at most: their interval plans share one call of the rows loop per GPU
 
 
 def evaluate_points(points: Iterator[dict[str, Any]], kind: str, count: int, workers: int,

@@ -1,5 +1,6 @@
 """A sweep's interval rows are priced a chunk at a time (every plan of the chunk scheduled under the draws in
-one lockstep loop, each kernel's drawn terms remembered across plans); they must equal each point priced alone."""
+one call of the compiled rows loop, each kernel's drawn terms remembered across plans); they must equal each
+point priced alone (its plans scheduled by lockstep's NumPy loop)."""
 
 from __future__ import annotations
 

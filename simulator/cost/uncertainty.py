@@ -298,15 +298,16 @@ def _scheduled(plan: Plan, sample: Sample) -> tuple[Array, Array]:
     return seen[1]
 
 
-def schedule_plans(plans: list[Plan], sample: Sample) -> None:
-    """Schedule under every draw each plan the sample has not seen, all in one lockstep loop (`lockstep`:
-    the loop runs as long as the longest plan, not all of them), and remember (makespans [N], kernel spans
-    [N, n]) before any structural factor."""
+def schedule_plans(plans: list[Plan], sample: Sample, simulate: Callable = lockstep.simulate_plans) -> None:
+    """Schedule under every draw each plan the sample has not seen, all in one call of `simulate` (`lockstep`'s
+    NumPy loop runs as long as the longest plan, not all of them; sweeps pass `fastsim.simulate_plans`, which
+    runs each (plan, draw) row compiled), and remember (makespans [N], kernel spans [N, n]) before any
+    structural factor."""
     todo = list({id(p): p for p in plans if sample.timelines.get(id(p), (None,))[0] is not p}.values())
     if not todo:
         return
     scalars = (np.broadcast_to(np.asarray(x, dtype=np.float64), (sample.n,)) for x in plan_scalars(sample.stacked))
-    for plan, (start, end, *_) in zip(todo, lockstep.simulate_plans([_draw_arrays(p, sample) for p in todo], *scalars)):
+    for plan, (start, end, *_) in zip(todo, simulate([_draw_arrays(p, sample) for p in todo], *scalars)):
         sample.timelines[id(plan)] = (plan, (end.max(axis=1), end - start))
 
 
