@@ -75,20 +75,26 @@ def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeSh
         plans = {v: build_plan(cfg, v, tp, shape, layer_type, fusions) for v in tls}
         schedule_plans(list(plans.values()), unc.sample)  # both variants in one loop
         draws = {v: plan_draws(p, unc.sample) for v, p in plans.items()}
+        wanted: Wanted = []
         for v, d in draws.items():
-            doc["variants"][v]["layer_us_interval"] = unc.interval(d, 3)
             spans = kernel_duration_draws(plans[v], unc.sample)
-            for i, row in enumerate(doc["variants"][v]["kernels"]):
-                row["duration_us_interval"] = unc.interval(spans[:, i], 3)
-        _interval_keys(doc, unc, draws)
+            wanted += [(doc["variants"][v], "layer_us_interval", d, 3)] + [
+                (row, "duration_us_interval", spans[:, i], 3) for i, row in enumerate(doc["variants"][v]["kernels"])]
+        _interval_keys(doc, unc, draws, wanted)
     return doc
 
 
-def _interval_keys(doc: dict[str, Any], unc: Uncertainty, draws: dict[str, Any]) -> None:
-    """The speedup's interval from the per-draw ratio (both variants priced under the same draw)."""
+Wanted = list[tuple[dict[str, Any], str, Any, int]]  # (where, key, draws [N], digits) of each interval a report shows
+
+
+def _interval_keys(doc: dict[str, Any], unc: Uncertainty, draws: dict[str, Any], wanted: Wanted) -> None:
+    """The interval's description, then each wanted `where[key] = [low, high]` and the speedup's from the
+    per-draw ratio (both variants priced under the same draw), all quantiles taken at once."""
     doc["interval"] = unc.describe()
     if len(draws) == 2:
-        doc["speedup_interval"] = unc.interval(draws["standard"] / draws["specialized"], 4)
+        wanted = wanted + [(doc, "speedup_interval", draws["standard"] / draws["specialized"], 4)]
+    for (where, key, _, _), bounds in zip(wanted, unc.intervals([w[2] for w in wanted], [w[3] for w in wanted])):
+        where[key] = bounds
 
 
 def _step_row(est: StepEstimate) -> dict[str, Any]:
@@ -123,12 +129,12 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
         draws = unc.price(lambda makespan: {
             v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions, routing,
                              makespan=makespan) for v in ests})
+        wanted: Wanted = []
         for v, d in draws.items():
             row = doc["variants"][v]
-            row["step_ms_interval"] = unc.interval(d.step_us / 1000, 4)
-            row["tokens_per_s_interval"] = unc.interval(d.tokens_per_s, 2)
-            row["tokens_per_s_per_user_interval"] = unc.interval(d.tokens_per_s_per_user, 2)
-        _interval_keys(doc, unc, {v: d.step_us for v, d in draws.items()})
+            wanted += [(row, "step_ms_interval", d.step_us / 1000, 4), (row, "tokens_per_s_interval", d.tokens_per_s, 2),
+                       (row, "tokens_per_s_per_user_interval", d.tokens_per_s_per_user, 2)]
+        _interval_keys(doc, unc, {v: d.step_us for v, d in draws.items()}, wanted)
     if bracket:
         ends = routing_bracket_ends(routing)
         doc["routing_bracket"] = {
