@@ -5,6 +5,7 @@ table or as JSON. Every number travels with its metric and its conditions.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from simulator.config import ModelConfig
@@ -125,16 +126,14 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
     if len(ests) == 2:
         doc["speedup"] = round(ests["standard"].step_us / ests["specialized"].step_us, 4)
     if interval is not None:
-        unc = uncertainty_for(hw, interval)
-        draws = unc.price(lambda makespan: {
-            v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions, routing,
-                             makespan=makespan) for v in ests})
+        times = step_time_draws(cfg, hw, tp, batch, context, draft_tokens, tuple(ests), drafter, fusions, routing,
+                                interval)
         wanted: Wanted = []
-        for v, d in draws.items():
-            row = doc["variants"][v]
+        for v, us in times.items():
+            row, d = doc["variants"][v], StepEstimate(v, us, first.tokens_per_step, batch)
             wanted += [(row, "step_ms_interval", d.step_us / 1000, 4), (row, "tokens_per_s_interval", d.tokens_per_s, 2),
                        (row, "tokens_per_s_per_user_interval", d.tokens_per_s_per_user, 2)]
-        _interval_keys(doc, unc, {v: d.step_us for v, d in draws.items()}, wanted)
+        _interval_keys(doc, uncertainty_for(hw, interval), times, wanted)
     if bracket:
         ends = routing_bracket_ends(routing)
         doc["routing_bracket"] = {
@@ -144,6 +143,23 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
                                 for v in variants_of(variant)}}
             for name, r in ends.items()}
     return doc
+
+
+@lru_cache(maxsize=1024)
+def step_time_draws(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, context: int, draft_tokens: int,
+                    variants: tuple[str, ...], drafter: str, fusions: frozenset[str] | None, routing: RoutingStats,
+                    spec: IntervalSpec) -> dict[str, Any]:
+    """Each variant's step time (µs) under the draws of `uncertainty_for(hw, spec)`, [N] read-only. Remembered:
+    the acceptance length, not an argument, moves no time (it scales the tokens a step emits), so the points
+    of a sweep that differ in it alone (five of every ten neighbours in benchmarks/bench_sweep.py, whose
+    second-innermost axis it is) price the draws once: ~0.2 ms of estimate_step on arrays, both variants."""
+    unc = uncertainty_for(hw, spec)
+    times = unc.price(lambda makespan: {
+        v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, None, drafter, fusions, routing,
+                         makespan=makespan).step_us for v in variants})
+    for us in times.values():
+        us.flags.writeable = False
+    return times
 
 
 # The concentrated end of the routing bracket when the user names none: the most skewed router of the
