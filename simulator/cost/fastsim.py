@@ -19,14 +19,14 @@ from simulator.cost import events, streams
 from simulator.cost.timeline import Makespan
 
 for _helper in (events._prefetch_time, events._settle, events._try_start, streams._run, streams._reset,
-                streams._done, streams._settle, streams._inputs_end, streams._waits_end, streams._start,
-                streams._start_prefetch, streams._advance):
+                streams._inputs_end, streams._waits_end, streams._start, streams._start_prefetch):
     register_jitable(_helper)
-# the passes over a row's streams, run at every event, are compiled into their callers: a compiled call takes
-# a reference on each array it is passed (an atomic add and subtract), a third of the rows loop's time when
-# they were calls (4.3 -> 2.8 µs a row of a 27-kernel layer); the rarer helpers above stay calls (inlining
-# them all doubles the compile for no more speed)
-for _helper in (streams._finish, streams._stop_prefetches, streams._start_streams, streams._demand):
+# what a row runs at every event is compiled into `_run`: a compiled call takes a reference on each array it
+# is passed (an atomic add and subtract), ~40 % of the rows loop when these were calls (a 27-kernel layer
+# ~2.2 µs a row inlined, ~3 with only the passes inlined, ~4.3 with none); the helpers above run when a
+# kernel starts and stay calls (inlining them too doubles the compile, ~5 -> ~12 s once, for nothing)
+for _helper in (streams._done, streams._settle, streams._finish, streams._stop_prefetches, streams._start_streams,
+                streams._advance, streams._demand):
     register_jitable(inline="always")(_helper)
 
 simulate = njit(cache=True)(events.simulate)

@@ -13,10 +13,10 @@ a time, and so does C: a start depends on other streams only through ends, which
 item 14), what sweeps schedule their interval draws with. The state lives in structured arrays (`KERNEL`,
 `ROW`, `STREAM`), not in a tuple of arrays each: a compiled call takes a reference on every array it is
 passed (an atomic add and subtract) and the helpers here run several times an event, so four arrays
-instead of some thirty took a row from ~65 to ~4 µs (`fastsim` compiles the passes into their callers:
-~3 µs).
+instead of some thirty took a row from ~65 to ~4 µs (`fastsim` compiles what runs at every event into
+`_run`: ~2.2 µs).
 Napkin (2-core Zen 4, one core, compiled): a 27-kernel layer has ~80 events x ~3 streams, a few hundred
-scalar steps, ~3 µs a row, against ~20 µs a row for lockstep's NumPy (all call overhead: ~80 iterations
+scalar steps, ~2-3 µs a row, against ~20 µs a row for lockstep's NumPy (all call overhead: ~80 iterations
 of a few dozen array operations over the rows). Plain Python (~2 ms a row) is for tests: a single command
 keeps lockstep, which loads no compiler (~0.7 s).
 
