@@ -71,6 +71,16 @@ def simulate_plans(plans: list[tuple], gap_dep: Array, gap_pdl: Array, capacity:
 def side_by_side(plans: list[tuple]) -> tuple:
     """The plans side by side as one plan of disjoint streams: kernel indices offset, waits padded to one
     width; (pred [n], deps [n, w], per-draw arrays [N, n] x 6, can_pf [n], first kernel of each plan)."""
+    pred, deps, can_pf, firsts = chains_side_by_side(plans)
+    n_draws = np.shape(plans[0][2])[0]
+    cols = [np.concatenate([np.broadcast_to(np.asarray(p[j], dtype=np.float64), (n_draws, len(p[0]))) for p in plans],
+                           axis=1) for j in (2, 3, 4, 5, 6, 7)]
+    return pred, deps, *cols, can_pf, firsts
+
+
+def chains_side_by_side(plans: list[tuple]) -> tuple:
+    """What of `side_by_side` no draw changes: (pred [n], deps [n, w], can_pf [n], first kernel of each plan
+    and n after the last [P + 1])."""
     width = max(np.asarray(p[1]).reshape(len(p[0]), -1).shape[1] for p in plans)
     preds, deps, offset, firsts = [], [], 0, []
     for p in plans:
@@ -81,11 +91,8 @@ def side_by_side(plans: list[tuple]) -> tuple:
         deps.append(np.hstack([dep, np.full((n, width - dep.shape[1]), -1)]))
         firsts.append(offset)
         offset += n
-    n_draws = np.shape(plans[0][2])[0]
-    cols = [np.concatenate([np.broadcast_to(np.asarray(p[j], dtype=np.float64), (n_draws, len(p[0]))) for p in plans],
-                           axis=1) for j in (2, 3, 4, 5, 6, 7)]
     can_pf = np.concatenate([np.asarray(p[8], dtype=np.float64) for p in plans])
-    return np.concatenate(preds), np.vstack(deps), *cols, can_pf, np.array(firsts + [offset])
+    return np.concatenate(preds), np.vstack(deps), can_pf, np.array(firsts + [offset])
 
 
 def check_chains(pred) -> None:

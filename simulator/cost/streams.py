@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from simulator.cost.lockstep import EPS, check_chains, side_by_side
+from simulator.cost.lockstep import EPS, chains_side_by_side, check_chains
 
 Array = npt.NDArray[np.float64]
 
@@ -56,11 +56,13 @@ STREAM = np.dtype([("cur", np.int64), ("started", np.bool_), ("ready", np.float6
 def simulate_plans(plans: list[tuple], gap_dep: Array, gap_pdl: Array, capacity: Array, loop=None) -> list[tuple]:
     """`lockstep.simulate_plans`'s arguments and result, each (plan, draw) row run alone by `loop`
     (`simulate_rows`, or `fastsim.simulate_rows`, the same compiled)."""
-    pred, deps, *terms, can_pf, firsts = side_by_side(plans)
+    pred, deps, can_pf, firsts = chains_side_by_side(plans)
     check_chains(pred)
-    rows = np.empty(terms[0].shape, dtype=ROW)  # [N, n]
-    for name, x in zip(TERMS, terms):
-        rows[name] = x
+    rows = np.empty((np.shape(plans[0][2])[0], len(pred)), dtype=ROW)  # [N, n]
+    for plan, a, b in zip(plans, firsts[:-1], firsts[1:]):  # each plan's draws straight into its columns
+        block = rows[:, a:b]
+        for name, x in zip(TERMS, plan[2:8]):
+            block[name] = x
     for name in RESULTS:
         rows[name] = 0.0 if name == "pf_bytes" else -1.0
     scalars = (np.ascontiguousarray(x, dtype=np.float64) for x in (gap_dep, gap_pdl, capacity))
@@ -78,9 +80,9 @@ def kernel_table(pred, can_pf) -> np.ndarray:
 
 
 def simulate_rows(kernels, deps, firsts, rows, gap_dep, gap_pdl, capacity) -> None:
-    """Every (plan, draw) row to its end, results written into `rows` [N, n] (ROW records). Plans lie side by
-    side (`lockstep.side_by_side`): plan p's kernels are firsts[p] .. firsts[p + 1] - 1, indices global; deps
-    [n, w] (-1 padded); gap_dep, gap_pdl, capacity [N], each draw's."""
+    """Every (plan, draw) row to its end, results written into `rows` [N, n] (ROW records). Plans lie side
+    by side (`lockstep.chains_side_by_side`): plan p's kernels are firsts[p] .. firsts[p + 1] - 1, indices
+    global; deps [n, w] (-1 padded); gap_dep, gap_pdl, capacity [N], each draw's."""
     heads = np.empty(len(kernels), dtype=np.int64)
     st = np.zeros(len(kernels), dtype=STREAM)  # room for every stream a plan may have
     for p in range(len(firsts) - 1):
