@@ -131,7 +131,8 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
         wanted: Wanted = []
         for v, us in times.items():
             row, d = doc["variants"][v], StepEstimate(v, us, first.tokens_per_step, batch)
-            wanted += [(row, "step_ms_interval", d.step_us / 1000, 4), (row, "tokens_per_s_interval", d.tokens_per_s, 2),
+            wanted += [(row, "step_ms_interval", d.step_us / 1000, 4),
+                       (row, "tokens_per_s_interval", d.tokens_per_s, 2),
                        (row, "tokens_per_s_per_user_interval", d.tokens_per_s_per_user, 2)]
         _interval_keys(doc, uncertainty_for(hw, interval), times, wanted)
     if bracket:
