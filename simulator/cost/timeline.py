@@ -24,6 +24,7 @@ B / BW + n alpha_min (sources.md §7.5); overlap the plan declares lowers it by 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -148,9 +149,12 @@ def _arrays(plan: Plan, hw: HardwareProfile) -> tuple:
     return pred, deps, gap_pred, fixed, math, comm, nbytes, stream * 1e-6, can_pf, *plan_scalars(hw)
 
 
+@lru_cache(maxsize=4096)
 def plan_layout(plan: Plan) -> tuple:
     """What no GPU constant changes: (pred [n] the same-stream predecessor, deps [n, w] the cross-stream
-    waits (-1 padded), nbytes [n], can_pf [n] the bytes each kernel may load early behind its predecessor)."""
+    waits (-1 padded), nbytes [n], can_pf [n] the bytes each kernel may load early behind its predecessor).
+    Remembered (arrays shared, never written): a sweep lays each plan out for its central value and its draws
+    on every GPU, ~25 µs for a 27-kernel plan each time."""
     index: dict[str, int] = {}
     last: dict[str, int] = {}
     n = len(plan)
