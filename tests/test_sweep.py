@@ -28,3 +28,24 @@ def test_a_chunk_priced_together_equals_each_point_priced_alone():
         alone.append(sweep.evaluate(point, sc.kind))
     assert all(r["status"] == "ok" and "step_ms_low" in r for rows in together for r in rows)
     assert together == alone
+
+
+def test_a_layer_sweeps_compiled_draws_equal_the_layer_command():
+    """A layer sweep schedules each point's draws with the compiled rows loop (`fastsim.makespan_us.draws`);
+    its rows' bounds must equal `layer_report`'s with the defaults `moe-sim layer` runs (lockstep's NumPy
+    loop), every scheduled plan forgotten in between."""
+    from simulator.report.summary import layer_report
+    grid = {"layer": ["kda", "mla", "dense"], "batch": [1, 8], "tokens_per_seq": [1, 4], "hardware": ["gb300", "gb200"]}
+    sc = Scenario("layers", "tests/test_sweep.py", "Same bounds?", "layer", DEFAULTS | {"model": "kimi-k3"}, grid)
+    spec = sweep._interval_spec(True)
+    for point in sc.points():
+        hw = sweep._hardware(point["hardware"])
+        uncertainty_for(hw, spec).sample.timelines.clear()
+        rows = {r["variant"]: r for r in sweep.evaluate(point, "layer")}
+        uncertainty_for(hw, spec).sample.timelines.clear()
+        doc = layer_report(sweep._model(point["model"], point["precision"]), hw, point["tp"], sweep._shape(point),
+                           point["layer"], point["variant"], sweep._fusions(point), spec)
+        for variant, row in rows.items():
+            assert row["status"] == "ok", row["status"]
+            assert [row["layer_us_low"], row["layer_us_high"]] == doc["variants"][variant]["layer_us_interval"]
+            assert [row["speedup_low"], row["speedup_high"]] == doc["speedup_interval"]

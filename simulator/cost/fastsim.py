@@ -30,10 +30,12 @@ for _helper in (streams._done, streams._settle, streams._finish, streams._stop_p
     register_jitable(inline="always")(_helper)
 
 simulate = njit(cache=True)(events.simulate)
-makespan_us = Makespan(simulate)  # what sweeps and the calibration fit price with (estimate_step caches it)
 simulate_rows = njit(cache=True)(streams.simulate_rows)
 
 
 def simulate_plans(plans: list[tuple], gap_dep, gap_pdl, capacity) -> list[tuple]:
     """`lockstep.simulate_plans`, every row run by the compiled rows loop (`uncertainty.schedule_plans`)."""
     return streams.simulate_plans(plans, gap_dep, gap_pdl, capacity, simulate_rows)
+
+
+makespan_us = Makespan(simulate, simulate_plans)  # what sweeps and the calibration fit price with, draws included

@@ -31,6 +31,7 @@ import numpy as np
 
 from simulator.cost.collectives import min_alpha_us
 from simulator.cost.events import simulate
+from simulator.cost.lockstep import simulate_plans
 from simulator.cost.pricing import Bound, KernelCost, kernel_terms, price_kernel
 from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import Kernel, Plan
@@ -125,9 +126,12 @@ def schedule(plan: Plan, hw: HardwareProfile, loop: Loop = simulate) -> Timeline
 @dataclass(frozen=True)
 class Makespan:
     """Just the layer time of a plan on a GPU, without building spans, by one event loop. A plain number per
-    (plan, GPU), so `estimate_step` remembers it (unlike the uncertainty draws, which also price plans)."""
+    (plan, GPU), so `estimate_step` remembers it (unlike the uncertainty draws, which also price plans).
+    `draws` is the loop that schedules plans under an interval's draws (`uncertainty.schedule_plans`):
+    lockstep's NumPy by default, the compiled rows loop in `fastsim.makespan_us`."""
 
     loop: Loop = simulate
+    draws: Callable[..., list] = simulate_plans
 
     def __call__(self, plan: Plan, hw: HardwareProfile) -> float:
         return float(self.loop(*_arrays(plan, hw))[1].max())

@@ -56,8 +56,8 @@ def layer_timelines(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: Decod
 def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer_type: str,
                  variant: str = "both", fusions: frozenset[str] | None = None,
                  interval: IntervalSpec | None = None, makespan: Makespan = makespan_us) -> dict[str, Any]:
-    """One layer's report; `makespan` says which event loop schedules the central values (a sweep passes the
-    compiled one, `fastsim.makespan_us`)."""
+    """One layer's report; `makespan` says which event loops schedule the central values and the draws (a
+    sweep passes the compiled ones, `fastsim.makespan_us`)."""
     tls = layer_timelines(cfg, hw, tp, shape, layer_type, variant, fusions, makespan)
     doc: dict[str, Any] = {
         "metric": LAYER_METRIC, "model": cfg.name, "hardware": hw.name, "tp": tp, "batch": shape.batch,
@@ -74,7 +74,7 @@ def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeSh
     if interval is not None:
         unc = uncertainty_for(hw, interval)
         plans = {v: build_plan(cfg, v, tp, shape, layer_type, fusions) for v in tls}
-        schedule_plans(list(plans.values()), unc.sample)  # both variants in one loop
+        schedule_plans(list(plans.values()), unc.sample, makespan.draws)  # both variants in one loop
         draws = {v: plan_draws(p, unc.sample) for v, p in plans.items()}
         wanted: Wanted = []
         for v, d in draws.items():
