@@ -3,7 +3,7 @@
 
 A sweep schedules thousands of plans one draw each, where the compiled loop (~50 µs a layer) beats the
 plain one (~2 ms), and some hundred thousand (plan, draw) rows for its intervals, where the compiled rows
-loop (~3-4 µs a row) beats lockstep's NumPy (~20 µs); a single command does not, since importing Numba and
+loop (~2.5 µs a row) beats lockstep's NumPy (~20 µs); a single command does not, since importing Numba and
 loading its cached code cost ~0.7 s, so `step` and `layer` never import this module. `simulate.py_func` is
 `events.simulate` and `simulate_rows.py_func` is `streams.simulate_rows`, the pure-Python originals (STYLE
 item 14); their helpers are registered as jitable so the compiled loops call compiled helpers while

@@ -30,6 +30,8 @@ S streams of a plan.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import numpy.typing as npt
 
@@ -53,7 +55,8 @@ STREAM = np.dtype([("cur", np.int64), ("started", np.bool_), ("ready", np.float6
                    ("pf_ask", np.float64)], align=True)
 
 
-def simulate_plans(plans: list[tuple], gap_dep: Array, gap_pdl: Array, capacity: Array, loop=None) -> list[tuple]:
+def simulate_plans(plans: list[tuple], gap_dep: Array, gap_pdl: Array, capacity: Array,
+                   loop: Callable | None = None) -> list[tuple]:
     """`lockstep.simulate_plans`'s arguments and result, each (plan, draw) row run alone by `loop`
     (`simulate_rows`, or `fastsim.simulate_rows`, the same compiled)."""
     pred, deps, can_pf, firsts = chains_side_by_side(plans)

@@ -300,8 +300,8 @@ def _scheduled(plan: Plan, sample: Sample) -> tuple[Array, Array]:
 
 def schedule_plans(plans: list[Plan], sample: Sample, simulate: Callable = lockstep.simulate_plans) -> None:
     """Schedule under every draw each plan the sample has not seen, all in one call of `simulate` (`lockstep`'s
-    NumPy loop runs as long as the longest plan, not all of them; sweeps pass `fastsim.simulate_plans`, which
-    runs each (plan, draw) row compiled), and remember (makespans [N], kernel spans [N, n]) before any
+    NumPy loop runs as long as the longest plan, not all of them; sweeps pass `fastsim.makespan_us.draws`,
+    which runs each (plan, draw) row compiled), and remember (makespans [N], kernel spans [N, n]) before any
     structural factor."""
     todo = list({id(p): p for p in plans if sample.timelines.get(id(p), (None,))[0] is not p}.values())
     if not todo:
