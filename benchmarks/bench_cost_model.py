@@ -23,7 +23,7 @@ from simulator.hardware import list_hardware, load_hardware  # noqa: E402
 
 
 def sweep(batches: int) -> int:
-    for cache in (step.build_plan, step.head_plan, step._layer_us, step.head_us, step.draft_us):
+    for cache in (step.build_plan, step.head_plan, step._layer_us, step.head_us, step.draft_us, step.step_times):
         cache.cache_clear()  # every repeat starts cold: no plan or price survives from an earlier run
     cfg = load_model("kimi-k3")
     n = 0

@@ -11,14 +11,20 @@ hardware = 100,800 whole-step estimates, both variants: 201,600 rows.
 `--points N` takes the first N points in grid order. Each run starts with empty caches (a fresh
 process per worker). What is shared between points, and why it is exact: a layer's plan and its
 makespan are priced once per `cost.step.plan_shape` and GPU (a KDA layer does not read the context,
-a dense one not the routing), the head and drafting forwards once per their arguments; everything a
-point differs in is recomputed.
+a dense one not the routing), the head and drafting forwards once per their arguments, and a step's
+times, central and drawn, once per point but its acceptance length (it scales the tokens, no time);
+everything a point differs in is recomputed.
 
-Every row carries the 90 % interval of 100 seeded draws (issue 12): a new plan is priced 101 times,
-which sets the rate; `--no-interval` measures the same sweep with central values only.
+Every row carries the 90 % interval of 100 seeded draws (issue 12): a new plan is priced 101 times, its
+draws scheduled by the compiled rows loop (`cost/streams.py`, ~2.5 µs a (plan, draw) row) a chunk of
+points at a time, which with the new plans' building sets the rate; `--no-interval` measures the same
+sweep with central values only.
 
 Napkin math (central values): 10,080 distinct MLA plan shapes x 2 variants x ~3 ms (build ~1.4 ms, price on 2 GPUs
 ~0.8 ms each) = 60 s of one core; 10^5 points of step sums, memory and rows are about as much again.
+Intervals: ~0.6 newly drawn (plan, GPU) pairs a point x 100 draws x ~2.7 µs a row = ~0.16 ms, their drawn
+terms ~0.12 ms, naming the plans, pricing the steps and seven quantiles ~0.25 ms: ~0.5 ms a point, about
+its central value again (10^5 points x ~0.95 ms / 2 cores = ~48 s).
 """
 
 from __future__ import annotations

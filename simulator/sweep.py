@@ -79,11 +79,13 @@ def _step_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, A
 
 
 def _schedule_step_draws(points: list[dict[str, Any]]) -> None:
-    """Schedule under each GPU's draws, in one lockstep loop per GPU, every plan the points' step intervals
-    will read, so that each point's own pricing finds them all (`uncertainty.priced`: one run, no loop).
-    Why: a loop over 2 plans x 100 draws is all NumPy call overhead (~50 ms, ~80 events); over a chunk's
-    ~100 plans it costs a few times that, not 50 times. Points that differ only in acceptance length build
-    the same plans (it only scales the tokens) and are named once; an impossible point names none."""
+    """Schedule under each GPU's draws, in one call of the compiled rows loop per GPU (`fastsim.makespan_us.draws`),
+    every plan the points' step intervals will read, so that each point's own pricing finds them all
+    (`uncertainty.priced`: one run, no loop). Why: point by point, `priced` would schedule them with lockstep's
+    NumPy loop, all call overhead (~50 ms for 2 plans x 100 draws, ~80 events); a chunk's ~100 plans in one
+    call cost ~3 µs a (plan, draw) row. Points that differ only in acceptance length build the same plans (it
+    only scales the tokens) and are named once; an impossible point names none."""
+    from simulator.cost.fastsim import makespan_us
     from simulator.cost.step import estimate_step
     from simulator.cost.uncertainty import schedule_plans, uncertainty_for
     from simulator.report.summary import variants_of
@@ -103,7 +105,7 @@ def _schedule_step_draws(points: list[dict[str, Any]]) -> None:
             continue
         named.add(key)
     for hw, todo in plans.items():
-        schedule_plans(todo, uncertainty_for(hw, _interval_spec(True)).sample)
+        schedule_plans(todo, uncertainty_for(hw, _interval_spec(True)).sample, makespan_us.draws)
 
 
 def _layer_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, Any]]:
@@ -162,9 +164,10 @@ def evaluate(point: dict[str, Any], kind: str, interval: bool = True) -> list[di
 
 LIMIT = 20_000  # grid points a run takes without --yes
 # points/s on one core of this project's 2-core test machine, every point a new shape, with and without the
-# rows' 100-draw interval (measured 2026-12-01: step 19 / 100, layer 42 / 430); grids sharing plan shapes
-# and several workers run faster (benchmarks/bench_sweep.py)
-POINTS_PER_S = {("step", True): 19, ("step", False): 100, ("layer", True): 40, ("layer", False): 400,
+# rows' 100-draw interval (measured 2026-12-01: step 19 / 100, layer 42 / 430; the interval's draws then
+# scheduled compiled, a grid of new batches ran 2.0x as fast for step, 4.3x for layer, 39 -> 79 and 42 -> 180
+# points/s); grids sharing plan shapes and several workers run faster (benchmarks/bench_sweep.py)
+POINTS_PER_S = {("step", True): 38, ("step", False): 100, ("layer", True): 170, ("layer", False): 400,
                 ("ablation", True): 2, ("ablation", False): 2}
 
 
@@ -213,7 +216,7 @@ def run(sc: Scenario, out_dir: str | Path | None = None, progress: Callable[[int
 
 
 PARALLEL_MIN_POINTS = 64  # fewer run in this process: starting workers would cost more than they save
-CHUNK = 256  # points evaluated together at most: their interval plans share one lockstep loop per GPU
+CHUNK = 256  # points evaluated together at most: their interval plans share one call of the rows loop per GPU
 
 
 def evaluate_points(points: Iterator[dict[str, Any]], kind: str, count: int, workers: int,

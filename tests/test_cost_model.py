@@ -224,3 +224,23 @@ def test_heads_sharing_a_head_shape_build_the_same_kernels(model):
             assert head_plan(cfg, 8, shape, variant).kernels == head_plan(cfg, 8, same, variant).kernels
         assert draft_head_plan(cfg, 8, shape, 3).kernels == draft_head_plan(cfg, 8, same, 3).kernels
     assert head_shape(replace(SHAPES[1], tokens_per_seq=2)) != head_shape(SHAPES[1])
+
+
+def test_remembered_step_times_equal_a_step_priced_afresh(k3, gb300):
+    """estimate_step remembers a step's times per argument but the acceptance length (`step.step_times`): walk
+    points that differ from the one before in one argument each, the acceptance length included, and hold
+    each remembered step to the same step computed without the cache."""
+    from simulator.cost import step
+    point = {"hw": gb300, "variant": "specialized", "tp": 16, "batch": 4, "context": 2048, "draft_tokens": 3,
+             "acceptance_length": 2.0, "drafter": "dspark-k3", "fusions": None, "routing": RoutingStats(1.2, 0.5)}
+    changes = [("acceptance_length", 3.0), ("variant", "standard"), ("tp", 8), ("batch", 8), ("context", 4096),
+               ("acceptance_length", 1.5), ("draft_tokens", 1), ("acceptance_length", 2.0),
+               ("routing", RoutingStats(0.0, 0.0)), ("variant", "specialized"), ("fusions", frozenset()),
+               ("hw", load_hardware("gb200"))]
+    for key, value in [("variant", "specialized")] + changes:
+        point[key] = value
+        args = {k: v for k, v in point.items() if k not in ("hw", "acceptance_length")}
+        got = estimate_step(k3, point["hw"], acceptance_length=point["acceptance_length"], **args)
+        fresh = step._step(k3, point["hw"], args["variant"], args["tp"], args["batch"], args["context"],
+                           args["draft_tokens"], args["drafter"], args["fusions"], args["routing"], step.makespan_us)
+        assert got == replace(fresh, tokens_per_step=point["acceptance_length"]), f"after changing {key}"

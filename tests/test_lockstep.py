@@ -1,9 +1,11 @@
-"""The lockstep loop (`lockstep.simulate_plans`: NumPy, every draw of every plan in one loop, for the
-uncertainty draws) agrees with `events.simulate` (plain Python, the reference; test_timeline holds
-`fastsim.simulate`, the same loop compiled by Numba, to it). Random plans from test_timeline, random
-per-draw phase lengths and GPU scalars, including the edge cases the rules spell out: zero gaps (a prefetch that may begin the instant
-its predecessor starts), kernels with nothing to do (they end in the pass after they start), prefetches of
-nothing."""
+"""The loops over many (plan, draw) rows agree with `events.simulate` (plain Python, the reference;
+test_timeline holds `fastsim.simulate`, the same loop compiled by Numba, to it): `lockstep.simulate_plans`
+(NumPy, every row in one vectorised loop: `step` and `layer` intervals) and `streams.simulate_plans` (one
+row at a time on a state per stream: plain Python, and compiled by `fastsim` for sweeps). Random plans from
+test_timeline, random per-draw phase lengths and GPU scalars, including the edge cases the rules spell out:
+zero gaps (a prefetch that may begin the instant its predecessor starts), kernels with nothing to do (they
+end in the pass after they start), prefetches of nothing, and a capacity that several streams and
+prefetches overrun at once (the shared bandwidth, summed in kernel order, to the bit)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_timeline import random_plans
 
-from simulator.cost import events, lockstep
-from simulator.cost.timeline import _arrays, plan_layout
+from simulator.cost import events, lockstep, streams
+from simulator.cost.timeline import _arrays, plan_layout, plan_scalars
 from simulator.hardware import load_hardware
 
 OUTPUTS = ("start", "end", "pf_start", "pf_end", "pf_bytes")
@@ -55,18 +57,59 @@ def plan_draws(draw: st.DrawFn) -> tuple[list[tuple], tuple]:
     return plans, scalars
 
 
+def _compiled_rows(plans, gap_dep, gap_pdl, capacity):
+    from simulator.cost import fastsim
+    return fastsim.simulate_plans(plans, gap_dep, gap_pdl, capacity)
+
+
+ROW_LOOPS = {"lockstep": lockstep.simulate_plans, "streams-python": streams.simulate_plans,
+             "streams-compiled": _compiled_rows}
+
+
+@pytest.mark.parametrize("loop", list(ROW_LOOPS))
 @settings(max_examples=150, deadline=None)
-@given(plan_draws())
-def test_lockstep_draws_and_plans_match_the_python_loop_one_at_a_time(case) -> None:
-    """Every (plan, draw) row of one lockstep loop equals the plain loop on that draw alone."""
+@given(case=plan_draws())
+def test_row_loops_match_the_python_loop_one_draw_at_a_time(loop, case) -> None:
+    """Every (plan, draw) row of one call equals the plain loop on that draw alone; the rows loop (one row at a
+    time, every expression as events writes it) to the bit."""
     plans, (gap_dep, gap_pdl, capacity) = case
-    together = lockstep.simulate_plans(plans, gap_dep, gap_pdl, capacity)
+    together = ROW_LOOPS[loop](plans, gap_dep, gap_pdl, capacity)
     for p, (plan, got) in enumerate(zip(plans, together)):
         pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf = plan
         for d in range(len(gap_dep)):
             want = events.simulate(pred, deps, gap_pred[d], fixed[d], math[d], comm[d], nbytes, bw[d], can_pf,
                                    gap_dep[d], gap_pdl[d], capacity[d])
-            assert_same(tuple(x[d] for x in got), want, f"plan {p} draw {d}")
+            if loop == "lockstep":
+                assert_same(tuple(x[d] for x in got), want, f"plan {p} draw {d}")
+            else:
+                for name, a, w in zip(OUTPUTS, got, want):
+                    np.testing.assert_array_equal(a[d], w, err_msg=f"{loop} plan {p} draw {d} {name}")
+
+
+def test_compiled_rows_loop_is_the_python_one() -> None:
+    """STYLE item 14: what sweeps run is `streams.simulate_rows` compiled, nothing else."""
+    from simulator.cost import fastsim
+    assert fastsim.simulate_rows.py_func is streams.simulate_rows
+
+
+def test_shared_bandwidth_of_three_asks_is_summed_in_kernel_order() -> None:
+    """Two streams, each running a work phase while the kernel after it prefetches, under a capacity all four
+    overrun: the demand has four terms whose float sum depends on its order, and the kernel order (main's
+    pair interleaved with aux's) is not the order of the streams. Bytes and bandwidths found by a search
+    (one in ~100 random choices) so that the two orders differ in the last bit and the schedule shows it: a
+    sum in stream order gives other ends."""
+    pred, deps = np.array([-1, -1, 0, 1]), np.full((4, 1), -1)
+    nbytes = np.array([2.33e7, 4.2e6, 2.84e7, 2.06e7])
+    bw = np.array([[2.2e6, 4.5e6, 4.9e6, 4.5e6]]) / 3.0
+    row = np.array([[0.1, 0.3, 0.2, 0.5]])
+    zero, can_pf = np.zeros((1, 4)), np.array([0.0, 0.0, 0.8 * nbytes[2], 0.8 * nbytes[3]])
+    plan = (pred, deps, row, zero, row, zero, nbytes, bw, can_pf)
+    scalars = np.array([0.7]), np.array([0.0]), np.array([5.3e6])
+    want = events.simulate(pred, deps, row[0], zero[0], row[0], zero[0], nbytes, bw[0], can_pf,
+                           *(x[0] for x in scalars))
+    for name, loop in ROW_LOOPS.items():
+        for a, w, out in zip(loop([plan], *scalars)[0], want, OUTPUTS):
+            np.testing.assert_array_equal(a[0], w, err_msg=f"{name} {out}")
 
 
 def test_kimi_layers_schedule_to_the_bit(k3) -> None:
@@ -82,13 +125,39 @@ def test_kimi_layers_schedule_to_the_bit(k3) -> None:
                     np.testing.assert_array_equal(a, d, err_msg=f"{hw_name} {variant} {layer}")
 
 
-def test_a_plan_whose_streams_do_not_chain_is_refused() -> None:
-    """The lockstep loop follows each stream's kernels in order; `pred` must say which came before."""
+@pytest.mark.parametrize("hw_name", ["gb300", "h200"])
+def test_rows_loop_schedules_a_steps_plans_under_the_draws_as_lockstep_does(k3, hw_name) -> None:
+    """What a sweep's interval reads: a step's plans (6-27 kernels, 1-3 streams, prefetch, cross-stream waits)
+    side by side in one call under the sample's draws; the compiled rows loop gives lockstep's bits."""
+    from simulator.cost import fastsim
+    from simulator.cost.step import build_plan, drafter_plans, load_drafter
+    from simulator.cost.uncertainty import IntervalSpec, _draw_arrays, uncertainty
+    from simulator.plans.head import head_plan
+    from simulator.plans.kernel import DecodeShape
+    hw = load_hardware(hw_name)
+    sample = uncertainty(hw, IntervalSpec(draws=50, seed=5)).sample
+    shape, tp = DecodeShape(4, 4, 4096), 16 if hw_name == "gb300" else 8
+    drafter, drafting, taps = load_drafter("dspark-k3")
+    plans = [build_plan(k3, v, tp, shape, t) for v in ("standard", "specialized") for t in ("kda", "mla", "dense")]
+    plans += [head_plan(k3, tp, shape, "specialized", True), *drafter_plans(drafter, tp, 4, 3, 4096, drafting, taps)[0]]
+    assert len({len(p) for p in plans}) >= 4 and any(k.prefetch_bytes for p in plans for k in p)
+    arrays = [_draw_arrays(p, sample) for p in plans]
+    assert any(a[1].max() >= 0 for a in arrays)  # cross-stream waits
+    scalars = [np.broadcast_to(np.asarray(x, dtype=np.float64), (sample.n,)) for x in plan_scalars(sample.stacked)]
+    for p, (got, want) in enumerate(zip(fastsim.simulate_plans(arrays, *scalars),
+                                        lockstep.simulate_plans(arrays, *scalars))):
+        for name, a, w in zip(OUTPUTS, got, want):
+            np.testing.assert_array_equal(a, w, err_msg=f"{hw_name} plan {p} ({plans[p].layer}) {name}")
+
+
+@pytest.mark.parametrize("loop", list(ROW_LOOPS))
+def test_a_plan_whose_streams_do_not_chain_is_refused(loop) -> None:
+    """The row loops follow each stream's kernels in order; `pred` must say which came before."""
     pred, deps = np.array([-1, 0, 0]), np.full((3, 1), -1)
     row = np.ones((1, 3))
     with pytest.raises(ValueError, match="chain"):
-        lockstep.simulate_plans([(pred, deps, row, row, row, row, np.ones(3), row, np.zeros(3))],
-                                np.ones(1), np.ones(1), np.ones(1))
+        ROW_LOOPS[loop]([(pred, deps, row, row, row, row, np.ones(3), row, np.zeros(3))],
+                        np.ones(1), np.ones(1), np.ones(1))
 
 
 def test_layout_is_what_the_arrays_carry(k3) -> None:
@@ -140,11 +209,11 @@ def test_step_and_layer_run_no_compiled_code(args) -> None:
 
 
 def test_the_cost_layer_imports_no_numba() -> None:
-    """Timeline, lockstep draws, uncertainty and calibration figures: none imports Numba."""
+    """Timeline, lockstep draws, the rows loop (plain), uncertainty and calibration figures: none imports Numba."""
     seen = _fresh("""
 import json, sys
 import numpy as np
-from simulator.cost import calibrate, events, lockstep, timeline, uncertainty
+from simulator.cost import calibrate, events, lockstep, streams, timeline, uncertainty
 print(json.dumps({"numba": "numba" in sys.modules}))
 """)
     assert not seen["numba"]

@@ -133,3 +133,20 @@ def test_launches_are_the_sourced_ones(k3, layer):
     assert early == {k.key for k in c1 if k.key.startswith("kda_") or k.key in ("o_proj", "router")}
     assert all(k.prefetch_bytes == (k.weight_bytes if k.key in early else 0) for k in c1)
     assert not any(k.pdl or k.prefetch_bytes for k in standard.build(k3, 16, K3_TRACE, layer))
+
+
+def test_a_kernels_remembered_hash_is_the_hash_of_what_equality_compares(k3):
+    """Kernel keeps its hash after the first call (the pricing's caches look kernels up ~10^5 times a sweep):
+    it must stay the dataclass hash of every compared field, so equal kernels built apart hash alike and a
+    kernel that differs in any one of them (here: each kernel's note, key and bytes) does not collide."""
+    import dataclasses
+
+    from simulator.plans.kernel import Kernel
+    compared = [f.name for f in dataclasses.fields(Kernel) if f.compare]
+    for kernel in specialized.build(k3, 16, K3_TRACE, "mla").kernels + standard.build(k3, 8, K3_TRACE, "kda").kernels:
+        hash(kernel)  # remembered now
+        assert hash(kernel) == hash(tuple(getattr(kernel, name) for name in compared))
+        twin = dataclasses.replace(kernel)
+        assert twin == kernel and twin is not kernel and hash(twin) == hash(kernel)
+        for change in ({"note": kernel.note + "."}, {"key": kernel.key + "'"}, {"flops": kernel.flops + 1}):
+            assert hash(dataclasses.replace(kernel, **change)) != hash(kernel), change

@@ -1,10 +1,13 @@
 """A sweep's interval rows are priced a chunk at a time (every plan of the chunk scheduled under the draws in
-one lockstep loop, each kernel's drawn terms remembered across plans); they must equal each point priced alone."""
+one call of the compiled rows loop, each kernel's drawn terms remembered across plans, the step times' draws
+shared by points that differ only in acceptance length); they must equal each point priced alone (its plans
+scheduled by lockstep's NumPy loop)."""
 
 from __future__ import annotations
 
 from simulator import sweep
 from simulator.cost.uncertainty import uncertainty_for
+from simulator.report.summary import step_time_draws
 from simulator.scenario import DEFAULTS, Scenario
 
 GRID = {"tp": [16], "batch": [1, 4], "context": [512, 2048], "draft_tokens": [3], "expert_skew": [0.0, 1.2],
@@ -17,10 +20,32 @@ def test_a_chunk_priced_together_equals_each_point_priced_alone():
     together = list(sweep.evaluate_points(iter(points), sc.kind, len(points), workers=1))
     alone = []
     for point in points:
-        for hw in ("gb300", "gb200"):  # forget every scheduled plan and remembered kernel: this point's own loop
+        for hw in ("gb300", "gb200"):  # forget every scheduled plan, remembered kernel and step: this point's own loop
             sample = uncertainty_for(sweep._hardware(hw), sweep._interval_spec(True)).sample
             sample.timelines.clear()
             sample.terms.clear()
+        step_time_draws.cache_clear()
         alone.append(sweep.evaluate(point, sc.kind))
     assert all(r["status"] == "ok" and "step_ms_low" in r for rows in together for r in rows)
     assert together == alone
+
+
+def test_a_layer_sweeps_compiled_draws_equal_the_layer_command():
+    """A layer sweep schedules each point's draws with the compiled rows loop (`fastsim.makespan_us.draws`);
+    its rows' bounds must equal `layer_report`'s with the defaults `moe-sim layer` runs (lockstep's NumPy
+    loop), every scheduled plan forgotten in between."""
+    from simulator.report.summary import layer_report
+    grid = {"layer": ["kda", "mla", "dense"], "batch": [1, 8], "tokens_per_seq": [1, 4], "hardware": ["gb300", "gb200"]}
+    sc = Scenario("layers", "tests/test_sweep.py", "Same bounds?", "layer", DEFAULTS | {"model": "kimi-k3"}, grid)
+    spec = sweep._interval_spec(True)
+    for point in sc.points():
+        hw = sweep._hardware(point["hardware"])
+        uncertainty_for(hw, spec).sample.timelines.clear()
+        rows = {r["variant"]: r for r in sweep.evaluate(point, "layer")}
+        uncertainty_for(hw, spec).sample.timelines.clear()
+        doc = layer_report(sweep._model(point["model"], point["precision"]), hw, point["tp"], sweep._shape(point),
+                           point["layer"], point["variant"], sweep._fusions(point), spec)
+        for variant, row in rows.items():
+            assert row["status"] == "ok", row["status"]
+            assert [row["layer_us_low"], row["layer_us_high"]] == doc["variants"][variant]["layer_us_interval"]
+            assert [row["speedup_low"], row["speedup_high"]] == doc["speedup_interval"]

@@ -197,6 +197,30 @@ def test_cost_model_doc_quotes_the_tool():
         assert m.group(2) == shown, f"marker '{m.group(1)}': the tool gives {shown}, the text says {m.group(2)!r}"
 
 
+def _quantile_alone(values, weights, probs):
+    """weighted_quantile as it was written for one array of draws: the reference for the batched form."""
+    order = np.argsort(values)
+    v, w = values[order], weights[order]
+    return np.interp(probs, (np.cumsum(w) - w / 2) / w.sum(), v)
+
+
+@pytest.mark.parametrize("n", [50, 100, 400, 1000])
+def test_quantiles_taken_together_equal_each_taken_alone(n):
+    """A report takes the quantiles of all its intervals in one batch ([K, N]): the same bits as one array
+    at a time, with skewed importance weights and with ties (rounded draws)."""
+    rng = np.random.default_rng(n)
+    probs = [0.05, 0.95]
+    for rounded in (False, True):
+        values = rng.lognormal(size=(9, n)) * 10.0 ** rng.uniform(-3, 3, size=(9, 1))
+        values = np.round(values, 1) if rounded else values
+        weights = rng.random(n) ** 6
+        weights /= weights.sum()
+        together = u.weighted_quantile(values, weights, probs)
+        for k in range(len(values)):
+            np.testing.assert_array_equal(together[k], _quantile_alone(values[k], weights, probs))
+            np.testing.assert_array_equal(u.weighted_quantile(values[k], weights, probs), together[k])
+
+
 @pytest.mark.parametrize("hardware", ["gb300", "h200"])
 def test_vectorised_pricing_equals_one_draw_at_a_time(k3, hardware):
     """plan_draws prices all draws at once (drawn constants as arrays, a per-draw loop where the pricing

@@ -2,10 +2,11 @@
 
 `timeline.schedule` and `makespan_us` run it for a central value (a layer's ~70 events in ~2 ms), so
 `step` and `layer` run no compiled code (loading Numba's cached code cost ~0.75 s of a cold command).
-Two faster forms keep these exact rules: `lockstep.simulate_plans` runs the N draws of the uncertainty
-sample, of several plans at once, in NumPy, and `fastsim.simulate` is this loop compiled with Numba for
+Faster forms keep these exact rules: `lockstep.simulate_plans` runs the N draws of the uncertainty
+sample, of several plans at once, in NumPy; `fastsim.simulate` is this loop compiled with Numba for
 sweeps, which schedule thousands of plans (`fastsim.simulate.py_func` is `simulate` here, STYLE item 14);
-tests check all three agree on random plans.
+and `fastsim.simulate_plans` runs a sweep's draws one (plan, draw) row at a time, compiled, on a state per
+stream (`streams.simulate_rows`); tests check they all agree on random plans.
 
 Arrays, one entry per kernel (n kernels, µs and bytes):
     pred[n]        same-stream predecessor (-1: none)        deps[n, d]  cross-stream waits (-1 padded)

@@ -1,10 +1,13 @@
-"""The timeline's event loop (`events.simulate`) compiled with Numba, for sweeps.
+"""The timeline's event loops compiled with Numba, for sweeps: `events.simulate` (one plan, one draw) and
+`streams.simulate_rows` (every (plan, draw) row of a sweep chunk's interval draws).
 
 A sweep schedules thousands of plans one draw each, where the compiled loop (~50 µs a layer) beats the
-plain one (~2 ms); a single command does not, since importing Numba and loading its cached code cost
-~0.7 s, so `step` and `layer` never import this module. `simulate.py_func` is `events.simulate`, the
-pure-Python original (STYLE item 14); its helpers are registered as jitable so the compiled loop calls
-compiled helpers while Python callers keep the plain functions.
+plain one (~2 ms), and some hundred thousand (plan, draw) rows for its intervals, where the compiled rows
+loop (~2.5 µs a row) beats lockstep's NumPy (~20 µs); a single command does not, since importing Numba and
+loading its cached code cost ~0.7 s, so `step` and `layer` never import this module. `simulate.py_func` is
+`events.simulate` and `simulate_rows.py_func` is `streams.simulate_rows`, the pure-Python originals (STYLE
+item 14); their helpers are registered as jitable so the compiled loops call compiled helpers while
+Python callers keep the plain functions.
 """
 
 from __future__ import annotations
@@ -12,11 +15,27 @@ from __future__ import annotations
 from numba import njit
 from numba.extending import register_jitable
 
-from simulator.cost import events
+from simulator.cost import events, streams
 from simulator.cost.timeline import Makespan
 
-for _helper in (events._prefetch_time, events._settle, events._try_start):
+for _helper in (events._prefetch_time, events._settle, events._try_start, streams._run, streams._reset,
+                streams._inputs_end, streams._waits_end, streams._start, streams._start_prefetch):
     register_jitable(_helper)
+# what a row runs at every event is compiled into `_run`: a compiled call takes a reference on each array it
+# is passed (an atomic add and subtract), ~40 % of the rows loop when these were calls (a 27-kernel layer
+# ~2.2 µs a row inlined, ~3 with only the passes inlined, ~4.3 with none); the helpers above run when a
+# kernel starts and stay calls (inlining them too doubles the compile, ~5 -> ~12 s once, for nothing)
+for _helper in (streams._done, streams._settle, streams._finish, streams._stop_prefetches, streams._start_streams,
+                streams._advance, streams._demand):
+    register_jitable(inline="always")(_helper)
 
 simulate = njit(cache=True)(events.simulate)
-makespan_us = Makespan(simulate)  # what sweeps and the calibration fit price with (estimate_step caches it)
+simulate_rows = njit(cache=True)(streams.simulate_rows)
+
+
+def simulate_plans(plans: list[tuple], gap_dep, gap_pdl, capacity) -> list[tuple]:
+    """`lockstep.simulate_plans`, every row run by the compiled rows loop (`uncertainty.schedule_plans`)."""
+    return streams.simulate_plans(plans, gap_dep, gap_pdl, capacity, simulate_rows)
+
+
+makespan_us = Makespan(simulate, simulate_plans)  # what sweeps and the calibration fit price with, draws included

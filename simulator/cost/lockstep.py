@@ -16,7 +16,9 @@ many rows. Napkin (2 cores, shared, CPU): a 23-kernel layer under 400 draws ~20 
 compiled loop one draw at a time (~0.14 ms a draw) and ~2 s for the plain one; a step's ten plans under 400
 draws ~0.1 s in one loop. One draw takes ~13 ms, all overhead: a central value runs `events.simulate`
 (~2-5 ms) instead, and `fastsim.simulate` stays for sweeps, which schedule thousands of plans one draw
-each. tests/test_lockstep.py holds this loop to `events.simulate` on random plans and draws.
+each. Sweeps schedule their draws with `fastsim.simulate_plans` too: the same formulation one row at a time
+(`streams`), compiled, ~3 µs a row against ~20 here, once Numba is loaded (~0.7 s), which a single command
+does not pay for. tests/test_lockstep.py holds this loop to `events.simulate` on random plans and draws.
 
 Settling at one `now` follows the plain loop's passes (kernels in index order, repeated until nothing changes):
 each pass first finishes the phases that ran out (A), then stops prefetches (B), then starts kernels and
@@ -56,7 +58,7 @@ def simulate_plans(plans: list[tuple], gap_dep: Array, gap_pdl: Array, capacity:
     """`simulate_draws` for several plans under the same N draws of the GPU's scalars, in one loop: each
     (plan, draw) pair is a row, so the loop runs as many iterations as the longest plan has events, not
     their sum (a step's four plans, or the published figures' ten, cost about one)."""
-    s = _Streams(_concatenate(plans), gap_dep, gap_pdl, capacity)
+    s = _Streams(side_by_side(plans), gap_dep, gap_pdl, capacity)
     with np.errstate(divide="ignore", invalid="ignore"):  # inf and NaN stand for "not applicable"
         for _ in range(20 * max(len(p[0]) for p in plans) + 20):
             s.settle()
@@ -66,9 +68,19 @@ def simulate_plans(plans: list[tuple], gap_dep: Array, gap_pdl: Array, capacity:
     raise RuntimeError("timeline did not converge")
 
 
-def _concatenate(plans: list[tuple]) -> tuple:
+def side_by_side(plans: list[tuple]) -> tuple:
     """The plans side by side as one plan of disjoint streams: kernel indices offset, waits padded to one
     width; (pred [n], deps [n, w], per-draw arrays [N, n] x 6, can_pf [n], first kernel of each plan)."""
+    pred, deps, can_pf, firsts = chains_side_by_side(plans)
+    n_draws = np.shape(plans[0][2])[0]
+    cols = [np.concatenate([np.broadcast_to(np.asarray(p[j], dtype=np.float64), (n_draws, len(p[0]))) for p in plans],
+                           axis=1) for j in (2, 3, 4, 5, 6, 7)]
+    return pred, deps, *cols, can_pf, firsts
+
+
+def chains_side_by_side(plans: list[tuple]) -> tuple:
+    """What of `side_by_side` no draw changes: (pred [n], deps [n, w], can_pf [n], first kernel of each plan
+    and n after the last [P + 1])."""
     width = max(np.asarray(p[1]).reshape(len(p[0]), -1).shape[1] for p in plans)
     preds, deps, offset, firsts = [], [], 0, []
     for p in plans:
@@ -79,21 +91,16 @@ def _concatenate(plans: list[tuple]) -> tuple:
         deps.append(np.hstack([dep, np.full((n, width - dep.shape[1]), -1)]))
         firsts.append(offset)
         offset += n
-    n_draws = np.shape(plans[0][2])[0]
-    cols = [np.concatenate([np.broadcast_to(np.asarray(p[j], dtype=np.float64), (n_draws, len(p[0]))) for p in plans],
-                           axis=1) for j in (2, 3, 4, 5, 6, 7)]
     can_pf = np.concatenate([np.asarray(p[8], dtype=np.float64) for p in plans])
-    return np.concatenate(preds), np.vstack(deps), *cols, can_pf, np.array(firsts + [offset])
+    return np.concatenate(preds), np.vstack(deps), can_pf, np.array(firsts + [offset])
 
 
-def _pad(x, width: int, fill: float = 0.0) -> Array:
-    """Per-kernel values [N, n] with sentinel columns (n: no kernel, n + 1: no predecessor, n + 2: no wait)."""
-    return np.pad(x, [(0, 0), (0, width - x.shape[-1])], constant_values=fill)
-
-
-def _pad(x, width: int, fill: float = 0.0) -> Array:
-    """Per-kernel values [N, n] with sentinel columns (n: no kernel, n + 1: no predecessor, n + 2: no wait)."""
-    return np.pad(x, [(0, 0), (0, width - x.shape[-1])], constant_values=fill)
+def check_chains(pred) -> None:
+    """A stream's kernels come in order, each after the one before it (`pred`), so a stream has one current
+    kernel at a time; refuse a plan laid out otherwise."""
+    n = len(pred)
+    if np.any(pred >= np.arange(n)) or np.any(np.bincount(pred[pred >= 0], minlength=n) > 1):
+        raise ValueError("pred must chain each stream's kernels in order (timeline._arrays lays plans out so)")
 
 
 def _pad(x, width: int, fill: float = 0.0) -> Array:
@@ -118,8 +125,7 @@ class _Streams:
         pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, firsts = plan
         self.n = n = len(pred)
         N, wide = gap_pred.shape[0], n + 3
-        if np.any(pred >= np.arange(n)) or np.any(np.bincount(pred[pred >= 0], minlength=n) > 1):
-            raise ValueError("pred must chain each stream's kernels in order (timeline._arrays lays plans out so)")
+        check_chains(pred)
         self.succ = np.full(wide, n)  # the next kernel on the same stream (n: none)
         self.succ[pred[pred >= 0]] = np.nonzero(pred >= 0)[0]
         self.pred = np.append(np.where(pred >= 0, pred, n + 1), [n, n, n])

@@ -21,7 +21,7 @@ Dimension legend: M tokens per forward, D hidden, V vocab, P TP degree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from typing import Any, Callable
 
@@ -188,13 +188,25 @@ def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, 
                   fusions: frozenset[str] | None = None, routing: RoutingStats = UNIFORM,
                   makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> StepEstimate:
     """The step of one variant. `makespan` prices one plan: a `Makespan` (each layer, head and drafting
-    forward then priced once per plan shape and GPU, across calls), or a function returning an array of
-    uncertainty draws (cost/uncertainty.py), in which case every time in the estimate is that array."""
+    forward then priced once per plan shape and GPU, across calls, and the step's times once per argument
+    but the acceptance length), or a function returning an array of uncertainty draws
+    (cost/uncertainty.py), in which case every time in the estimate is that array."""
+    accept = validate_speculation(draft_tokens, acceptance_length)
+    args = (cfg, hw, variant, tp, batch, context, draft_tokens, drafter, fusions, routing, makespan)
+    step = step_times(*args) if isinstance(makespan, Makespan) else _step(*args)  # draws are never remembered
+    return replace(step, tokens_per_step=accept, breakdown_us=dict(step.breakdown_us), layer_us=dict(step.layer_us))
+
+
+def _step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, batch: int, context: int, draft_tokens: int,
+          drafter: str, fusions: frozenset[str] | None, routing: RoutingStats,
+          makespan: Callable[[Plan, HardwareProfile], Any]) -> StepEstimate:
+    """`estimate_step` but its tokens per step (left at 1): no time depends on the acceptance length, so a
+    sweep's points that differ in it alone (5 of 10 neighbours in benchmarks/bench_sweep.py) share one
+    `step_times` (~45 µs of lookups and sums a variant)."""
     cached = isinstance(makespan, Makespan)  # draws are never cached: the same function may draw anew
     layer = partial(layer_us if cached else _layer, makespan=makespan)
     head = partial(head_us if cached else _head, makespan=makespan)
     draft = partial(draft_us if cached else _draft, makespan=makespan)
-    accept = validate_speculation(draft_tokens, acceptance_length)
     shape = DecodeShape(batch, 1 + draft_tokens, context, routing)
     breakdown, per_layer, kernels = {}, {}, 0
     for layer_type, count in cfg.layer_counts().items():
@@ -212,5 +224,8 @@ def estimate_step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, 
                             f"model '{cfg.name}' (hidden {cfg.hidden_size}, vocab {cfg.vocab_size}); pass --drafter.")
         breakdown["draft"], n = draft(dcfg, hw, tp, batch, draft_tokens, context, drafting, taps)
         kernels += n
-    return StepEstimate(variant, sum(breakdown.values()), accept, batch, breakdown, per_layer, kernels)
+    return StepEstimate(variant, sum(breakdown.values()), 1.0, batch, breakdown, per_layer, kernels)
+
+
+step_times = lru_cache(maxsize=8192)(_step)  # central values, plain numbers: remembered like `layer_us`
 

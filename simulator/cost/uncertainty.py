@@ -298,15 +298,16 @@ def _scheduled(plan: Plan, sample: Sample) -> tuple[Array, Array]:
     return seen[1]
 
 
-def schedule_plans(plans: list[Plan], sample: Sample) -> None:
-    """Schedule under every draw each plan the sample has not seen, all in one lockstep loop (`lockstep`:
-    the loop runs as long as the longest plan, not all of them), and remember (makespans [N], kernel spans
-    [N, n]) before any structural factor."""
+def schedule_plans(plans: list[Plan], sample: Sample, simulate: Callable = lockstep.simulate_plans) -> None:
+    """Schedule under every draw each plan the sample has not seen, all in one call of `simulate` (`lockstep`'s
+    NumPy loop runs as long as the longest plan, not all of them; sweeps pass `fastsim.makespan_us.draws`,
+    which runs each (plan, draw) row compiled), and remember (makespans [N], kernel spans [N, n]) before any
+    structural factor."""
     todo = list({id(p): p for p in plans if sample.timelines.get(id(p), (None,))[0] is not p}.values())
     if not todo:
         return
     scalars = (np.broadcast_to(np.asarray(x, dtype=np.float64), (sample.n,)) for x in plan_scalars(sample.stacked))
-    for plan, (start, end, *_) in zip(todo, lockstep.simulate_plans([_draw_arrays(p, sample) for p in todo], *scalars)):
+    for plan, (start, end, *_) in zip(todo, simulate([_draw_arrays(p, sample) for p in todo], *scalars)):
         sample.timelines[id(plan)] = (plan, (end.max(axis=1), end - start))
 
 
@@ -469,15 +470,26 @@ class Uncertainty:
         return priced(self.sample, price)
 
     def interval(self, values: Array, digits: int = 4) -> list[float]:
-        lo, hi = weighted_quantile(values, self.weights, [(1 - self.spec.level) / 2, (1 + self.spec.level) / 2])
-        return [round(float(lo), digits), round(float(hi), digits)]
+        return self.intervals([values], [digits])[0]
+
+    def intervals(self, values: list[Array], digits: list[int]) -> list[list[float]]:
+        """`interval` of each array of draws [N], rounded to its digits: the quantiles of all taken at once
+        (`weighted_quantile` on [K, N], the same numbers; a step report's seven in about half the time)."""
+        probs = [(1 - self.spec.level) / 2, (1 + self.spec.level) / 2]
+        bounds = weighted_quantile(np.stack(values), self.weights, probs).tolist()  # [K, 2]
+        return [[round(lo, d), round(hi, d)] for (lo, hi), d in zip(bounds, digits)]
+
+    @cached_property
+    def _counts(self) -> tuple[float, tuple[str, ...], tuple[tuple[str, int], ...]]:
+        """What `describe` says of the draws (~14 µs to count; a sweep reports it at every point)."""
+        kinds = ("constant", "family", "structure")
+        return (round(float(1.0 / np.sum(self.weights ** 2)), 1), tuple(p.label for p in self.sample.params),
+                tuple((kind, sum(p.kind == kind for p in self.sample.params)) for kind in kinds))
 
     def describe(self) -> dict[str, Any]:
+        effective, labels, counts = self._counts
         return {"level": self.spec.level, "draws": self.spec.draws, "seed": self.spec.seed,
-                "effective_draws": round(float(1.0 / np.sum(self.weights ** 2)), 1),
-                "parameters": [p.label for p in self.sample.params],
-                "parameter_counts": {kind: sum(p.kind == kind for p in self.sample.params)
-                                     for kind in ("constant", "family", "structure")},
+                "effective_draws": effective, "parameters": list(labels), "parameter_counts": dict(counts),
                 "conditioned_on_published": self.conditioned,
                 "method": "seeded draws of the profile's ranged constants (shared by every kernel), one H200 "
                           "residual factor per kernel family and one structural factor per variant, each draw "
@@ -486,11 +498,17 @@ class Uncertainty:
 
 
 def weighted_quantile(values: Array, weights: Array, probs: list[float]) -> Array:
-    """Quantiles of weighted draws: each draw's weight centred on its place in the sorted order."""
-    order = np.argsort(values)
-    v, w = np.asarray(values)[order], np.asarray(weights)[order]
-    position = np.cumsum(w) - w / 2
-    return np.interp(probs, position / w.sum(), v)
+    """Quantiles of weighted draws: each draw's weight centred on its place in the sorted order. `values` [N],
+    or [K, N] for K sets of draws under the same weights (returns [K, len(probs)]): each row is sorted,
+    summed and accumulated as alone (numpy runs the same kernels along the last axis), so the same bits."""
+    values = np.asarray(values)
+    order = np.argsort(values, axis=-1)
+    v, w = np.take_along_axis(values, order, axis=-1), np.asarray(weights)[order]
+    position = np.cumsum(w, axis=-1) - w / 2
+    cdf = position / w.sum(axis=-1, keepdims=True)
+    if values.ndim == 1:
+        return np.interp(probs, cdf, v)
+    return np.array([np.interp(probs, c, x) for c, x in zip(cdf, v)])
 
 
 def importance_weights(cfg: Any, sample: Sample, proposal: tuple[Array, Array], k: int, figures: tuple,

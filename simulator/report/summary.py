@@ -5,6 +5,7 @@ table or as JSON. Every number travels with its metric and its conditions.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from simulator.config import ModelConfig
@@ -55,8 +56,8 @@ def layer_timelines(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: Decod
 def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer_type: str,
                  variant: str = "both", fusions: frozenset[str] | None = None,
                  interval: IntervalSpec | None = None, makespan: Makespan = makespan_us) -> dict[str, Any]:
-    """One layer's report; `makespan` says which event loop schedules the central values (a sweep passes the
-    compiled one, `fastsim.makespan_us`)."""
+    """One layer's report; `makespan` says which event loops schedule the central values and the draws (a
+    sweep passes the compiled ones, `fastsim.makespan_us`)."""
     tls = layer_timelines(cfg, hw, tp, shape, layer_type, variant, fusions, makespan)
     doc: dict[str, Any] = {
         "metric": LAYER_METRIC, "model": cfg.name, "hardware": hw.name, "tp": tp, "batch": shape.batch,
@@ -73,22 +74,28 @@ def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeSh
     if interval is not None:
         unc = uncertainty_for(hw, interval)
         plans = {v: build_plan(cfg, v, tp, shape, layer_type, fusions) for v in tls}
-        schedule_plans(list(plans.values()), unc.sample)  # both variants in one loop
+        schedule_plans(list(plans.values()), unc.sample, makespan.draws)  # both variants in one loop
         draws = {v: plan_draws(p, unc.sample) for v, p in plans.items()}
+        wanted: Wanted = []
         for v, d in draws.items():
-            doc["variants"][v]["layer_us_interval"] = unc.interval(d, 3)
             spans = kernel_duration_draws(plans[v], unc.sample)
-            for i, row in enumerate(doc["variants"][v]["kernels"]):
-                row["duration_us_interval"] = unc.interval(spans[:, i], 3)
-        _interval_keys(doc, unc, draws)
+            wanted += [(doc["variants"][v], "layer_us_interval", d, 3)] + [
+                (row, "duration_us_interval", spans[:, i], 3) for i, row in enumerate(doc["variants"][v]["kernels"])]
+        _interval_keys(doc, unc, draws, wanted)
     return doc
 
 
-def _interval_keys(doc: dict[str, Any], unc: Uncertainty, draws: dict[str, Any]) -> None:
-    """The speedup's interval from the per-draw ratio (both variants priced under the same draw)."""
+Wanted = list[tuple[dict[str, Any], str, Any, int]]  # (where, key, draws [N], digits) of each interval a report shows
+
+
+def _interval_keys(doc: dict[str, Any], unc: Uncertainty, draws: dict[str, Any], wanted: Wanted) -> None:
+    """The interval's description, then each wanted `where[key] = [low, high]` and the speedup's from the
+    per-draw ratio (both variants priced under the same draw), all quantiles taken at once."""
     doc["interval"] = unc.describe()
     if len(draws) == 2:
-        doc["speedup_interval"] = unc.interval(draws["standard"] / draws["specialized"], 4)
+        wanted = wanted + [(doc, "speedup_interval", draws["standard"] / draws["specialized"], 4)]
+    for (where, key, _, _), bounds in zip(wanted, unc.intervals([w[2] for w in wanted], [w[3] for w in wanted])):
+        where[key] = bounds
 
 
 def _step_row(est: StepEstimate) -> dict[str, Any]:
@@ -119,16 +126,15 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
     if len(ests) == 2:
         doc["speedup"] = round(ests["standard"].step_us / ests["specialized"].step_us, 4)
     if interval is not None:
-        unc = uncertainty_for(hw, interval)
-        draws = unc.price(lambda makespan: {
-            v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions, routing,
-                             makespan=makespan) for v in ests})
-        for v, d in draws.items():
-            row = doc["variants"][v]
-            row["step_ms_interval"] = unc.interval(d.step_us / 1000, 4)
-            row["tokens_per_s_interval"] = unc.interval(d.tokens_per_s, 2)
-            row["tokens_per_s_per_user_interval"] = unc.interval(d.tokens_per_s_per_user, 2)
-        _interval_keys(doc, unc, {v: d.step_us for v, d in draws.items()})
+        times = step_time_draws(cfg, hw, tp, batch, context, draft_tokens, tuple(ests), drafter, fusions, routing,
+                                interval)
+        wanted: Wanted = []
+        for v, us in times.items():
+            row, d = doc["variants"][v], StepEstimate(v, us, first.tokens_per_step, batch)
+            wanted += [(row, "step_ms_interval", d.step_us / 1000, 4),
+                       (row, "tokens_per_s_interval", d.tokens_per_s, 2),
+                       (row, "tokens_per_s_per_user_interval", d.tokens_per_s_per_user, 2)]
+        _interval_keys(doc, uncertainty_for(hw, interval), times, wanted)
     if bracket:
         ends = routing_bracket_ends(routing)
         doc["routing_bracket"] = {
@@ -138,6 +144,23 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
                                 for v in variants_of(variant)}}
             for name, r in ends.items()}
     return doc
+
+
+@lru_cache(maxsize=1024)
+def step_time_draws(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, context: int, draft_tokens: int,
+                    variants: tuple[str, ...], drafter: str, fusions: frozenset[str] | None, routing: RoutingStats,
+                    spec: IntervalSpec) -> dict[str, Any]:
+    """Each variant's step time (µs) under the draws of `uncertainty_for(hw, spec)`, [N] read-only. Remembered:
+    the acceptance length, not an argument, moves no time (it scales the tokens a step emits), so the points
+    of a sweep that differ in it alone (five of every ten neighbours in benchmarks/bench_sweep.py, whose
+    second-innermost axis it is) price the draws once: ~0.2 ms of estimate_step on arrays, both variants."""
+    unc = uncertainty_for(hw, spec)
+    times = unc.price(lambda makespan: {
+        v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, None, drafter, fusions, routing,
+                         makespan=makespan).step_us for v in variants})
+    for us in times.values():
+        us.flags.writeable = False
+    return times
 
 
 # The concentrated end of the routing bracket when the user names none: the most skewed router of the
