@@ -47,9 +47,9 @@ benchmarks/fullsize.py measure the rest):
   The ranks' slices of one row are read as one run, row by row (`_grouped_run`), and the rare wide-scale
   rows are redone after the loop: that check inside it cost as much as the dot.
 - in the layer (batch 1, bf16, 2 Zen 4 cores, 2026-12-01): FC1 6.3-7.5 ms for 187 MB (25-30 GB/s), FC2
-  5.1-5.3 ms for 94 MB (18 GB/s), ~2.7 ms of Python around them: 16.2-18.3 GB/s for the routed experts,
-  0.47-0.64 of the in-process copy (median 0.58), which itself reads 26-48 GB/s on this VM from one run to
-  the next. At fp64 6.3-8.0 GB/s (0.18-0.30): float64 arithmetic caps it.
+  5.1-5.3 ms for 94 MB (18 GB/s), ~2 ms of Python around them: 17.7-18.5 GB/s for the routed experts in
+  quiet spells, 0.60 of the in-process copy (best run over best copy, benchmarks/fullsize.py), which itself
+  reads 26-48 GB/s on this VM from one hour to the next. At fp64 8.7 GB/s (0.29): float64 arithmetic caps it.
 
 Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
 run the NumPy forms that way); every fused op in ops/ asks it per call, so there is no module state.
