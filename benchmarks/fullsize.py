@@ -16,9 +16,9 @@ What it measures, in one process:
   `draw_rate_mparams_s` is expert parameters drawn and packed per second (both cores);
 - wall_s per path (reference, standard, specialized): the path's compute, drawing taken out;
   `wall_incl_draw_s` is the first run's with it in. Peak RSS after each path (`PeakRss`: the copy's own
-  buffers left out). The standard and
-  specialized paths run `--repeats` times, interleaved (default 5 up to batch 16, else 1): wall_s is the
-  median, `wall_s_runs` every run. This VM's neighbours move one run's figures by up to 2x;
+  buffers left out). The standard and specialized paths run `--repeats` times, interleaved (default 5 up
+  to batch 16, else 1): wall_s is the median, `wall_s_runs` every run. This VM's neighbours move one run's
+  figures by up to 2x;
 - expert_gbps: the specialized plan's routed-expert kernels (FC1, FC2 + finalize, all 16 ranks) timed
   in place (their ops, called once per streamed chunk over all ranks; the drawing of the chunk happens
   between the calls and is not in the time), bytes = the packed MXFP4 bytes of the touched experts (every
@@ -258,7 +258,7 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
                                          / max(expert_draw_s, 1e-9) / 1e6, 1),
             "expert_cache_gb": cache_gb, "stream_chunk_gb": chunk_gb,
             "max_rel_rms_error": {k: float(f"{v:.3g}") for k, v in errors.items()},
-            "copy_gbps": round(max(copies), 2), "copy_gbps_runs": [round(c, 2) for c in copies]}
+            "copy_gbps": _sig(max(copies)), "copy_gbps_runs": [_sig(c) for c in copies]}
     doc["specialized_vs_standard"] = round(median["standard"] / median["specialized"], 2)
     if len(experts):
         nbytes = 3 * part_bytes * len(experts)

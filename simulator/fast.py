@@ -450,23 +450,21 @@ def _grouped_item(xp, tokens, wtab, items, lut, wide_from, y, i):  # type: ignor
                 prefetch(s_addr + (n0 + n + PREFETCH_ROWS) * s_stride)
             y[r, col + n] = mxfp4_dot(codes, n * c_stride, scales, n * s_stride, lut, x, 0, nbytes)
     if _span_top(scales, wide_from) >= wide_from:  # rare: redo the rows with a wide scale weight by weight
-        rows = np.arange(r0, r1)
-        slot = np.zeros((r1 - r0, 2), np.int64)
-        slot[:, 1] = tokens[r0:r1] * xp.shape[1]
-        _redo_wide(codes, scales, lut, xp.ravel(), nbytes, wide_from, n1 - n0, c_stride, s_stride, slot, rows,
-                   np.full(r1 - r0, col), y)
+        slot = np.zeros((r1 - r0, 4), np.int64)
+        slot[:, 1], slot[:, 2], slot[:, 3] = tokens[r0:r1] * xp.shape[1], np.arange(r0, r1), col
+        _redo_wide(codes, scales, lut, xp.ravel(), nbytes, wide_from, n1 - n0, c_stride, s_stride, slot, y)
 
 
 @jitable
-def _redo_wide(codes, scales, lut, flat, nbytes, wide_from, m, c_stride, s_stride, slot, rows, cols, y):  # type: ignore[no-untyped-def]
+def _redo_wide(codes, scales, lut, flat, nbytes, wide_from, m, c_stride, s_stride, slot, y):  # type: ignore[no-untyped-def]
     """The entries of m rows of W^T whose row holds a wide scale (`_wide`), again weight by weight (c s, as
     the dequantized W holds it): entry e reads its row's bytes from slot[e, 0] and x from slot[e, 1] of the
-    flat token rows, and goes to y[rows[e], cols[e] + n]."""
+    flat token rows, and goes to y[slot[e, 2], slot[e, 3] + n]."""
     for n in range(m):
         for e in range(slot.shape[0]):
             c, s = n * c_stride + slot[e, 0], n * s_stride + slot[e, 0] // 16
             if _wide(scales, s, nbytes, wide_from):
-                y[rows[e], cols[e] + n] = _dot_loops(codes, c, scales, s, lut, flat, slot[e, 1], nbytes, True)
+                y[slot[e, 2], slot[e, 3] + n] = _dot_loops(codes, c, scales, s, lut, flat, slot[e, 1], nbytes, True)
 
 
 @jitable
@@ -486,11 +484,11 @@ def _grouped_run(xp, tokens, wtab, items, lut, wide_from, y, i, j):  # type: ign
     count = 0
     for k in range(i, j):
         count += items[k, 5] - items[k, 4]
-    slot = np.empty((count, 2), np.int64)  # per entry of a row: its slice's offset in the row, its x's offset
+    slot = np.empty((count, 4), np.int64)  # per entry: its slice's offset in the row, its x's offset, its y row, col
     at = 0
     for k in range(j - i):
         for r in range(items[i + k, 4], items[i + k, 5]):
-            slot[at, 0], slot[at, 1] = k * nbytes, tokens[r] * width
+            slot[at, 0], slot[at, 1], slot[at, 2], slot[at, 3] = k * nbytes, tokens[r] * width, r, items[i + k, 3]
             for b in range(0, (n1 - n0) * y.itemsize, 64):  # y's lines of the entry, in by the time it is written
                 prefetch(y.ctypes.data + (r * y.shape[1] + items[i + k, 3]) * y.itemsize + b)
             at += 1
@@ -500,20 +498,12 @@ def _grouped_run(xp, tokens, wtab, items, lut, wide_from, y, i, j):  # type: ign
         for e in range(count):
             c, x0 = c0 + slot[e, 0], slot[e, 1]
             stage[n, e] = mxfp4_dot(codes, c, scales, s0 + slot[e, 0] // 16, lut, flat, x0, nbytes)
-    at = 0
-    for k in range(i, j):
-        for r in range(items[k, 4], items[k, 5]):
-            for t in range(n1 - n0):  # a loop, not a slice assignment: ~50 ns less a row of y
-                y[r, items[k, 3] + t] = stage[t, at]
-            at += 1
+    for e in range(count):
+        row, col = slot[e, 2], slot[e, 3]
+        for t in range(n1 - n0):  # a loop, not a slice assignment: ~50 ns less a row of y
+            y[row, col + t] = stage[t, e]
     if _span_top(scales, wide_from) >= wide_from:  # rare: the rows with a wide scale again, weight by weight
-        rows, cols = np.empty(count, np.int64), np.empty(count, np.int64)
-        at = 0
-        for k in range(i, j):
-            for r in range(items[k, 4], items[k, 5]):
-                rows[at], cols[at] = r, items[k, 3]
-                at += 1
-        _redo_wide(codes, scales, lut, flat, nbytes, wide_from, n1 - n0, c_stride, s_stride, slot, rows, cols, y)
+        _redo_wide(codes, scales, lut, flat, nbytes, wide_from, n1 - n0, c_stride, s_stride, slot, y)
 
 
 # ===================================================================== MXFP4 packing (weight generation)
