@@ -26,8 +26,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from simulator.fast import (BF16_STEP, E2M1, E2M1_X2, FAST, STEP_WEIGHTS, _dot_loops, decode_block, has_avx512,
-                            has_bf16_dot, lanes, mxfp4_dot, packed_at, prefetch)
+from simulator.fast import (BF16_STEP, E2M1, E2M1_X2, FAST, STEP_WEIGHTS, STREAM_AHEAD, _dot_loops, decode_block,
+                            has_avx512, has_bf16_dot, lanes, mxfp4_dot, packed_at, prefetch)
 from simulator.rng import _mulhi
 
 
@@ -199,6 +199,7 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, x0, nbytes):  # type:
 
         with cgutils.for_range(builder, steps) as loop:
             c = loop.index
+            _stream_ahead(builder, cbase, sbase, builder.mul(c, ir.Constant(i64, 64)))
             codes = builder.load(builder.bitcast(builder.gep(cbase, [builder.mul(c, ir.Constant(i64, 64))]),
                                                  vi.as_pointer()), align=1)
             word = builder.load(builder.bitcast(builder.gep(sbase, [builder.mul(c, ir.Constant(i64, 4))]),
@@ -221,6 +222,18 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, x0, nbytes):  # type:
             step(steps, codes, word)
         return _lane_sum(builder, builder.load(acc), width)
     return dtype(codes, types.int64, scales, types.int64, xp, types.int64, types.int64), codegen
+
+
+def _stream_ahead(builder: ir.IRBuilder, cbase: ir.Value, sbase: ir.Value, offset: ir.Value) -> None:
+    """Ask for the code line `fast.STREAM_AHEAD` bytes past offset, and its scales' line, while this step runs
+    (every 64 code bytes: the scales' line is asked for 16 times, which costs a load slot each, not a miss)."""
+    i8p, i32, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(32), ir.IntType(64)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                        "llvm.prefetch.p0")
+    read, keep, data = ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)
+    ahead = builder.add(offset, ir.Constant(i64, STREAM_AHEAD))
+    builder.call(fn, [builder.gep(cbase, [ahead]), read, keep, data])
+    builder.call(fn, [builder.gep(sbase, [builder.lshr(ahead, ir.Constant(i64, 4))]), read, keep, data])
 
 
 def _row_bases(context, builder, signature, args):  # type: ignore[no-untyped-def]
@@ -320,6 +333,7 @@ def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, x0, nbytes):  # ty
                                                 bytes32.as_pointer()), align=1)
 
         with cgutils.for_range(builder, builder.lshr(steps, ir.Constant(i64, 1))) as loop:
+            _stream_ahead(builder, cbase, sbase, builder.mul(loop.index, ir.Constant(i64, 64)))
             for k in range(2):
                 c = builder.add(builder.mul(loop.index, ir.Constant(i64, 2)), ir.Constant(i64, k))
                 step(c, load(c), 2, accs[k])
