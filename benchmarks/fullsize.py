@@ -31,7 +31,9 @@ What it measures, in one process:
   and their median in `expert_vs_copy_median`: a neighbour that takes a core for a few ms costs one ~15 ms
   kernel run far more than it costs a best-of-5 copy, so those single-run ratios spread (0.28-0.85 in one
   run of this benchmark on a loaded VM);
-- max_rel_rms_error of both plans against the reference, so that a fast wrong answer cannot pass.
+- max_rel_rms_error of both plans against the reference, so that a fast wrong answer cannot pass;
+- `cpu`, the CPU's model name: the development VM has changed under this benchmark three times (Ice Lake,
+  Zen 4, a Xeon of the Sapphire Rapids class), and its figures with it.
 
 Napkin math, batch 1: 16 experts x 17.5 MB = 280 MB packed, 14 ms at 20 GB/s; drawing them is 16 x 3 x
 11 M normal floats, ~3 s on 2 cores at ~180 M parameters/s: the drawing, not the arithmetic, is the floor
@@ -132,6 +134,19 @@ def call_seconds(fn: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
+def cpu_model() -> str:
+    """The CPU's model name as the kernel reports it (/proc/cpuinfo), else the platform's word for it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def copy_gbps(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
     """STREAM copy on all threads: 2 x bytes per pass (read + write), best of `repeats`."""
     src = np.ones(n_bytes // 8)
@@ -206,7 +221,8 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
     d = make_dims(cfg, tp, shape, None, layer)
     prec = Precision(precision)
     doc: dict[str, Any] = {"batch": batch, "layer": layer, "layer_index": d.layer, "tp": tp, "precision": precision,
-                           "model": cfg.name, "threads": numba.get_num_threads(), "repeats": repeats}
+                           "model": cfg.name, "threads": numba.get_num_threads(), "repeats": repeats,
+                           "cpu": cpu_model()}
     step("compile")
     doc["compile"] = compile_kernels(layer, precision)
     weights = LayerWeights(cfg, d.layer, seed, expert_cache_bytes=int(cache_gb * GB), stream_chunk_bytes=int(chunk_gb * GB),
@@ -279,6 +295,7 @@ def _sig(x: float) -> float:
 def report(doc: dict[str, Any]) -> str:
     lines = [f"Kimi K3 layer {doc['layer_index']} ({doc['layer']}), TP{doc['tp']}, batch {doc['batch']}, "
              f"{doc['precision']}, {doc['threads']} threads",
+             f"  CPU: {doc['cpu']}",
              f"  compile (tiny run): {doc['compile']['seconds']} s, cache hits {doc['compile']['cache_hits']}, "
              f"misses {doc['compile']['cache_misses']}",
              f"  dense weights drawn in {doc['draw_s']['dense']} s; {doc['expert_part_draws']} expert parts drawn at "

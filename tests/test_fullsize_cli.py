@@ -32,6 +32,7 @@ def test_fullsize_repeats_pair_each_kernel_run_with_a_copy():
     assert run.returncode == 0, run.stderr
     doc = json.loads(run.stdout)
     assert doc["repeats"] == 3 and len(doc["wall_s_runs"]["reference"]) == 1
+    assert isinstance(doc["cpu"], str) and doc["cpu"]  # the conditions travel with the figures
     for path in ("standard", "specialized"):
         assert len(doc["wall_s_runs"][path]) == 3
         assert doc["wall_s"][path] == pytest.approx(statistics.median(doc["wall_s_runs"][path]), abs=1e-3)
