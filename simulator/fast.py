@@ -50,6 +50,13 @@ benchmarks/fullsize.py measure the rest):
   5.1-5.3 ms for 94 MB (18 GB/s), ~2 ms of Python around them: 17.7-18.5 GB/s for the routed experts in
   quiet spells, 0.60 of the in-process copy (best run over best copy, benchmarks/fullsize.py), which itself
   reads 26-48 GB/s on this VM from one hour to the next. At fp64 8.7 GB/s (0.29): float64 arithmetic caps it.
+- on the Xeon (Sapphire / Emerald Rapids class, 2 vCPUs) that replaced it the same afternoon: Ice Lake's
+  ports for 512-bit vectors, and `vdpbf16ps` at ~0.45 an instruction a cycle (ymm or zmm, measured), so the
+  bf16 dot is no faster than the float64 one: with the data in L3 4.4 and 5.2 GB/s on one core, 6.5 and 7.4
+  on both. In the layer (2 KB software prefetch, `STREAM_AHEAD`) 8.8-9.1 GB/s at bf16 and 6.4-7.1 at fp64,
+  0.20 and 0.16 of a 41-45 GB/s copy; FC1's rows read at 8-12 GB/s, FC2's 96-byte slices at 4-8, a third of
+  the bytes and half the time. A read alone reaches 24-32 GB/s there (2 threads, 4 accumulators), so half
+  the copy is ~0.7 of a pure read: the ratio asks more of a kernel on this machine than on Zen 4.
 
 Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
 run the NumPy forms that way); every fused op in ops/ asks it per call, so there is no module state.
