@@ -53,9 +53,9 @@ benchmarks/fullsize.py measure the rest):
 - on the Xeon (Sapphire / Emerald Rapids class, 2 vCPUs) that replaced it the same afternoon: Ice Lake's
   ports for 512-bit vectors, and `vdpbf16ps` at ~0.45 an instruction a cycle (ymm or zmm, measured), so the
   bf16 dot is no faster than the float64 one: with the data in L3 4.4 and 5.2 GB/s on one core, 6.5 and 7.4
-  on both. In the layer (2 KB software prefetch, `STREAM_AHEAD`) 8.8-9.1 GB/s at bf16 and 6.4-7.1 at fp64,
-  0.20 and 0.16 of a 41-45 GB/s copy; FC1's rows read at 8-12 GB/s, FC2's 96-byte slices at 4-8, a third of
-  the bytes and half the time. A read alone reaches 24-32 GB/s there (2 threads, 4 accumulators), so half
+  on both. In the layer (2 KB software prefetch, `STREAM_AHEAD`) 8.7-9.1 GB/s at bf16 (0.19-0.21 of the
+  copy) and 5.3-9.5 at fp64 (0.13-0.21) from one spell to the next; FC1's rows read at 8-12 GB/s, FC2's
+  96-byte slices at 4-8, a third of the bytes and half the time. A read alone reaches 24-32 GB/s there (2 threads, 4 accumulators), so half
   the copy is ~0.7 of a pure read: the ratio asks more of a kernel on this machine than on Zen 4.
 
 Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
@@ -356,7 +356,7 @@ STREAM_AHEAD = 2048  # bytes ahead of an AVX-512 dot's current code line that it
 # scales' line there): on the Xeon of 2026-12-01 the hardware prefetcher alone left the stream short of lines.
 # A C model of the float64 dot from DRAM on 2 cores: 10.0 -> 12.3 GB/s (1 KB ahead less, 2-8 KB the same); the
 # layer at batch 1, three turns each against the build without it (routed experts, best of 2 runs a turn):
-# bf16 7.5 / 7.6 best -> 8.8 / 9.1 GB/s (median / best), fp64 5.4 / 6.4 -> 6.4 / 6.8
+# bf16 median 7.5 -> 8.8 GB/s, best 7.6 -> 9.1; fp64 median 5.4 -> 6.4, best 6.4 -> 6.8
 
 
 def has_avx512() -> bool:

@@ -101,13 +101,17 @@ def _prefetch_compiled(addr):  # type: ignore[no-untyped-def]
 def prefetch_llvm(typingctx, addr):  # type: ignore[no-untyped-def]
     """llvm.prefetch of the line at an integer address: read, keep in all cache levels."""
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        i8p, i32 = ir.PointerType(ir.IntType(8)), ir.IntType(32)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                            "llvm.prefetch.p0")
-        read, keep, data = ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)
-        builder.call(fn, [builder.inttoptr(args[0], i8p), read, keep, data])
+        _prefetch_line(builder, builder.inttoptr(args[0], ir.PointerType(ir.IntType(8))))
         return context.get_dummy_value()
     return types.void(types.int64), codegen
+
+
+def _prefetch_line(builder: ir.IRBuilder, ptr: ir.Value) -> None:
+    """llvm.prefetch of the line at an i8 pointer: read, keep in all cache levels (never faults)."""
+    i8p, i32 = ir.PointerType(ir.IntType(8)), ir.IntType(32)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                        "llvm.prefetch.p0")
+    builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
 @overload(mxfp4_dot, inline="always")
@@ -227,13 +231,10 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, x0, nbytes):  # type:
 def _stream_ahead(builder: ir.IRBuilder, cbase: ir.Value, sbase: ir.Value, offset: ir.Value) -> None:
     """Ask for the code line `fast.STREAM_AHEAD` bytes past offset, and its scales' line, while this step runs
     (every 64 code bytes: the scales' line is asked for 16 times, which costs a load slot each, not a miss)."""
-    i8p, i32, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(32), ir.IntType(64)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                        "llvm.prefetch.p0")
-    read, keep, data = ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)
+    i64 = ir.IntType(64)
     ahead = builder.add(offset, ir.Constant(i64, STREAM_AHEAD))
-    builder.call(fn, [builder.gep(cbase, [ahead]), read, keep, data])
-    builder.call(fn, [builder.gep(sbase, [builder.lshr(ahead, ir.Constant(i64, 4))]), read, keep, data])
+    _prefetch_line(builder, builder.gep(cbase, [ahead]))
+    _prefetch_line(builder, builder.gep(sbase, [builder.lshr(ahead, ir.Constant(i64, 4))]))
 
 
 def _row_bases(context, builder, signature, args):  # type: ignore[no-untyped-def]
