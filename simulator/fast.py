@@ -41,7 +41,7 @@ benchmarks/fullsize.py measure the rest):
   + the scale, ~17 ops against the float32 kernel's ~15 per 32 bytes but with a quarter of its
   multiply-adds. Zen 4 runs the 256-bit shuffles and shifts on two pipes, a `vpermw` apparently as two:
   ~7 cycles a step, measured 13-17.6 GB/s per core, 19-33 on both (1.25-1.45x the float32 kernel).
-- a TP16 down-projection row shard is 96 bytes a row (3 bf16 steps; a float step and a masked one), and
+- a TP16 down-projection row shard is 96 bytes a row (3 bf16 steps; a float step and a half one), and
   each dot pays its setup and horizontal sum: bf16 8.4-9 ns a slice on one Zen 4 core (6.3 ns when the
   loop's trip count and width are constants), so the down projection reads ~2/3 as fast as FC1's long rows.
   The ranks' slices of one row are read as one run, row by row (`_grouped_run`), and the rare wide-scale
@@ -221,7 +221,9 @@ def permute_x(x: Array) -> Array:
 
     A step loads 64 code bytes as L lanes (L = `lanes`) of 128/L nibbles each: lane i holds weights
     (128/L) i .. (128/L)(i + 1) - 1 and its j-th nibble is weight (128/L) i + j. So the x vector that
-    multiplies nibble j of every lane is x[(128/L) i + j] for i < L: position j L + i of the step.
+    multiplies nibble j of every lane is x[(128/L) i + j] for i < L: position j L + i of the step. A row
+    ending in a half step (K = 64 mod 128: the TP16 down projection's 192-weight slices) loads its last 32
+    bytes as L lanes of 64/L nibbles, so that step is laid out with 64/L for 128/L (and half the work).
 
     float32 x whose values are all bfloat16 (the W4A16 path's activations) on a host with the AVX-512
     bf16 dot comes back as `permute_x_bf16(x)` instead: uint16 bits that `mxfp4_dot` then multiplies with
@@ -233,7 +235,12 @@ def permute_x(x: Array) -> Array:
     steps = -(-k // STEP_WEIGHTS)
     padded = np.zeros((m, steps * STEP_WEIGHTS), x.dtype)
     padded[:, :k] = x
-    return np.ascontiguousarray(padded.reshape(m, steps, width, -1).transpose(0, 1, 3, 2)).reshape(m, -1)
+    out = np.ascontiguousarray(padded.reshape(m, steps, width, -1).transpose(0, 1, 3, 2)).reshape(m, -1)
+    if k % STEP_WEIGHTS == STEP_WEIGHTS // 2:  # a half step last: lanes of half as many nibbles (see mxfp4_dot)
+        last = (steps - 1) * STEP_WEIGHTS
+        out[:, last:last + k - last] = x[:, last:].reshape(m, width, -1).transpose(0, 2, 1).reshape(m, -1)
+        out[:, last + k - last:] = 0
+    return out
 
 
 BF16_STEP = 64  # weights per step of the bf16 dot: 32 code bytes (one 256-bit vector), 2 blocks
@@ -298,6 +305,7 @@ def _dot_loops(codes, c0, scales, s0, lut, xp, x0, nbytes, per_weight):  # type:
     whose c s overflows that dtype."""
     per = STEP_WEIGHTS // (64 // xp.itemsize)  # nibbles per lane
     width = STEP_WEIGHTS // per
+    half_from = 2 * nbytes - STEP_WEIGHTS // 2 if (2 * nbytes) % STEP_WEIGHTS == STEP_WEIGHTS // 2 else 2 * nbytes
     one = lut[127]
     acc = one * 0
     for b in range(nbytes // 16):
@@ -310,8 +318,8 @@ def _dot_loops(codes, c0, scales, s0, lut, xp, x0, nbytes, per_weight):  # type:
                 q = k % BF16_STEP
                 xv = bf16_value(xp[x0 + k - q + BF16_ORDER_FLAT[q]])
             else:
-                q = k % STEP_WEIGHTS
-                xv = xp[x0 + k - q + (q % per) * width + q // per]
+                q, lane = k % STEP_WEIGHTS, per // 2 if k >= half_from else per  # a last half step: half the nibbles
+                xv = xp[x0 + k - q + (q % lane) * width + q // lane]
             part += xv * (c * s if per_weight else c)
         acc += part if per_weight else part * s
     return acc

@@ -133,7 +133,9 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, x0, nbytes):  # type:
     `vpermi2pd` (float64: the table in two) look at; an FMA with the permuted x (`fast.permute_x`) adds it
     to one of 2 partial sums. The step's 4 blocks sit in lanes L/4 apart: their E8M0 bits, broadcast and
     shifted per lane, become 2^(e - 127) by moving e into the exponent field, and one FMA per step scales
-    the partial sums into the accumulator. A tail of 1-3 blocks loads with a lane mask."""
+    the partial sums into the accumulator. A tail of 1 or 3 blocks loads with a lane mask; a tail of 2 (where
+    the TP16 down projection's 192-weight slices end) loads as L lanes of half the width, zero-extended: half the
+    nibbles a lane, half the work (`permute_x` lays that step's x out to match)."""
     dtype = xp.dtype
     f32 = dtype == types.float32
 
@@ -174,9 +176,9 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, x0, nbytes):  # type:
         nbytes = args[6]
         steps, tail = builder.lshr(nbytes, ir.Constant(i64, 6)), builder.and_(nbytes, ir.Constant(i64, 63))
         acc = cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * width))
-        block_shift = ir.Constant(vi, [8 * (lane // (width // 4)) for lane in range(width)])
-
-        def step(c: ir.Value, codes: ir.Value, word: ir.Value) -> None:
+        def step(c: ir.Value, codes: ir.Value, word: ir.Value, nib: int = nib) -> None:  # nib: nibbles a lane
+            blocks_per_vector = 4 * nib // (STEP_WEIGHTS // width)  # 4, or 2 for a half step
+            block_shift = ir.Constant(vi, [8 * (lane // (width // blocks_per_vector)) for lane in range(width)])
             word = builder.zext(word, lane_int) if not f32 else word
             e = builder.and_(builder.lshr(broadcast(word), block_shift), splat(255))
             if f32:  # 2^(e - 127): e in the exponent field; e = 0 is the subnormal 2^-127
@@ -209,20 +211,20 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, x0, nbytes):  # type:
             word = builder.load(builder.bitcast(builder.gep(sbase, [builder.mul(c, ir.Constant(i64, 4))]),
                                                 i32.as_pointer()), align=1)
             step(c, codes, word)
-        with builder.if_then(builder.icmp_unsigned("!=", tail, ir.Constant(i64, 0))):
+        half, other = builder.icmp_unsigned("==", tail, ir.Constant(i64, 32)), builder.icmp_unsigned("!=", tail, ir.Constant(i64, 0))
+        with builder.if_then(half):  # two blocks: every lane holds half as many nibbles (x in `permute_x`'s half step)
+            halves = ir.VectorType(ir.IntType(lane_int.width // 2), width)
+            cptr = builder.bitcast(builder.gep(cbase, [builder.mul(steps, ir.Constant(i64, 64))]), halves.as_pointer())
+            codes = builder.zext(builder.load(cptr, align=1), vi)
+            word = _scale_word(builder, builder.gep(sbase, [builder.mul(steps, ir.Constant(i64, 4))]), ir.Constant(i64, 2))
+            step(steps, codes, word, nib // 2)
+        with builder.if_then(builder.and_(other, builder.not_(half))):
             live = builder.trunc(builder.udiv(tail, ir.Constant(i64, 64 // width)), lane_int)
             mask = builder.icmp_unsigned("<", ir.Constant(vi, list(range(width))), broadcast(live))
             cptr = builder.bitcast(builder.gep(cbase, [builder.mul(steps, ir.Constant(i64, 64))]), vi.as_pointer())
             codes = builder.call(masked_load, [cptr, ir.Constant(i32, 1), mask, ir.Constant(vi, [0] * width)])
-            blocks = builder.lshr(tail, ir.Constant(i64, 4))  # 1 to 3
-            sptr = builder.gep(sbase, [builder.mul(steps, ir.Constant(i64, 4))])
-            word = ir.Constant(i32, 0)
-            for t in range(3):  # byte t if the tail has block t, read at min(t, blocks - 1): always in bounds
-                has = builder.icmp_unsigned(">", blocks, ir.Constant(i64, t))
-                at = builder.select(has, ir.Constant(i64, t), builder.sub(blocks, ir.Constant(i64, 1)))
-                byte = builder.zext(builder.load(builder.gep(sptr, [at])), i32)
-                byte = builder.select(has, byte, ir.Constant(i32, 0))
-                word = builder.or_(word, builder.shl(byte, ir.Constant(i32, 8 * t)))
+            blocks = builder.lshr(tail, ir.Constant(i64, 4))  # 1 or 3
+            word = _scale_word(builder, builder.gep(sbase, [builder.mul(steps, ir.Constant(i64, 4))]), blocks)
             step(steps, codes, word)
         return _lane_sum(builder, builder.load(acc), width)
     return dtype(codes, types.int64, scales, types.int64, xp, types.int64, types.int64), codegen
@@ -235,6 +237,20 @@ def _stream_ahead(builder: ir.IRBuilder, cbase: ir.Value, sbase: ir.Value, offse
     ahead = builder.add(offset, ir.Constant(i64, STREAM_AHEAD))
     _prefetch_line(builder, builder.gep(cbase, [ahead]))
     _prefetch_line(builder, builder.gep(sbase, [builder.lshr(ahead, ir.Constant(i64, 4))]))
+
+
+def _scale_word(builder: ir.IRBuilder, sptr: ir.Value, blocks: ir.Value) -> ir.Value:
+    """The E8M0 bytes of a 1-3 block tail as one little-endian word, zero past the last block; every byte read
+    is one of the tail's own (byte t read at min(t, blocks - 1)), so nothing past the row is touched."""
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    word = ir.Constant(i32, 0)
+    for t in range(3):
+        has = builder.icmp_unsigned(">", blocks, ir.Constant(i64, t))
+        at = builder.select(has, ir.Constant(i64, t), builder.sub(blocks, ir.Constant(i64, 1)))
+        byte = builder.zext(builder.load(builder.gep(sptr, [at])), i32)
+        byte = builder.select(has, byte, ir.Constant(i32, 0))
+        word = builder.or_(word, builder.shl(byte, ir.Constant(i32, 8 * t)))
+    return word
 
 
 def _row_bases(context, builder, signature, args):  # type: ignore[no-untyped-def]

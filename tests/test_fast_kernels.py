@@ -251,7 +251,8 @@ def test_permute_x_puts_each_weight_where_the_lanes_read_it():
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
 @pytest.mark.parametrize("k", [32, 64, 96, 128, 192, 256, 416], ids=lambda k: f"K{k}")
 def test_mxfp4_dot_avx512_equals_plain_form_and_dequantized_product(k, dtype):
-    """The AVX-512 dot (full 64-byte steps and tails of 1-3 blocks) == the weight-by-weight form compiled
+    """The AVX-512 dot (full 64-byte steps, tails of 1 and 3 blocks, and the half step a tail of 2 takes: K = 64
+    and 192) == the weight-by-weight form compiled
     == its plain Python == x @ dequantize(W^T).T."""
     rng = np.random.default_rng(k)
     codes, bits = _packed(rng, k, 5)
