@@ -55,8 +55,9 @@ benchmarks/fullsize.py measure the rest):
   bf16 dot is no faster than the float64 one: with the data in L3 4.4 and 5.2 GB/s on one core, 6.5 and 7.4
   on both. In the layer (2 KB software prefetch, `STREAM_AHEAD`) 8.7-9.1 GB/s at bf16 (0.19-0.21 of the
   copy) and 5.3-9.5 at fp64 (0.13-0.21) from one spell to the next; FC1's rows read at 8-12 GB/s, FC2's
-  96-byte slices at 4-8, a third of the bytes and half the time. A read alone reaches 24-32 GB/s there (2 threads, 4 accumulators), so half
-  the copy is ~0.7 of a pure read: the ratio asks more of a kernel on this machine than on Zen 4.
+  96-byte slices at 4-8, a third of the bytes and half the time. A read alone reaches 24-32 GB/s there
+  (2 threads, 4 accumulators), so half the copy is ~0.7 of a pure read: the ratio asks more of a kernel on
+  this machine than on Zen 4.
 
 Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
 run the NumPy forms that way); every fused op in ops/ asks it per call, so there is no module state.
@@ -236,11 +237,18 @@ def permute_x(x: Array) -> Array:
     padded = np.zeros((m, steps * STEP_WEIGHTS), x.dtype)
     padded[:, :k] = x
     out = np.ascontiguousarray(padded.reshape(m, steps, width, -1).transpose(0, 1, 3, 2)).reshape(m, -1)
-    if k % STEP_WEIGHTS == STEP_WEIGHTS // 2:  # a half step last: lanes of half as many nibbles (see mxfp4_dot)
+    if ends_in_half_step(k):  # lanes of half as many nibbles (see mxfp4_dot)
         last = (steps - 1) * STEP_WEIGHTS
-        out[:, last:last + k - last] = x[:, last:].reshape(m, width, -1).transpose(0, 2, 1).reshape(m, -1)
-        out[:, last + k - last:] = 0
+        out[:, last:k] = x[:, last:].reshape(m, width, -1).transpose(0, 2, 1).reshape(m, -1)
+        out[:, k:] = 0
     return out
+
+
+@jitable
+def ends_in_half_step(k):  # type: ignore[no-untyped-def]
+    """A row of k weights ends in a half step (64 of 128): the float dots load it as lanes of half the width,
+    and `permute_x` lays its x out to match."""
+    return k % STEP_WEIGHTS == STEP_WEIGHTS // 2
 
 
 BF16_STEP = 64  # weights per step of the bf16 dot: 32 code bytes (one 256-bit vector), 2 blocks
@@ -305,7 +313,7 @@ def _dot_loops(codes, c0, scales, s0, lut, xp, x0, nbytes, per_weight):  # type:
     whose c s overflows that dtype."""
     per = STEP_WEIGHTS // (64 // xp.itemsize)  # nibbles per lane
     width = STEP_WEIGHTS // per
-    half_from = 2 * nbytes - STEP_WEIGHTS // 2 if (2 * nbytes) % STEP_WEIGHTS == STEP_WEIGHTS // 2 else 2 * nbytes
+    half_from = 2 * nbytes - STEP_WEIGHTS // 2 if ends_in_half_step(2 * nbytes) else 2 * nbytes
     one = lut[127]
     acc = one * 0
     for b in range(nbytes // 16):

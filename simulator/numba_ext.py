@@ -211,21 +211,19 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, x0, nbytes):  # type:
             word = builder.load(builder.bitcast(builder.gep(sbase, [builder.mul(c, ir.Constant(i64, 4))]),
                                                 i32.as_pointer()), align=1)
             step(c, codes, word)
-        half, other = builder.icmp_unsigned("==", tail, ir.Constant(i64, 32)), builder.icmp_unsigned("!=", tail, ir.Constant(i64, 0))
-        with builder.if_then(half):  # two blocks: every lane holds half as many nibbles (x in `permute_x`'s half step)
+        ctail = builder.gep(cbase, [builder.mul(steps, ir.Constant(i64, 64))])  # the tail's code and scale bytes
+        stail = builder.gep(sbase, [builder.mul(steps, ir.Constant(i64, 4))])
+        half = builder.icmp_unsigned("==", tail, ir.Constant(i64, 32))
+        with builder.if_then(half):  # two blocks: lanes of half the width (x in `permute_x`'s half step)
             halves = ir.VectorType(ir.IntType(lane_int.width // 2), width)
-            cptr = builder.bitcast(builder.gep(cbase, [builder.mul(steps, ir.Constant(i64, 64))]), halves.as_pointer())
-            codes = builder.zext(builder.load(cptr, align=1), vi)
-            word = _scale_word(builder, builder.gep(sbase, [builder.mul(steps, ir.Constant(i64, 4))]), ir.Constant(i64, 2))
-            step(steps, codes, word, nib // 2)
-        with builder.if_then(builder.and_(other, builder.not_(half))):
+            codes = builder.zext(builder.load(builder.bitcast(ctail, halves.as_pointer()), align=1), vi)
+            step(steps, codes, _scale_word(builder, stail, ir.Constant(i64, 2)), nib // 2)
+        with builder.if_then(builder.and_(builder.icmp_unsigned("!=", tail, ir.Constant(i64, 0)), builder.not_(half))):
             live = builder.trunc(builder.udiv(tail, ir.Constant(i64, 64 // width)), lane_int)
             mask = builder.icmp_unsigned("<", ir.Constant(vi, list(range(width))), broadcast(live))
-            cptr = builder.bitcast(builder.gep(cbase, [builder.mul(steps, ir.Constant(i64, 64))]), vi.as_pointer())
-            codes = builder.call(masked_load, [cptr, ir.Constant(i32, 1), mask, ir.Constant(vi, [0] * width)])
-            blocks = builder.lshr(tail, ir.Constant(i64, 4))  # 1 or 3
-            word = _scale_word(builder, builder.gep(sbase, [builder.mul(steps, ir.Constant(i64, 4))]), blocks)
-            step(steps, codes, word)
+            codes = builder.call(masked_load, [builder.bitcast(ctail, vi.as_pointer()), ir.Constant(i32, 1), mask,
+                                               ir.Constant(vi, [0] * width)])
+            step(steps, codes, _scale_word(builder, stail, builder.lshr(tail, ir.Constant(i64, 4))))  # 1 or 3 blocks
         return _lane_sum(builder, builder.load(acc), width)
     return dtype(codes, types.int64, scales, types.int64, xp, types.int64, types.int64), codegen
 
