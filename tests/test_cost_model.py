@@ -226,6 +226,20 @@ def test_heads_sharing_a_head_shape_build_the_same_kernels(model):
     assert head_shape(replace(SHAPES[1], tokens_per_seq=2)) != head_shape(SHAPES[1])
 
 
+def test_drafter_layers_that_build_the_same_kernels_are_one_plan():
+    """The uncertainty draws remember a plan's schedule by identity: a drafter's dense layers differ only in
+    their index, so `drafter_plans` hands out one object for them (a sweep then schedules one plan under 100
+    draws where it scheduled five), and a layer that differs stays its own."""
+    from simulator.cost.step import drafter_plans, load_drafter
+    from simulator.plans import standard
+    drafter, drafting, taps = load_drafter("dspark-k3")
+    plans, _ = drafter_plans(drafter, 8, 4, 3, 4096, drafting, taps)
+    layers = plans[:drafter.num_layers]
+    assert len(layers) == drafter.num_layers > 1 and all(p is layers[0] for p in layers)
+    assert standard.build(drafter, 8, layers[0].shape, "dense", drafter.num_layers - 1).kernels == layers[0].kernels
+    assert plans[-1] is not layers[0] and plans[-1] != layers[0]  # the draft head
+
+
 def test_remembered_step_times_equal_a_step_priced_afresh(k3, gb300):
     """estimate_step remembers a step's times per argument but the acceptance length (`step.step_times`): walk
     points that differ from the one before in one argument each, the acceptance length included, and hold

@@ -132,7 +132,10 @@ def drafter_plans(drafter: ModelConfig, tp: int, batch: int, draft_tokens: int, 
     """(plans of one drafting forward, how many forwards) for the drafter's dense layers + its head."""
     m_tokens = batch * draft_tokens if drafting == "block" else batch
     shape = DecodeShape(m_tokens, 1, context)
-    layers = [standard.build(drafter, tp, shape, "dense", i) for i in range(drafter.num_layers)]
+    one: dict[Plan, Plan] = {}  # equal layers (a drafter's dense layers differ only in their index) as one object,
+    # so pricings that remember plans by identity (the uncertainty draws) schedule it once, not once a layer
+    layers = [one.setdefault(p, p) for p in (standard.build(drafter, tp, shape, "dense", i)
+                                               for i in range(drafter.num_layers))]
     head = _draft_head_plan(drafter, tp, head_shape(shape), taps)
     return tuple(layers) + (head,), (1 if drafting == "block" else draft_tokens)
 
