@@ -30,7 +30,11 @@ for _helper in (streams._done, streams._settle, streams._finish, streams._stop_p
     register_jitable(inline="always")(_helper)
 
 simulate = njit(cache=True)(events.simulate)
-simulate_rows = njit(cache=True)(streams.simulate_rows)
+# without Numba's reference counts (NRT): every array a helper is passed, or a record view is taken of, costs
+# an atomic increment and decrement, and on a 2-vCPU Xeon VM (2026-12) those `lock inc/dec` were ~70 % of the
+# rows loop under `perf` (a 27-kernel layer ~11 µs a row with them, ~4 without). The loop allocates nothing
+# (`streams.simulate_plans` passes its scratch), which is what running without NRT requires.
+simulate_rows = njit(cache=True, _nrt=False)(streams.simulate_rows)
 
 
 def simulate_plans(plans: list[tuple], gap_dep, gap_pdl, capacity) -> list[tuple]:

@@ -69,7 +69,10 @@ def simulate_plans(plans: list[tuple], gap_dep: Array, gap_pdl: Array, capacity:
     for name in RESULTS:
         rows[name] = 0.0 if name == "pf_bytes" else -1.0
     scalars = (np.ascontiguousarray(x, dtype=np.float64) for x in (gap_dep, gap_pdl, capacity))
-    (loop or simulate_rows)(kernel_table(pred, can_pf), deps, firsts, rows, *scalars)
+    kernels = kernel_table(pred, can_pf)
+    heads, st = np.empty(len(kernels), dtype=np.int64), np.zeros(len(kernels), dtype=STREAM)  # room for every
+    # stream a plan may have; made here, so the compiled loop allocates nothing (fastsim: it runs without NRT)
+    (loop or simulate_rows)(kernels, deps, firsts, rows, *scalars, heads, st)
     return [tuple(rows[name][:, a:b] for name in RESULTS) for a, b in zip(firsts[:-1], firsts[1:])]
 
 
@@ -82,12 +85,11 @@ def kernel_table(pred, can_pf) -> np.ndarray:
     return kernels
 
 
-def simulate_rows(kernels, deps, firsts, rows, gap_dep, gap_pdl, capacity) -> None:
+def simulate_rows(kernels, deps, firsts, rows, gap_dep, gap_pdl, capacity, heads, st) -> None:
     """Every (plan, draw) row to its end, results written into `rows` [N, n] (ROW records). Plans lie side
     by side (`lockstep.chains_side_by_side`): plan p's kernels are firsts[p] .. firsts[p + 1] - 1, indices
-    global; deps [n, w] (-1 padded); gap_dep, gap_pdl, capacity [N], each draw's."""
-    heads = np.empty(len(kernels), dtype=np.int64)
-    st = np.zeros(len(kernels), dtype=STREAM)  # room for every stream a plan may have
+    global; deps [n, w] (-1 padded); gap_dep, gap_pdl, capacity [N], each draw's; heads [n] and st [n]
+    (STREAM records) scratch, room for every stream a plan may have."""
     for p in range(len(firsts) - 1):
         streams = 0
         for k in range(firsts[p], firsts[p + 1]):
