@@ -190,14 +190,13 @@ def _draw_row(state, raw, u32, pos, std, out, wi, ki, fi):  # type: ignore[no-un
     return pos
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _fill(state, raw, std, out, wi, ki, fi):  # type: ignore[no-untyped-def]
     state[CURSOR] = _draw_row(state, raw, raw.view(np.uint32), np.int64(state[CURSOR]), std, out, wi, ki, fi)
 
 
-@njit(cache=True, nogil=True)
-def _fill_block_amax(state, std, out, amax_t, wi, ki, fi):  # type: ignore[no-untyped-def]
-    raw = np.empty(RAW_WORDS, np.uint64)
+@njit(cache=True, nogil=True, _nrt=False)
+def _fill_block_amax(state, std, out, amax_t, wi, ki, fi, raw):  # type: ignore[no-untyped-def]
     u32, pos = raw.view(np.uint32), np.int64(state[CURSOR])
     K, N = out.shape
     amax_t[:] = 0
@@ -227,7 +226,7 @@ def normal_block_amax(words: npt.NDArray[np.uint64], std: np.float32, out: np.nd
     """out[K, N] = float32 standard normals * std in NumPy's order (row-major) from PCG64 state `words`, and
     amax_t[b, n] = max |out[32b:32b+32, n]|, the MXFP4 block maxima of out^T, folded in row by row while
     each row is in L1."""
-    _fill_block_amax(lane_state(words), np.float32(std), out, amax_t, *tables())
+    _fill_block_amax(lane_state(words), np.float32(std), out, amax_t, *tables(), np.empty(RAW_WORDS, np.uint64))
 
 
 def standard_normal_f32(seed: np.random.SeedSequence, shape: tuple[int, ...], std: float = 1.0) -> np.ndarray:
@@ -283,14 +282,12 @@ def _exponent(bits, thresholds):  # type: ignore[no-untyped-def]
     return max(-127, min(127, e - 2))
 
 
-@njit(cache=True, nogil=True)
-def _draw_mxfp4_t(state, std, codes, amax_t, exps, wi, ki, fi, thresholds, inv_scale):  # type: ignore[no-untyped-def]
+@njit(cache=True, nogil=True, _nrt=False)
+def _draw_mxfp4_t(state, std, codes, amax_t, exps, wi, ki, fi, thresholds, inv_scale, raw, strip, pairs, inv):  # type: ignore[no-untyped-def]
     """codes [N, K/2] of the part drawn strip by strip, amax_t [K/32, N] its block maxima and exps [K/32, N]
     their exponents (`_exponent`)."""
-    raw = np.empty(RAW_WORDS, np.uint64)
     u32, pos = raw.view(np.uint32), np.int64(state[CURSOR])
     n_blocks, N = amax_t.shape
-    strip, pairs, inv = np.empty((32, N), np.float32), np.empty((16, N), np.uint8), np.empty(N, np.float32)
     bits_t = amax_t.view(np.uint32)
     for s in range(n_blocks):
         amax, exp = amax_t[s], exps[s]
@@ -321,7 +318,9 @@ def draw_mxfp4_t(seed: np.random.SeedSequence, shape: tuple[int, int], std: floa
     codes, amax_t = np.empty((n, k // 2), np.uint8), np.empty((k // 32, n), np.float32)
     exps = np.empty((k // 32, n), np.int16)
     words = pcg64_words(seed)
-    _draw_mxfp4_t(lane_state(words), np.float32(std), codes, amax_t, exps, *tables(), *_log2_thresholds())
+    _draw_mxfp4_t(lane_state(words), np.float32(std), codes, amax_t, exps, *tables(), *_log2_thresholds(),
+                  np.empty(RAW_WORDS, np.uint64), np.empty((32, n), np.float32), np.empty((16, n), np.uint8),
+                  np.empty(n, np.float32))
     exp = fast.mxfp4_exponents(amax_t)
     if not np.array_equal(exp, exps):
         FUSED_FALLBACKS[0] += 1
