@@ -643,6 +643,38 @@ def _dequantize_rows(packed, scale_bits, lut, scale_lut, out, n0, n1):  # type: 
             out[n, 2 * i + 1] = lut[p >> 4] * s
 
 
+def mxfp4_reference_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np.uint8]) -> Array:
+    """The reference product on a packed W^T [N, K/2] (any strides: a row shard's columns): y = x @ W in
+    float64, with W the float64 weights `mxfp4_dequantize_t` gives (exact). Row n of W^T is dequantized into
+    a K-long scratch (L1-resident), then each token row's dot with it is a plain loop whose sum LLVM may
+    reorder into vector partial sums (`reassoc`; products still rounded once, no FMA). No float64 copy of W
+    in memory and no BLAS: one order per (row, column), so the same bits for a row alone or among others and
+    on any thread count. It replaced 256-row chunks dequantized to float64 (6 MB, out of L2) and an einsum
+    per token row (docs/architecture.md: ~3x the expert products of the batch-64 reference).
+    [M, K] -> [M, N] float64"""
+    n, half = packed.shape
+    out = np.empty((x.shape[0], n))
+    _reference_rows(np.ascontiguousarray(x, np.float64), packed, scale_bits, E2M1, E8M0, out, np.empty(2 * half))
+    return out
+
+
+@njit(cache=True, nogil=True, _nrt=False, fastmath={"reassoc"})  # threads: reference._routed_experts
+def _reference_rows(x, packed, scale_bits, lut, scale_lut, out, w):  # type: ignore[no-untyped-def]
+    for n in range(packed.shape[0]):
+        codes, bits = packed[n], scale_bits[n]
+        for b in range(codes.shape[0] // 16):  # W[:, n], the products of `_dequantize_rows` (exact)
+            s = scale_lut[bits[b]]
+            for t in range(16):
+                p = codes[16 * b + t]
+                w[32 * b + 2 * t] = lut[p & 15] * s
+                w[32 * b + 2 * t + 1] = lut[p >> 4] * s
+        for r in range(x.shape[0]):
+            xr, acc = x[r], 0.0
+            for k in range(w.shape[0]):
+                acc += xr[k] * w[k]
+            out[r, n] = acc
+
+
 # ===================================================================== bf16 storage
 def bf16_to(bits: npt.NDArray[np.uint16], dtype: type) -> Array:
     """bfloat16 bit patterns (a 1-D or 2-D view, any strides) -> a new C-ordered array of dtype. Exact:

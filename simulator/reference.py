@@ -114,7 +114,7 @@ def _weight(w: LayerWeights, name: str):
 
 def _experts(w: LayerWeights):
     """e -> expert e's (w_gate, w_up, w_down) in float64: packed MXFP4 parts multiplied by dequantizing
-    256-row chunks (no 88 MB float64 copy of a full-size part), or float64 arrays."""
+    one row of W^T at a time (no 88 MB float64 copy of a full-size part), or float64 arrays."""
     if not w.packs_experts:
         return lambda e: w.expert(e, F64)
     return lambda e: tuple(MXFP4Weight(*q, form="reference") for q in w.expert_packed(e))

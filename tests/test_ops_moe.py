@@ -173,24 +173,29 @@ def test_mxfp4_linear_fused_matches_reference(m, k, n, dtype):
 
 
 @pytest.mark.parametrize("rows", [(0, 608), (160, 288)], ids=["whole", "row-shard"])
-def test_mxfp4_linear_chunked_is_the_float64_product(rows):
-    """The reference product on a packed weight (256-row chunks dequantized to float64, each token row its
-    own product with each chunk) equals x @ dequantize(W) in float64 to rounding (within the bound of two
-    length-K sums, 2 K eps sum_k |x_k w_kn|), over whole and partial chunks and on a row shard, and a row
-    alone has the same bits."""
+def test_mxfp4_weight_reference_is_the_float64_product(rows):
+    """The reference product on a packed weight (each row of W^T dequantized to float64, one dot per token row),
+    compiled and its .py_func, equals x @ dequantize(W) in float64 to rounding (within the bound of two
+    length-K sums, 2 K eps sum_k |x_k w_kn|), on whole weights and on a row shard (a strided view of the
+    codes), and a row alone has the same bits as among others."""
+    from simulator import fast
     from simulator.dtypes import mxfp4_dequantize, mxfp4_quantize
-    from simulator.ops.linear import MXFP4Weight, mxfp4_linear_chunked
+    from simulator.ops.linear import MXFP4Weight, mxfp4_weight_reference
     rng = np.random.default_rng(7)
-    w_t = mxfp4_quantize(rng.standard_normal((40, 608)) * 0.05)  # [N, K]: chunks of 256, 256, 96
+    w_t = mxfp4_quantize(rng.standard_normal((40, 608)) * 0.05)  # [N, K]
     k0, k1 = rows
     w = MXFP4Weight(w_t.packed, w_t.scales.view(np.uint8), form="reference")
     w = w if (k0, k1) == (0, 608) else MXFP4Weight(w_t.packed, w_t.scales.view(np.uint8), k0, k1 - k0, "reference")
     x = rng.standard_normal((3, k1 - k0))
     want = x @ mxfp4_dequantize(w_t, np.float64).T[k0:k1]
-    got = mxfp4_linear_chunked(x, w)
-    w_abs = np.abs(mxfp4_dequantize(w_t, np.float64).T[k0:k1])
-    assert np.all(np.abs(got - want) <= 2 * (k1 - k0) * np.finfo(np.float64).eps * (np.abs(x) @ w_abs))
-    np.testing.assert_array_equal(mxfp4_linear_chunked(x[1:2], w)[0], got[1])
+    bound = 2 * (k1 - k0) * np.finfo(np.float64).eps * (np.abs(x) @ np.abs(mxfp4_dequantize(w_t, np.float64).T[k0:k1]))
+    got = mxfp4_weight_reference(x, w)
+    assert np.all(np.abs(got - want) <= bound)
+    np.testing.assert_array_equal(mxfp4_weight_reference(x[1:2], w)[0], got[1])
+    plain = np.empty_like(got)  # the Python form: the loops as written, sums in k order
+    fast._reference_rows.py_func(x, w_t.packed[:, k0 // 2:k1 // 2], w_t.scales.view(np.uint8)[:, k0 // 32:k1 // 32],
+                                 fast.E2M1, fast.E8M0, plain, np.empty(k1 - k0))
+    assert np.all(np.abs(plain - want) <= bound)
 
 
 @pytest.mark.parametrize("lengths, widths, ranks", [([1] * 4, [96], 16), ([3, 1, 2], [64, 40], 2), ([5], [31], 1)],

@@ -108,7 +108,7 @@ def expert_outputs_reference(z: Array, topk_idx: npt.NDArray[np.int64], expert: 
                              only: Collection[int] | None = None, out: Array | None = None) -> Array:
     """MLP_e(z_t) for every (token t, slot j) choosing e, in float64, expert by expert: the rows that
     chose e together (a packed expert's reference product still takes them one row at a time, sharing
-    each dequantized chunk: ops.linear.mxfp4_linear_chunked).   [M, Din] -> [M, k, Din].
+    each dequantized row of W^T: ops.linear.mxfp4_weight_reference).   [M, Din] -> [M, k, Din].
     `only` / `out`: see `expert_fc1`."""
     if out is None:
         out = np.zeros(topk_idx.shape + (z.shape[1],), dtype=z.dtype)  # [M, k, Din]

@@ -111,7 +111,7 @@ class MXFP4Weight:
     def __rmatmul__(self, x: Array) -> Array:
         x, blocks = np.asarray(x), self._blocks()
         if self.form == "reference":
-            return mxfp4_linear_chunked(x, self) if blocks is not None else x @ np.asarray(self, x.dtype)
+            return mxfp4_weight_reference(x, self) if blocks is not None else x @ np.asarray(self, x.dtype)
         if fast.numba_enabled():
             if blocks is not None:
                 return fast.mxfp4_matmul(x, blocks.packed, blocks.scales.view(np.uint8))
@@ -251,7 +251,6 @@ def _shard_rows(whole: npt.NDArray[np.int64], shape: tuple[int, int], how: str, 
     return rows, (k, n)
 
 
-REFERENCE_CHUNK = 256  # K rows dequantized at a time: [N, 256] float64 = 6 MB for N = 3072, cache-resident
 REFERENCE_CHUNK_BYTES = 8 << 20
 
 
@@ -268,24 +267,14 @@ def bf16_linear_chunked(x: Array, bits: npt.NDArray[np.uint16]) -> Array:
     return y
 
 
-def mxfp4_linear_chunked(x: Array, w: MXFP4Weight) -> Array:
-    """The reference form on a packed weight, in float64: y = sum_c x[:, c] @ dequantize(W[c, :]) over
-    K-chunks c of 256, so the float copy is one chunk (a 3584 x 3072 expert part is 88 MB in float64).
-    Each row is its own product with the chunk, the chunk dequantized once for all rows. The product is
-    einsum's own loop (no BLAS, one thread): the same bits for a row alone or among others, whatever the
-    thread count. A BLAS GEMV splits a row's N over threads, which contended with the weight store's and
-    Numba's for the two cores: ~2 ms a 256 x 3072 product in the batch-16 layer against ~0.4 ms here.
-    [M, K] -> [M, N] float64"""
-    x64, (k, n) = x.astype(np.float64), w.shape
-    y = np.zeros((x.shape[0], n))
-    for c0 in range(0, k, REFERENCE_CHUNK):
-        c1 = min(c0 + REFERENCE_CHUNK, k)
-        lo, hi = w.k0 + c0, w.k0 + c1
-        deq = fast.mxfp4_dequantize_t(w.codes[:, lo // 2:hi // 2], w.scale_bits[:, lo // MX_BLOCK:hi // MX_BLOCK],
-                                      np.float64)  # [c1 - c0, N]
-        for i in range(x.shape[0]):
-            y[i] += np.einsum("k,kn->n", x64[i, c0:c1], deq)
-    return y
+def mxfp4_weight_reference(x: Array, w: MXFP4Weight) -> Array:
+    """The reference form on a packed weight, in float64 (`fast.mxfp4_reference_matmul`): each row of W^T
+    dequantized to float64 on its own (no float copy of W in memory: a 3584 x 3072 expert part is 88 MB in
+    float64), then one dot per token row; the same bits for a row alone or among others, whatever the
+    thread count. No BLAS: a GEMV split over OpenBLAS threads contended with the weight store's and Numba's
+    for the two cores.   [M, K] -> [M, N] float64"""
+    k0, k1 = w.k0, w.k0 + w.shape[0]
+    return fast.mxfp4_reference_matmul(x, w.codes[:, k0 // 2:k1 // 2], w.scale_bits[:, k0 // MX_BLOCK:k1 // MX_BLOCK])
 
 
 # ===================================================================== packed projections (plan kernels)
