@@ -186,12 +186,12 @@ def test_jitted_event_loop_matches_its_python_original(case: tuple[Plan, str]) -
     import numpy as np
 
     from simulator.cost import events
-    from simulator.cost.fastsim import simulate
+    from simulator.cost.fastsim import run, simulate
     from simulator.cost.timeline import _arrays, makespan_us
     plan_, hw_name = case
     hw = load_hardware(hw_name)
     arrays = _arrays(plan_, hw)
-    assert simulate.py_func is events.simulate  # the plain loop that `schedule` runs is what Numba compiles
-    for fast, slow in zip(simulate(*arrays), simulate.py_func(*arrays)):
+    assert run.py_func is events.run  # the plain loop that `schedule` runs is what Numba compiles
+    for fast, slow in zip(simulate(*arrays), events.simulate(*arrays)):
         np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-9)
     assert makespan_us(plan_, hw) == pytest.approx(schedule(plan_, hw).layer_us)

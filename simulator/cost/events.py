@@ -4,7 +4,7 @@
 `step` and `layer` run no compiled code (loading Numba's cached code cost ~0.75 s of a cold command).
 Faster forms keep these exact rules: `lockstep.simulate_plans` runs the N draws of the uncertainty
 sample, of several plans at once, in NumPy; `fastsim.simulate` is this loop compiled with Numba for
-sweeps, which schedule thousands of plans (`fastsim.simulate.py_func` is `simulate` here, STYLE item 14);
+sweeps, which schedule thousands of plans (`fastsim.run.py_func` is `run` here, STYLE item 14);
 and `fastsim.simulate_plans` runs a sweep's draws one (plan, draw) row at a time, compiled, on a state per
 stream (`streams.simulate_rows`); tests check they all agree on random plans.
 
@@ -23,7 +23,10 @@ import numpy as np
 EPS = 1e-9
 
 
-def simulate(pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep, gap_pdl, capacity):  # noqa: C901
+def simulate(pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep, gap_pdl, capacity, loop=None):
+    """The schedule: (start, end, pf_start, pf_end, pf_bytes) [n] each. The state is made here and the events
+    run in `loop` (`run`, or `fastsim.run`: the same compiled, which then allocates nothing and runs without
+    Numba's reference counts)."""
     n = pred.shape[0]
     start = np.full(n, -1.0)
     end = np.full(n, -1.0)
@@ -37,12 +40,21 @@ def simulate(pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_de
     pf_bytes = np.zeros(n)
     pf_start = np.full(n, -1.0)
     pf_end = np.full(n, -1.0)
+    (loop or run)(pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep, gap_pdl, capacity,
+                  start, end, ready, phase, rem, dem, pf_on, pf_rem, pf_rate, pf_bytes, pf_start, pf_end)
+    return start, end, pf_start, pf_end, pf_bytes
+
+
+def run(pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep, gap_pdl, capacity,  # noqa: C901
+        start, end, ready, phase, rem, dem, pf_on, pf_rem, pf_rate, pf_bytes, pf_start, pf_end):
+    """The events from time 0 until every kernel ended, on the state `simulate` made."""
+    n = pred.shape[0]
     now = 0.0
     for _ in range(20 * n + 20):
         _settle(now, pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_dep, gap_pdl,
                 start, end, ready, phase, rem, dem, pf_on, pf_rem, pf_rate, pf_bytes, pf_start, pf_end)
-        if np.all(end >= 0.0):
-            return start, end, pf_start, pf_end, pf_bytes
+        if _all_ended(end):
+            return
         demand = 0.0
         for i in range(n):
             if start[i] >= 0.0 and end[i] < 0.0 and phase[i] < 3:
@@ -72,6 +84,13 @@ def simulate(pred, deps, gap_pred, fixed, math, comm, nbytes, bw, can_pf, gap_de
                 pf_rem[i] -= dt * scale
         now += dt
     raise RuntimeError("timeline did not converge")
+
+
+def _all_ended(end):
+    for i in range(end.shape[0]):
+        if end[i] < 0.0:
+            return False
+    return True
 
 
 def _prefetch_time(i, pred, deps, can_pf, gap_dep, gap_pdl, start, end, pf_start):

@@ -4,8 +4,8 @@
 A sweep schedules thousands of plans one draw each, where the compiled loop (~50 µs a layer) beats the
 plain one (~2 ms), and some hundred thousand (plan, draw) rows for its intervals, where the compiled rows
 loop (~2.5 µs a row) beats lockstep's NumPy (~20 µs); a single command does not, since importing Numba and
-loading its cached code cost ~0.7 s, so `step` and `layer` never import this module. `simulate.py_func` is
-`events.simulate` and `simulate_rows.py_func` is `streams.simulate_rows`, the pure-Python originals (STYLE
+loading its cached code cost ~0.7 s, so `step` and `layer` never import this module. `run.py_func` is
+`events.run` and `simulate_rows.py_func` is `streams.simulate_rows`, the pure-Python originals (STYLE
 item 14); their helpers are registered as jitable so the compiled loops call compiled helpers while
 Python callers keep the plain functions.
 """
@@ -18,7 +18,7 @@ from numba.extending import register_jitable
 from simulator.cost import events, streams
 from simulator.cost.timeline import Makespan
 
-for _helper in (events._prefetch_time, events._settle, events._try_start, streams._run, streams._reset,
+for _helper in (events._all_ended, events._prefetch_time, events._settle, events._try_start, streams._run, streams._reset,
                 streams._inputs_end, streams._waits_end, streams._start, streams._start_prefetch):
     register_jitable(_helper)
 # what a row runs at every event is compiled into `_run`: a compiled call takes a reference on each array it
@@ -29,7 +29,15 @@ for _helper in (streams._done, streams._settle, streams._finish, streams._stop_p
                 streams._advance, streams._demand):
     register_jitable(inline="always")(_helper)
 
-simulate = njit(cache=True)(events.simulate)
+run = njit(cache=True, _nrt=False)(events.run)  # without NRT, as `simulate_rows` below: the loop passes ~24
+# arrays to its helpers at every kernel it looks at, and each costs an atomic pair (~2x the loop on a Xeon VM)
+
+
+def simulate(*arrays):
+    """`events.simulate`, its events run by the compiled loop (sweeps price thousands of plans one at a time)."""
+    return events.simulate(*arrays, loop=run)
+
+
 # without Numba's reference counts (NRT): every array a helper is passed, or a record view is taken of, costs
 # an atomic increment and decrement, and on a 2-vCPU Xeon VM (2026-12) those `lock inc/dec` were ~70 % of the
 # rows loop under `perf` (a 27-kernel layer ~11 µs a row with them, ~4 without). The loop allocates nothing
