@@ -233,6 +233,8 @@ class Sample:
     # plans, which a default `step` prices again
     terms: dict = field(default_factory=dict, compare=False, repr=False)  # kernel -> `kernel_draws`: plans of
     # neighbouring shapes share most kernels (an MLA layer at two contexts: 25 of 27)
+    scaled: dict = field(default_factory=dict, compare=False, repr=False)  # (kernel, families) -> its
+    # `_draw_arrays` columns, the family factors applied
 
     @property
     def n(self) -> int:
@@ -315,16 +317,26 @@ def _draw_arrays(plan: Plan, sample: Sample) -> tuple:
     """The plan's `events.simulate` arrays under every draw: phases [N, n] re-priced on the drawn constants and
     scaled by the kernels' family factors; the layout (deps, bytes, prefetch targets) is the same in all."""
     pred, deps, nbytes, can_pf = plan_layout(plan)
-    terms = np.empty((5, sample.n, len(plan)))
-    for i, k in enumerate(plan):
-        terms[:, :, i] = kernel_draws(k, sample)
-    launch, fixed, math_us, comm, stream = terms  # [N, n] each
-    index = {f: j for j, f in enumerate(FAMILIES)}
+    launch, fixed, math_us, comm, bw = np.stack([_scaled_draws(k, sample) for k in plan], axis=2)  # [N, n] each
+    return pred, deps, launch, fixed, math_us, comm, nbytes, bw, can_pf
+
+
+def _scaled_draws(kernel: Kernel, sample: Sample) -> Array:
+    """[5, N] a kernel's `_draw_arrays` columns: launch gap, fixed, math and comm phases scaled by its families'
+    factors, and its bandwidth (B/µs) divided by the work family's; remembered per kernel and families (a
+    sweep's new plans share most kernels with the plans before them)."""
+    fams = kernel_families(kernel)
+    seen = sample.scaled.get((kernel, fams))
+    if seen is not None:
+        return seen
+    launch, fixed, math_us, comm, stream = kernel_draws(kernel, sample)
     none = len(FAMILIES)
-    fams = [kernel_families(k) for k in plan]
-    fw = sample.factors[:, [index.get(w, none) if w else none for w, _ in fams]]  # [N, n]
-    fc = sample.factors[:, [index.get(c, none) if c else none for _, c in fams]]
-    return pred, deps, launch, fixed * fw, math_us * fw, comm * fc, nbytes, stream * 1e-6 / fw, can_pf
+    fw, fc = (sample.factors[:, FAMILIES.index(f) if f in FAMILIES else none] for f in fams)
+    out = np.stack([launch, fixed * fw, math_us * fw, comm * fc, stream * 1e-6 / fw])
+    if len(sample.scaled) >= TERMS_KEPT:
+        sample.scaled.clear()
+    sample.scaled[(kernel, fams)] = out
+    return out
 
 
 TERMS_KEPT = 20_000  # kernels whose draws a sample remembers (5 x 100 draws: 4 KB each, 80 MB): then it forgets all
