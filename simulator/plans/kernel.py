@@ -24,7 +24,7 @@ Dimension legend: M decode tokens in the step (= batch x tokens per sequence), D
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Literal
 
@@ -136,11 +136,20 @@ class Kernel:
             object.__setattr__(self, "prefetch_bytes", self.weight_bytes)
 
     def __hash__(self) -> int:
-        """The dataclass hash (of the compared fields), kept after the first call: kernels are keys of the
-        pricing's caches, looked up ~10^5 times in a sweep, and hashing the nested tensors anew cost ~1.4 µs."""
+        """A hash of what equality compares, the tensors by their bytes and windows (equal kernels have equal
+        ones) and the note and diagnostics left out; kept after the first call. Kernels are keys of the
+        pricing's caches, looked up ~10^5 times in a sweep, and every new plan brings new kernel objects:
+        hashing every compared field, the nested tensors included, cost ~10 µs a kernel (~0.3 ms a new
+        27-kernel plan). The windows are in it because a KV-cache insert differs from context to context in
+        its window alone; kernels that differ only in what it leaves out (tensor names, shapes of equal
+        bytes, notes) share a hash and equality tells them apart."""
         cached = self.__dict__.get("_hash")
         if cached is None:
-            cached = hash(tuple(getattr(self, name) for name in _COMPARED))
+            cached = hash((self.key, self.name, self.kind, self.flops, self.math, self.stream, self.deps,
+                           self.collective, self.prefetch_bytes, self.pdl, self.ctas, self.ctas_per_sm,
+                           self.serial_steps, self.group_rows, self.floor, self.group_tokens, self.fusions,
+                           self.replaces, self.scope, self.weight_bytes, self.read_bytes, self.write_bytes,
+                           tuple(t.window for t in self.reads), tuple(t.window for t in self.writes)))
             object.__setattr__(self, "_hash", cached)
         return cached
 
@@ -157,7 +166,6 @@ class Kernel:
         return self.collective.nbytes if self.collective else 0
 
 
-_COMPARED = tuple(f.name for f in fields(Kernel) if f.compare)  # what equality compares, and so the hash
 
 
 @dataclass(frozen=True)
