@@ -22,9 +22,11 @@ sweep with central values only.
 
 Napkin math (central values): 10,080 distinct MLA plan shapes x 2 variants x ~3 ms (build ~1.4 ms, price on 2 GPUs
 ~0.8 ms each) = 60 s of one core; 10^5 points of step sums, memory and rows are about as much again.
-Intervals: ~0.6 newly drawn (plan, GPU) pairs a point x 100 draws x ~2.7 µs a row = ~0.16 ms, their drawn
-terms ~0.12 ms, naming the plans, pricing the steps and seven quantiles ~0.25 ms: ~0.5 ms a point, about
-its central value again (10^5 points x ~0.95 ms / 2 cores = ~48 s).
+Intervals: ~0.22 newly drawn (plan, GPU) pairs a point (a drafter's five equal dense layers are one plan)
+x 100 draws x ~3 µs a row (compiled without reference counts: ~11 µs with them on a Xeon VM) = ~0.07 ms,
+their drawn terms ~0.1 ms, naming the plans, pricing the steps and seven quantiles ~0.25 ms: ~0.4 ms a
+point, about its central value again (measured: ~1 ms a point on one core, 1.6-1.7x that on two; the grid
+in 56-63 s).
 """
 
 from __future__ import annotations
