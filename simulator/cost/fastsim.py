@@ -18,8 +18,8 @@ from numba.extending import register_jitable
 from simulator.cost import events, streams
 from simulator.cost.timeline import Makespan
 
-for _helper in (events._all_ended, events._prefetch_time, events._settle, events._try_start, streams._run, streams._reset,
-                streams._inputs_end, streams._waits_end, streams._start, streams._start_prefetch):
+for _helper in (events._all_ended, events._prefetch_time, events._settle, events._try_start, streams._run,
+                streams._reset, streams._inputs_end, streams._waits_end, streams._start, streams._start_prefetch):
     register_jitable(_helper)
 # what a row runs at every event is compiled into `_run`: a compiled call takes a reference on each array it
 # is passed (an atomic add and subtract), ~40 % of the rows loop when these were calls (a 27-kernel layer

@@ -166,8 +166,6 @@ class Kernel:
         return self.collective.nbytes if self.collective else 0
 
 
-
-
 @dataclass(frozen=True)
 class Plan:
     """The kernels one rank launches for one layer, in launch order."""
