@@ -135,6 +135,21 @@ def test_launches_are_the_sourced_ones(k3, layer):
     assert not any(k.pdl or k.prefetch_bytes for k in standard.build(k3, 16, K3_TRACE, layer))
 
 
+def test_a_plans_remembered_hash_is_its_dataclass_hash_and_is_not_pickled(k3):
+    """Plan keeps its hash after the first call (the cost model's caches key on plans): it stays the hash of its
+    fields, a twin built apart hashes alike, a plan with one kernel changed does not, and pickling drops it (a
+    string's hash differs between processes: a sweep's workers are other processes)."""
+    import dataclasses
+    import pickle
+    plan = specialized.build(k3, 16, K3_TRACE, "mla")
+    assert hash(plan) == hash((plan.variant, plan.layer, plan.tp, plan.shape, plan.kernels, plan.fusions))
+    twin = dataclasses.replace(plan)
+    assert twin == plan and twin is not plan and hash(twin) == hash(plan)
+    other = dataclasses.replace(plan, kernels=plan.kernels[:-1] + (dataclasses.replace(plan.kernels[-1], flops=1),))
+    assert hash(other) != hash(plan)
+    assert "_hash" not in pickle.loads(pickle.dumps(plan)).__dict__
+
+
 def test_a_kernels_remembered_hash_agrees_with_equality_and_separates_a_sweeps_kernels(k3):
     """Kernel keeps its hash after the first call (the pricing's caches look kernels up ~10^5 times a sweep),
     a hash of the scalars equality decides by: equal kernels built apart hash alike; a kernel that differs in

@@ -183,6 +183,18 @@ class Plan:
     def __iter__(self):
         return iter(self.kernels)
 
+    def __hash__(self) -> int:
+        """The dataclass hash, kept after the first call: plans key the cost model's caches (`plan_layout`,
+        looked up for every plan a sweep prices), and each hash went over every kernel again (~30 µs a plan)."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.variant, self.layer, self.tp, self.shape, self.kernels, self.fusions))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}  # str hashes differ between processes
+
     def kernel(self, key: str) -> Kernel:
         for k in self.kernels:
             if k.key == key:
