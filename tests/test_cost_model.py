@@ -228,8 +228,8 @@ def test_heads_sharing_a_head_shape_build_the_same_kernels(model):
 
 def test_drafter_layers_that_build_the_same_kernels_are_one_plan():
     """The uncertainty draws remember a plan's schedule by identity: a drafter's dense layers differ only in
-    their index, so `drafter_plans` hands out one object for them (a sweep then schedules one plan under 100
-    draws where it scheduled five), and a layer that differs stays its own."""
+    their index, so `drafter_plans` builds one plan for them and hands out that object five times (a sweep
+    then schedules one plan under 100 draws where it scheduled five), and the head stays its own."""
     from simulator.cost.step import drafter_plans, load_drafter
     from simulator.plans import standard
     drafter, drafting, taps = load_drafter("dspark-k3")
@@ -238,6 +238,37 @@ def test_drafter_layers_that_build_the_same_kernels_are_one_plan():
     assert len(layers) == drafter.num_layers > 1 and all(p is layers[0] for p in layers)
     assert standard.build(drafter, 8, layers[0].shape, "dense", drafter.num_layers - 1).kernels == layers[0].kernels
     assert plans[-1] is not layers[0] and plans[-1] != layers[0]  # the draft head
+
+
+@pytest.mark.parametrize("model", ["kimi-k3", "dspark-k3", "tiny-deepseek", "tiny-k3", "deepseek-v3"])
+def test_layers_of_one_signature_build_the_same_kernels(model):
+    """`plans.common.layer_signature` says all a plan reads of its layer's index (callers build one plan per
+    signature: `drafter_plans`): every layer of a model builds the kernels of the first layer with its
+    signature, both variants, at two shapes; and layers of different signatures do not all agree."""
+    from simulator.plans.common import layer_signature
+    cfg = load_model(model)
+    first: dict[tuple, int] = {}
+    for i in range(cfg.num_layers):
+        first.setdefault(layer_signature(cfg, i), i)
+    from simulator.config import validate_tp
+    from simulator.errors import UserError
+    tp = 8
+    try:
+        validate_tp(cfg, tp)
+    except UserError:
+        tp = 1
+    for shape in (DecodeShape(1, 1, 512), DecodeShape(4, 2, 4096)):
+        for variant in ("standard", "specialized"):
+            for i in range(cfg.num_layers):
+                j = first[layer_signature(cfg, i)]
+                if i != j:
+                    kind = cfg.layer_type(i)
+                    assert (build_plan(cfg, variant, tp, shape, kind, layer=i).kernels
+                            == build_plan(cfg, variant, tp, shape, kind, layer=j).kernels), (model, variant, i, j)
+    if len(first) > 1:
+        plans = {build_plan(cfg, "standard", tp, DecodeShape(1, 1, 512), sig[0], layer=i).kernels
+                 for sig, i in first.items()}
+        assert len(plans) > 1
 
 
 def test_remembered_step_times_equal_a_step_priced_afresh(k3, gb300):

@@ -32,6 +32,7 @@ from simulator.hardware import HardwareProfile
 from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans import specialized, standard
 from simulator.plans.builders import BUILDERS
+from simulator.plans.common import layer_signature
 from simulator.plans.head import draft_head_plan, head_plan
 from simulator.plans.kernel import DecodeShape, Plan
 
@@ -132,10 +133,14 @@ def drafter_plans(drafter: ModelConfig, tp: int, batch: int, draft_tokens: int, 
     """(plans of one drafting forward, how many forwards) for the drafter's dense layers + its head."""
     m_tokens = batch * draft_tokens if drafting == "block" else batch
     shape = DecodeShape(m_tokens, 1, context)
-    one: dict[Plan, Plan] = {}  # equal layers (a drafter's dense layers differ only in their index) as one object,
-    # so pricings that remember plans by identity (the uncertainty draws) schedule it once, not once a layer
-    layers = [one.setdefault(p, p) for p in (standard.build(drafter, tp, shape, "dense", i)
-                                               for i in range(drafter.num_layers))]
+    built: dict[tuple, Plan] = {}  # layers of one signature build one plan: built once, and one object, so
+    # pricings that remember plans by identity (the uncertainty draws) schedule it once, not once a layer
+    layers = []
+    for i in range(drafter.num_layers):
+        sig = layer_signature(drafter, i)
+        if sig not in built:
+            built[sig] = standard.build(drafter, tp, shape, "dense", i)
+        layers.append(built[sig])
     head = _draft_head_plan(drafter, tp, head_shape(shape), taps)
     return tuple(layers) + (head,), (1 if drafting == "block" else draft_tokens)
 
