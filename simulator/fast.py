@@ -659,7 +659,9 @@ def mxfp4_reference_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: 
     return out
 
 
-@njit(cache=True, nogil=True, _nrt=False, fastmath={"reassoc"})  # threads: reference._routed_experts
+# threads run it (reference._routed_experts); no reference counts (NRT): it allocates nothing, and its views of
+# the rows took atomic pairs (docs/architecture.md)
+@njit(cache=True, nogil=True, _nrt=False, fastmath={"reassoc"})
 def _reference_rows(x, packed, scale_bits, lut, scale_lut, out, w):  # type: ignore[no-untyped-def]
     for n in range(packed.shape[0]):
         codes, bits = packed[n], scale_bits[n]

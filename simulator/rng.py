@@ -190,6 +190,9 @@ def _draw_row(state, raw, u32, pos, std, out, wi, ki, fi):  # type: ignore[no-un
     return pos
 
 
+# The draw kernels run without Numba's reference counts (NRT; their scratch comes from the caller): every array
+# passed to an inlined helper took an atomic pair, ~20 % of a two-thread draw's samples on a Xeon VM, the two
+# threads' pairs contending on the shared tables (docs/architecture.md)
 @njit(cache=True, nogil=True, _nrt=False)
 def _fill(state, raw, std, out, wi, ki, fi):  # type: ignore[no-untyped-def]
     state[CURSOR] = _draw_row(state, raw, raw.view(np.uint32), np.int64(state[CURSOR]), std, out, wi, ki, fi)
