@@ -634,13 +634,20 @@ def _dequantize_parallel(packed, scale_bits, lut, scale_lut, out, chunks):  # ty
         _dequantize_rows(packed, scale_bits, lut, scale_lut, out, c * N // chunks, (c + 1) * N // chunks)
 
 
-@njit(cache=True, nogil=True)  # the reference runs experts on threads (reference._routed_experts)
+@njit(cache=True, nogil=True)
 def _dequantize_rows(packed, scale_bits, lut, scale_lut, out, n0, n1):  # type: ignore[no-untyped-def]
     for n in range(n0, n1):
-        for i in range(packed.shape[1]):
-            p, s = packed[n, i], scale_lut[scale_bits[n, i >> 4]]
-            out[n, 2 * i] = lut[p & 15] * s
-            out[n, 2 * i + 1] = lut[p >> 4] * s
+        dequantize_row(packed[n], scale_bits[n], lut, scale_lut, out[n])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def dequantize_row(codes, bits, lut, scale_lut, out):  # type: ignore[no-untyped-def]
+    """One row of W^T: out[2i], out[2i + 1] = the E2M1 values of byte i's low and high nibble times its
+    block's scale (lut, scale_lut in out's dtype: the product is exact)."""
+    for i in range(codes.shape[0]):
+        p, s = codes[i], scale_lut[bits[i >> 4]]
+        out[2 * i] = lut[p & 15] * s
+        out[2 * i + 1] = lut[p >> 4] * s
 
 
 def mxfp4_reference_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np.uint8]) -> Array:
@@ -664,13 +671,7 @@ def mxfp4_reference_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: 
 @njit(cache=True, nogil=True, _nrt=False, fastmath={"reassoc"})
 def _reference_rows(x, packed, scale_bits, lut, scale_lut, out, w):  # type: ignore[no-untyped-def]
     for n in range(packed.shape[0]):
-        codes, bits = packed[n], scale_bits[n]
-        for b in range(codes.shape[0] // 16):  # W[:, n], the products of `_dequantize_rows` (exact)
-            s = scale_lut[bits[b]]
-            for t in range(16):
-                p = codes[16 * b + t]
-                w[32 * b + 2 * t] = lut[p & 15] * s
-                w[32 * b + 2 * t + 1] = lut[p >> 4] * s
+        dequantize_row(packed[n], scale_bits[n], lut, scale_lut, w)  # W[:, n], as mxfp4_dequantize_t gives it
         for r in range(x.shape[0]):
             xr, acc = x[r], 0.0
             for k in range(w.shape[0]):
