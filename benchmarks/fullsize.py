@@ -33,7 +33,7 @@ What it measures, in one process:
   run of this benchmark on a loaded VM);
 - max_rel_rms_error of both plans against the reference, so that a fast wrong answer cannot pass;
 - `cpu`, the CPU's model name: the development VM has changed under this benchmark three times (Ice Lake,
-  Zen 4, a Xeon of the Sapphire Rapids class), and its figures with it.
+  Zen 4, a Xeon of the Sapphire / Emerald Rapids class: family 6 model 207), and its figures with it.
 
 Napkin math, batch 1: 16 experts x 17.5 MB = 280 MB packed, 14 ms at 20 GB/s; drawing them is 16 x 3 x
 11 M normal floats, ~3 s on 2 cores at ~180 M parameters/s: the drawing, not the arithmetic, is the floor
