@@ -44,6 +44,30 @@ def test_mxfp4_quantize_t_is_bit_identical(k, n, seed):
     np.testing.assert_array_equal(fast.mxfp4_dequantize_t(codes, bits, np.float32), mxfp4_dequantize(ref).T)
 
 
+def _near_e2m1_grid() -> np.ndarray:
+    """Every float32 within 2,000 ulps of each E2M1 value and midpoint (where the rounding turns), both
+    signs, zeros, tiny and huge values, infinities excepted (ml_dtypes saturates those as well)."""
+    marks = np.array([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0,
+                      16.0, 1e-30, 3e38], np.float32)
+    near = marks.view(np.int32)[:, None] + np.arange(-2000, 2001, dtype=np.int32)[None, :]
+    v = np.unique(near[near >= 0]).view(np.float32)
+    v = v[np.isfinite(v)]
+    return np.concatenate([v, -v])
+
+
+def test_e2m1_code_rounds_as_ml_dtypes():
+    """The codes `code_pairs` makes (compiled, vectorised) and the plain `e2m1_code` equal ml_dtypes' E2M1
+    rounding (ties to even, saturation at 6) where it turns; a wrong tie or a wrong range edge fails it."""
+    v = _near_e2m1_grid()
+    want = v.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF
+    out = np.empty(v.size, np.uint8)
+    fast.code_pairs(v, np.zeros_like(v), np.ones_like(v), out)  # low nibble: v's code, high: +0's
+    np.testing.assert_array_equal(out & 0xF, want)
+    assert not np.any(out >> 4)
+    some = v[:: max(1, v.size // 3000)]
+    np.testing.assert_array_equal([fast.e2m1_code.py_func(x) for x in some], want[:: max(1, v.size // 3000)])
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
 @pytest.mark.parametrize("m, k, n", [(1, 64, 5), (3, 96, 7), (9, 256, 64)], ids=["M1-K64-N5", "M3-K96-N7", "M9-K256-N64"])
 def test_mxfp4_matmul_fused_matches_reference(m, k, n, dtype):
