@@ -49,3 +49,25 @@ def test_a_layer_sweeps_compiled_draws_equal_the_layer_command():
             assert row["status"] == "ok", row["status"]
             assert [row["layer_us_low"], row["layer_us_high"]] == doc["variants"][variant]["layer_us_interval"]
             assert [row["speedup_low"], row["speedup_high"]] == doc["speedup_interval"]
+
+
+def _chunk_in_a_worker(points: list[dict]) -> tuple[int, int, list]:
+    import gc
+    before = gc.get_freeze_count()
+    rows = sweep._evaluate_chunk(points, "step", True)
+    return before, gc.get_freeze_count(), rows
+
+
+def test_a_worker_chunk_hides_its_caches_from_the_collector():
+    """A worker freezes what is alive before each chunk (`sweep._evaluate_chunk`: the growing caches stay out
+    of every full collection); its rows are the same as the calling process's, which freezes nothing."""
+    import gc
+    import multiprocessing
+    sc = Scenario("chunk", "tests/test_sweep.py", "Same rows?", "step", DEFAULTS | {"model": "kimi-k3"}, GRID)
+    points = list(sc.points())[:4]
+    before_here = gc.get_freeze_count()
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        before, after, rows = pool.apply(_chunk_in_a_worker, (points,))
+    assert after > before
+    assert gc.get_freeze_count() == before_here
+    assert rows == [sweep.evaluate(p, "step") for p in points]
