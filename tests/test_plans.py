@@ -174,3 +174,39 @@ def test_a_kernels_remembered_hash_agrees_with_equality_and_separates_a_sweeps_k
                 for k in build_plan(k3, variant, 16, DecodeShape(batch, tokens, context), "mla")}
     assert len(distinct) > 500 and len({hash(k) for k in distinct}) == len(distinct)
 
+
+
+@pytest.mark.parametrize("model", ["kimi-k3", "dspark-k3", "tiny-deepseek", "tiny-k3", "deepseek-v3"])
+def test_kernels_shared_across_contexts_equal_kernels_built_afresh(model, monkeypatch):
+    """`plans.common.context_free` factories are built once per shape without the context and shared by the
+    plans of every context. Every layer type, both variants and each fusion left out alone, at contexts met
+    after another context filled the memo, must build what the factories build from the real dims with the
+    memo off: the kernels, their consts and their ops. A factory marked context-free that read the context
+    (the cache insert or the decode attention) fails it."""
+    from simulator.config import load_model, validate_tp
+    from simulator.errors import UserError
+    from simulator.ops.experts import RoutingStats
+    from simulator.plans import common
+    cfg = load_model(model)
+    tp = 8
+    try:
+        validate_tp(cfg, tp)
+    except UserError:
+        tp = 1
+    layers = {cfg.layer_type(i): i for i in range(cfg.num_layers)}
+    fusion_sets = [None, frozenset()] + [frozenset(FUSIONS) - {f} for f in FUSIONS]
+    builds = [(standard.build, {})] + [(specialized.build, {"fusions": f}) for f in fusion_sets]
+    monkeypatch.setattr(common, "_KERNELS", {})
+    for batch, tokens, routing in [(1, 1, RoutingStats()), (4, 3, RoutingStats(1.2, 0.5))]:
+        for layer_type, index in layers.items():
+            for build, kw in builds:
+                build(cfg, tp, DecodeShape(batch, tokens, 1000, routing), layer_type, index, **kw)  # fills the memo
+                for context in (0, 4096):
+                    shape = DecodeShape(batch, tokens, context, routing)
+                    shared = build(cfg, tp, shape, layer_type, index, **kw)
+                    monkeypatch.setattr(common, "KERNEL_MEMO", False)
+                    fresh = build(cfg, tp, shape, layer_type, index, **kw)
+                    monkeypatch.setattr(common, "KERNEL_MEMO", True)
+                    assert shared == fresh, (layer_type, kw, context)
+                    assert [(k.consts, k.op) for k in shared] == [(k.consts, k.op) for k in fresh]
+    assert common._KERNELS  # the memo was used

@@ -12,8 +12,10 @@ rank, Nh heads on this rank, H head dim, n attention output width per rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+import functools
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from simulator.config import ModelConfig, validate_tp
 from simulator.errors import UserError
@@ -96,6 +98,43 @@ class Dims:
         """One sequence, one token: the stock path's C=1 pipeline applies."""
         return self.shape.batch == 1 and self.shape.tokens_per_seq == 1
 
+    @cached_property
+    def sans_context(self) -> "Dims":
+        """These dims with the context set to 0: what a factory that does not read the context is built from
+        (`context_free`)."""
+        return self if self.shape.context == 0 else replace(self, shape=replace(self.shape, context=0))
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+KERNEL_MEMO = True  # tests turn it off to build every kernel from the dims it is given
+_KERNELS: dict[tuple, Any] = {}
+KERNEL_MEMO_SIZE = 1 << 16  # entries kept at most (then all are dropped): a 10^5-point grid makes ~10^4
+
+
+def context_free(factory: F) -> F:
+    """A kernel factory that does not read the context (`d.shape.context`, `d.cache_len`): its kernels are
+    built once per (dims without the context, arguments) and shared, the same object, by the plans of
+    every context. Only an MLA layer's plan reads the context (its cache insert and decode attention; the
+    other layers' plans are built at context 0, `cost.step.plan_shape`), so a sweep over 70 contexts built
+    each of its ~25 other kernels 70 times (~30 µs each), and the pricing's caches then compared each new
+    object with the one before. The factory is called with `d.sans_context`, so a factory that did read the
+    context would build a kernel that differs from the one its plan needs: tests/test_plans.py builds every
+    plan of every model both ways and compares kernels, consts and ops included. Lists come back as new
+    lists (the builders extend them)."""
+    @functools.wraps(factory)
+    def memo(d: Dims, *args: Any, **kw: Any) -> Any:
+        if not KERNEL_MEMO:
+            return factory(d, *args, **kw)
+        key = (factory, d.sans_context, args, tuple(kw.items()))
+        made = _KERNELS.get(key)
+        if made is None:
+            if len(_KERNELS) >= KERNEL_MEMO_SIZE:
+                _KERNELS.clear()
+            made = factory(d.sans_context, *args, **kw)
+            made = _KERNELS[key] = tuple(made) if isinstance(made, list) else made
+        return list(made) if isinstance(made, tuple) else made
+    return memo  # type: ignore[return-value]
+
 
 def make_dims(cfg: ModelConfig, tp: int, shape: DecodeShape, layer: int | None, layer_type: str) -> Dims:
     validate_tp(cfg, tp)
@@ -169,6 +208,7 @@ def blocks(d: Dims, n: int) -> Tensor:
 # kernels both plans launch identically (or with a different name / launch)
 # ---------------------------------------------------------------------------------------
 
+@context_free
 def attn_res_pre(d: Dims, launch: Launch = PLAIN) -> Kernel:
     """prefix += delta (previous layer's MLP output); mix over blocks + prefix; [snapshot]; RMSNorm.
     One kernel in the stock path already (vLLM's fused AttnRes + norm, V-ATTNRES)."""
@@ -228,6 +268,7 @@ def kda_fb_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   note="f_b_proj GEMM (1536x128 at TP8; V-LLG dsv3_fused_a table)")
 
 
+@context_free
 def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: str, launch: Launch = PLAIN) -> Kernel:
     """A standalone TP all-reduce of [M, width] bf16, in the run's reduction order."""
     t = act(src, d.M, width)
@@ -240,6 +281,7 @@ def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: s
 # attention output: o_proj -> all-reduce -> AttnRes + norm, or the one fused kernel
 # ---------------------------------------------------------------------------------------
 
+@context_free
 def o_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, n = d.M, d.D, d.attn_width
     return Kernel(key="o_proj", name="cutlass_gemm_o_proj", kind="gemm", op=lin.linear,
@@ -248,11 +290,13 @@ def o_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   note="row-parallel o_proj; its partial sum still needs the all-reduce")
 
 
+@context_free
 def attn_all_reduce(d: Dims, launch: Launch = PLAIN) -> Kernel:
     return all_reduce_kernel(d, "attn_all_reduce", "attn.partial", "attn.out", d.D, launch=launch,
                              note="separate TP all-reduce after o_proj (FlashInfer/TRT-LLM AR; vLLM issue #55261)")
 
 
+@context_free
 def attn_res_post(d: Dims, launch: Launch = PLAIN) -> Kernel:
     reads, writes, weights = attn_res_post_tensors(d)
     return Kernel(key="attn_res_post", name="attn_res_add_mix_rmsnorm", kind="pointwise", floor="reduction", op=norm.attn_res_post,
@@ -262,6 +306,7 @@ def attn_res_post(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   note="prefix += attention output, softmax mix, post-attention RMSNorm (V-ATTNRES)")
 
 
+@context_free
 def oproj_allreduce_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
     """o_proj GEMM + in-kernel one-shot all-reduce + AttnRes add/mix + RMSNorm: 3 kernels -> 1."""
     M, D, n = d.M, d.D, d.attn_width

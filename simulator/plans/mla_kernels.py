@@ -15,10 +15,11 @@ from simulator.ops import linear as lin
 from simulator.ops import mla as mla_ops
 from simulator.ops import norm
 from simulator.ops.pointwise import sigmoid_gate, sigmoid_gate_flops
-from simulator.plans.common import PLAIN, Dims, Launch, act, packed, weight
+from simulator.plans.common import PLAIN, Dims, Launch, act, context_free, packed, weight
 from simulator.plans.kernel import Kernel
 
 
+@context_free
 def mla_qkv_a(d: Dims, name: str, fusions: tuple[str, ...] = (), with_g: bool = False,
               launch: Launch = PLAIN) -> Kernel:
     """x @ [W_qa | W_kva] (replicated on every rank; N = 1536 + 512 + 64 = 2112 for K3), optionally
@@ -38,6 +39,7 @@ def mla_qkv_a(d: Dims, name: str, fusions: tuple[str, ...] = (), with_g: bool = 
                        ("; g_proj shard appended to the same skinny GEMM" if with_g else ""))
 
 
+@context_free
 def mla_g_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, n = d.M, d.D, d.mla_heads_r * d.cfg.v_head_dim
     return Kernel(key="mla_g_proj", name="gemm_g_proj", kind="gemm", op=lin.linear, stream="aux",
@@ -47,6 +49,7 @@ def mla_g_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   note="output-gate projection on an aux stream, overlapped while tokens < 512 (V-MLA)")
 
 
+@context_free
 def mla_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M = d.cfg, d.M
     rq, lkv, r = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_dim
@@ -65,6 +68,7 @@ def _q(d: Dims, window: tuple[int, int, int] | None = None):
     return act("mla.q", d.M, d.mla_heads_r, width, window=window)
 
 
+@context_free
 def mla_q_b(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M = d.cfg, d.M
     n = d.mla_heads_r * cfg.mla_qk_head_dim
@@ -75,6 +79,7 @@ def mla_q_b(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   note="q_b_proj column shard by head (2304x1536 at TP8; V-LLG)")
 
 
+@context_free
 def mla_absorb(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M, Nh = d.cfg, d.M, d.mla_heads_r
     return Kernel(key="mla_absorb", name="bmm_absorb_w_uk", kind="gemm", op=mla_ops.mla_absorb_step,
@@ -114,6 +119,7 @@ def mla_decode(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   note="MLA decode attention over the FP8 latent cache (FlashInfer TRTLLM-gen MLA; V-MLA)")
 
 
+@context_free
 def mla_w_uv(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M, Nh = d.cfg, d.M, d.mla_heads_r
     out = "mla.o" if cfg.mla_output_gate else "attn.core"
@@ -125,6 +131,7 @@ def mla_w_uv(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, note="latent -> 128 per head (V-MLA)")
 
 
+@context_free
 def mla_gate_mul(d: Dims, deps: tuple[str, ...] = ("mla_g_proj",), launch: Launch = PLAIN) -> Kernel:
     M, n = d.M, d.mla_heads_r * d.cfg.v_head_dim
     return Kernel(key="mla_gate_mul", name="sigmoid_gate_mul", kind="pointwise", op=sigmoid_gate, deps=deps,

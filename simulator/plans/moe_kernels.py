@@ -18,7 +18,7 @@ from simulator.ops import linear as lin
 from simulator.ops import norm, pointwise
 from simulator.ops.experts import expected_unique_experts
 from simulator.ops.router import allgather_topk, route_flops, route_fused
-from simulator.plans.common import PLAIN, Dims, Launch, act, all_reduce_kernel, packed, weight
+from simulator.plans.common import PLAIN, Dims, Launch, act, all_reduce_kernel, context_free, packed, weight
 from simulator.plans.kernel import Collective, Kernel, Tensor
 
 # The stock loader pads each rank's slice of the expert intermediate to at least 256 (V-MODEL: 3072 / 16
@@ -59,6 +59,7 @@ def _experts(d: Dims, parts: tuple[str, ...], pad: bool) -> Tensor:
 # router and latent down-projection
 # ---------------------------------------------------------------------------------------
 
+@context_free
 def router(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, E = d.M, d.D, d.cfg.num_experts
     return Kernel(key="router", name="router_gemm_bf16_fp32", kind="gemm", op=lin.linear,
@@ -68,6 +69,7 @@ def router(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   note="replicated router GEMM with FP32 logits (V-MODEL GateLinear; PR #53524)")
 
 
+@context_free
 def latent_down(d: Dims, deps: tuple[str, ...], launch: Launch = PLAIN) -> Kernel:
     M, D, L = d.M, d.D, d.L
     return Kernel(key="latent_down", name="gemm_routed_expert_down_proj", kind="gemm", op=lin.linear,
@@ -77,6 +79,7 @@ def latent_down(d: Dims, deps: tuple[str, ...], launch: Launch = PLAIN) -> Kerne
                   note="replicated routed_expert_down_proj on an aux stream beside the router (V-MODEL, <= 256 tokens)")
 
 
+@context_free
 def topk(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M, E, k = d.cfg, d.M, d.cfg.num_experts, d.cfg.top_k
     return Kernel(key="topk", name="moe_routing_topk", kind="router", floor="topk", op=route_fused, consts=(("cfg", cfg),),
@@ -87,6 +90,7 @@ def topk(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   note="sigmoid + selection bias + top-k + renormalise (TRT-LLM-gen MoE routing kernel)")
 
 
+@context_free
 def split_router(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     """Rank r computes x2 @ [W_r[:, E/P slice] | W_ld[:, L/P slice]]; one collective kernel gathers
     both and runs sigmoid + bias + top-k on the full logits. Per-rank weight bytes fall from
@@ -123,6 +127,7 @@ def _gate_up(prefix: str, D: int, F: int) -> Tensor:
     return packed(((f"{prefix}.w_gate", "col"), (f"{prefix}.w_up", "col")), D, 2 * F)
 
 
+@context_free
 def gated_mlp(d: Dims, prefix: str, F: int, what: str, stream: str = "main", deps: tuple[str, ...] = (),
               launch: Launch = PLAIN) -> list[Kernel]:
     """gate+up GEMM (column shard) -> activation-and-multiply kernel -> down GEMM (row shard, partial sum)."""
@@ -140,6 +145,7 @@ def gated_mlp(d: Dims, prefix: str, F: int, what: str, stream: str = "main", dep
     ]
 
 
+@context_free
 def gate_up_act(d: Dims, prefix: str, F: int, stream: str = "main", deps: tuple[str, ...] = (),
                 launch: Launch = PLAIN) -> Kernel:
     """The gate+up GEMM with the activation in its epilogue (glu_epilogue): 2 kernels -> 1."""
@@ -153,6 +159,7 @@ def gate_up_act(d: Dims, prefix: str, F: int, stream: str = "main", deps: tuple[
                   if prefix == "shared" else "activation in the GEMM epilogue")
 
 
+@context_free
 def down_proj(d: Dims, prefix: str, F: int, note: str, stream: str = "main", launch: Launch = PLAIN) -> Kernel:
     M, D = d.M, d.D
     return Kernel(key=f"{prefix}_down", name=f"gemm_{prefix}_down", kind="gemm", op=lin.linear, stream=stream,
@@ -165,6 +172,7 @@ def down_proj(d: Dims, prefix: str, F: int, note: str, stream: str = "main", lau
 # routed experts
 # ---------------------------------------------------------------------------------------
 
+@context_free
 def fc1(d: Dims, pad: bool = True, deps: tuple[str, ...] = (), fusions: tuple[str, ...] = (),
         launch: Launch = PLAIN) -> Kernel:
     cfg, M, L, F, k = d.cfg, d.M, d.L, d.F_r, d.cfg.top_k
@@ -179,6 +187,7 @@ def fc1(d: Dims, pad: bool = True, deps: tuple[str, ...] = (), fusions: tuple[st
                        + (", padded by the stock loader" if Fp != F else "") + "), activation in the epilogue")
 
 
+@context_free
 def fc2(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
     M, L, F, k = d.M, d.L, d.F_r, d.cfg.top_k
     return Kernel(key="fc2", name="moe_fc2_down", kind="moe", op=ex.expert_fc2,
@@ -189,6 +198,7 @@ def fc2(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
                   note="grouped down GEMM, one output row per (token, slot); intermediate padded like FC1")
 
 
+@context_free
 def finalize(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, L, k = d.M, d.L, d.cfg.top_k
     return Kernel(key="finalize", name="moe_finalize", kind="pointwise", floor="finalize", op=ex.expert_finalize,
@@ -198,6 +208,7 @@ def finalize(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   note="unpermute + routing-weighted sum over the k slots (not deferred; PR #53152 defers it)")
 
 
+@context_free
 def fc2_finalize(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
     """FC2 with the routing weight and scatter-add in its epilogue (moe_finalize): 2 kernels -> 1."""
     M, L, F, k = d.M, d.L, d.F_r, d.cfg.top_k
@@ -215,6 +226,7 @@ def fc2_finalize(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
 # the MoE tail
 # ---------------------------------------------------------------------------------------
 
+@context_free
 def latent_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     """concat [routed latent partial | shared partial] -> one all-reduce -> RMSNorm(latent) ->
     replicated up-projection -> add shared: the unfused tail (TRT-LLM PR #18505 baseline)."""
@@ -249,6 +261,7 @@ def latent_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     ]
 
 
+@context_free
 def classic_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     """Classic MoE (DeepSeek-V3): routed partial + shared partial, then one all-reduce of [M, D]."""
     M, D = d.M, d.D
@@ -263,6 +276,7 @@ def classic_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     ]
 
 
+@context_free
 def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     """(a) AR(latent partial) + RMSNorm + RS(shared partial); (b) u_r = normed @ W_up[:, D/P slice] +
     shared slice, all-gathered (multicast) into every rank's output: 5 standard kernels -> 2, and
