@@ -195,3 +195,24 @@ def test_jitted_event_loop_matches_its_python_original(case: tuple[Plan, str]) -
     for fast, slow in zip(simulate(*arrays), events.simulate(*arrays)):
         np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-9)
     assert makespan_us(plan_, hw) == pytest.approx(schedule(plan_, hw).layer_us)
+
+
+def test_remembered_kernel_terms_equal_terms_priced_afresh(k3, monkeypatch):
+    """The central pricing remembers each kernel's terms per profile (`timeline._priced`): a plan whose
+    kernels another plan priced first (an MLA layer at another context shares all but two) must get the
+    makespan a cold pricing gives, and a profile with one constant changed must not get the old terms."""
+    import dataclasses
+
+    from simulator.cost import timeline
+    from simulator.cost.timeline import makespan_us
+    from simulator.plans import standard
+    hw = load_hardware("gb300")
+    monkeypatch.setattr(timeline, "_TERMS", {})
+    makespan_us(standard.build(k3, 16, DecodeShape(8, 2, 1024), "mla"), hw)
+    plan = standard.build(k3, 16, DecodeShape(8, 2, 8192), "mla")
+    warm = makespan_us(plan, hw)
+    assert len(timeline._TERMS[hw]) > len(plan)  # the first plan's kernels were remembered
+    timeline._TERMS.clear()
+    assert warm == makespan_us(plan, hw)
+    slower = dataclasses.replace(hw, launch_gap_us=hw.launch_gap_us + 1.0)
+    assert makespan_us(plan, slower) > warm

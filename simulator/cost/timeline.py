@@ -148,9 +148,39 @@ def _inputs(arrays: tuple, i: int) -> list[int]:
 def _arrays(plan: Plan, hw: HardwareProfile) -> tuple:
     """Price every kernel and lay the plan out as the arrays `events.simulate` reads."""
     pred, deps, nbytes, can_pf = plan_layout(plan)
-    terms = np.array([kernel_terms(k, hw) for k in plan], dtype=np.float64).reshape(len(plan), 5)
+    priced = _priced(hw)
+    terms = np.array([priced.get(k) or _price_into(priced, k, hw) for k in plan],
+                     dtype=np.float64).reshape(len(plan), 5)
     gap_pred, fixed, math, comm, stream = terms.T.copy()
     return pred, deps, gap_pred, fixed, math, comm, nbytes, stream * 1e-6, can_pf, *plan_scalars(hw)
+
+
+_TERMS: dict[HardwareProfile, dict[Kernel, tuple]] = {}  # per GPU profile: each kernel's `kernel_terms`
+TERMS_KEPT = 1 << 16  # kernels remembered per profile at most (then they are priced afresh)
+
+
+def _priced(hw: HardwareProfile) -> dict[Kernel, tuple]:
+    """The kernel terms remembered for profile hw. A sweep's plans share most of their kernel objects (an MLA
+    layer's plans at 70 contexts differ in two kernels: `plans.common.context_free`), and pricing each again
+    was ~15 µs a kernel. A kernel's terms read only fields its equality compares, and a profile is frozen
+    (a changed constant is another profile, equal only to its like). A profile holding drawn arrays
+    (unhashable) is priced afresh each time."""
+    try:
+        priced = _TERMS.get(hw)
+    except TypeError:
+        return {}
+    if priced is None:
+        if len(_TERMS) >= 64:
+            _TERMS.clear()
+        priced = _TERMS[hw] = {}
+    elif len(priced) >= TERMS_KEPT:
+        priced.clear()
+    return priced
+
+
+def _price_into(priced: dict[Kernel, tuple], kernel: Kernel, hw: HardwareProfile) -> tuple:
+    priced[kernel] = terms = kernel_terms(kernel, hw)
+    return terms
 
 
 @lru_cache(maxsize=4096)
