@@ -586,6 +586,15 @@ def code_pairs(even, odd, inv, out):  # type: ignore[no-untyped-def]
 TRANSPOSE_TILE = 32  # a 32 x 32 byte tile: its source and destination lines both stay in L1
 
 
+def transpose_16(src: npt.NDArray[np.uint8], n0: int, dst: npt.NDArray[np.uint8], c0: int) -> None:
+    """dst[n0 + c, c0 + j] = src[j, n0 + c] for j, c < 16: a 16 x 16 tile of byte pairs [16, N] into 16 rows of
+    W^T's codes. The plain form; compiled kernels run `numba_ext.transpose_16_simd` (16 vector loads, a few
+    two-source byte shuffles, 16 vector stores) where this is 256 single-byte loads and stores."""
+    for c in range(16):
+        for j in range(16):
+            dst[n0 + c, c0 + j] = src[j, n0 + c]
+
+
 @njit(cache=True, nogil=True)
 def _pack_codes_t(w, inv_scale_t, packed):  # type: ignore[no-untyped-def]
     """Codes of W * (1 / scale): rows 2j and 2j+1 of W coded along N into one row of byte pairs

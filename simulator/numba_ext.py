@@ -9,6 +9,8 @@
                         with AVX-512 BF16, `vpermw` lookups and `vdpbf16ps` dot products (mxfp4_dot_bf16)
     fast.packed_at      the bytes at an address as an array (a packed expert where the store holds it)
     fast.prefetch       `llvm.prefetch` of a cache line
+    fast.transpose_16   a 16 x 16 byte tile transposed with two-source byte shuffles (`vpermt2b` on
+                        AVX-512 VBMI): the drawn expert's byte pairs into W^T's rows, 0.26 -> 0.11 ns a weight
     rng._mulhi          the high half of a 64 x 64-bit product, one `mul` instruction on x86-64
 
 Imported by `simulator/jit.py` when the kernels first compile (fast.py and rng.py ask for it with
@@ -27,7 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from simulator.fast import (BF16_STEP, E2M1, E2M1_X2, FAST, STEP_WEIGHTS, STREAM_AHEAD, _dot_loops, decode_block,
-                            has_avx512, has_bf16_dot, lanes, mxfp4_dot, packed_at, prefetch)
+                            has_avx512, has_bf16_dot, lanes, mxfp4_dot, packed_at, prefetch, transpose_16)
 from simulator.rng import _mulhi
 
 
@@ -62,6 +64,46 @@ def decode_block_simd(typingctx, row, j, half_scale, even, odd):  # type: ignore
             builder.store(values, builder.bitcast(builder.gep(dst.data, [args[1]]), floats16.as_pointer()), align=4)
         return context.get_dummy_value()
     return types.void(row, j, half_scale, even, odd), codegen
+
+
+@overload(transpose_16, inline="always")
+def _transpose_16_compiled(src, n0, dst, c0):  # type: ignore[no-untyped-def]
+    return lambda src, n0, dst, c0: transpose_16_simd(src, n0, dst, c0)
+
+
+@intrinsic
+def transpose_16_simd(typingctx, src, n0, dst, c0):  # type: ignore[no-untyped-def]
+    """`fast.transpose_16` in LLVM vector IR: the 16 source rows' 16 bytes loaded, joined four rows to a
+    64-byte vector, and each group of four output rows picked out of them by two-source shuffles (on
+    AVX-512 VBMI, `vpermt2b`), then stored 16 bytes a row. Both arrays C-ordered uint8 [rows, columns]."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i8, i32 = ir.IntType(8), ir.IntType(32)
+        v16 = ir.VectorType(i8, 16)
+
+        def shuffle(a: ir.Value, b: ir.Value, picks: list[int]) -> ir.Value:
+            return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, len(picks)), picks))
+
+        s_arr = context.make_array(signature.args[0])(context, builder, args[0])
+        d_arr = context.make_array(signature.args[2])(context, builder, args[2])
+        s_stride = cgutils.unpack_tuple(builder, s_arr.strides, 2)[0]
+        d_stride = cgutils.unpack_tuple(builder, d_arr.strides, 2)[0]
+        rows = []
+        for j in range(16):
+            at = builder.add(builder.mul(s_stride, ir.Constant(s_stride.type, j)), args[1])
+            rows.append(builder.load(builder.bitcast(builder.gep(s_arr.data, [at]), v16.as_pointer()), align=1))
+        pair = [shuffle(rows[2 * i], rows[2 * i + 1], list(range(32))) for i in range(8)]
+        quad = [shuffle(pair[2 * g], pair[2 * g + 1], list(range(64))) for g in range(4)]  # row 4g + r at 16 r + col
+        for t in range(4):  # output rows n0 + 4t + c, c < 4: byte j is source row j's column 4t + c
+            low = shuffle(quad[0], quad[1], [(j // 4) * 64 + (j % 4) * 16 + 4 * t + c for c in range(4) for j in range(8)])
+            high = shuffle(quad[2], quad[3], [(j // 4) * 64 + (j % 4) * 16 + 4 * t + c for c in range(4) for j in range(8)])
+            out = shuffle(low, high, [c * 8 + j if j < 8 else 32 + c * 8 + j - 8 for c in range(4) for j in range(16)])
+            for c in range(4):
+                row = builder.add(args[1], ir.Constant(args[1].type, 4 * t + c))
+                at = builder.add(builder.mul(row, d_stride), args[3])
+                ptr = builder.bitcast(builder.gep(d_arr.data, [at]), v16.as_pointer())
+                builder.store(shuffle(out, out, list(range(16 * c, 16 * c + 16))), ptr, align=1)
+        return context.get_dummy_value()
+    return types.void(src, types.int64, dst, types.int64), codegen
 
 
 @overload(_mulhi, inline="always")

@@ -466,3 +466,26 @@ def test_mxfp4_grouped_float32_scales_past_2_126_scale_each_weight(bf16):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))  # inf and nan where the float32 W has them
     np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
     assert_close(got[np.isfinite(want)], want[np.isfinite(want)], np.float32)
+
+
+def test_transpose_16_compiled_equals_its_plain_form():
+    """`fast.transpose_16` compiled (`numba_ext.transpose_16_simd`'s shuffles) moves the same bytes as its
+    plain loops, at tile offsets that are not multiples of 16 and with the destination's other bytes kept."""
+    from simulator.jit import compile_all
+    compile_all()  # binds the overload
+
+    @numba.njit
+    def tiles(s, d, at):  # type: ignore[no-untyped-def]
+        for i in range(at.shape[0]):
+            fast.transpose_16(s, at[i, 0], d, at[i, 1])
+
+    rng = np.random.default_rng(11)
+    src = rng.integers(0, 256, (16, 70), dtype=np.uint8)
+    at = np.array([(0, 0), (5, 16), (54, 33), (21, 3)], np.int64)
+    plain = rng.integers(0, 256, (70, 60), dtype=np.uint8)
+    compiled = plain.copy()
+    tiles(src, compiled, at)
+    for n0, c0 in at:
+        fast.transpose_16(src, n0, plain, c0)
+    np.testing.assert_array_equal(compiled, plain)
+    np.testing.assert_array_equal(plain[21:37, 3:19], src[:, 21:37].T)
