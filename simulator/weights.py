@@ -237,9 +237,9 @@ class LayerWeights:
             return flat[:n * k // 2].reshape(n, k // 2), flat[n * k // 2:].reshape(n, k // 32)
         codes, bits = self._make_packed(name)
         if path is not None:  # written whole under a temporary name, so a reader never sees half a file
-            with open(path + ".part", "wb") as f:
-                f.write(codes.tobytes())
-                f.write(bits.tobytes())
+            with open(path + ".part", "wb") as f:  # the arrays' own buffers (C-ordered): no 5.8 MB bytes copy
+                f.write(memoryview(codes))
+                f.write(memoryview(bits))
             os.replace(path + ".part", path)
         return codes, bits
 
