@@ -20,13 +20,15 @@ draws scheduled by the compiled rows loop (`cost/streams.py`, ~2.5 µs a (plan, 
 points at a time, which with the new plans' building sets the rate; `--no-interval` measures the same
 sweep with central values only.
 
-Napkin math (central values): 10,080 distinct MLA plan shapes x 2 variants x ~3 ms (build ~1.4 ms, price on 2 GPUs
-~0.8 ms each) = 60 s of one core; 10^5 points of step sums, memory and rows are about as much again.
+Napkin math (central values): 10,080 distinct MLA plan shapes x 2 variants x ~0.3 ms (build ~0.15 ms: the
+~25 kernels that do not read the context are shared by every context's plan, `plans.common.context_free`;
+price on 2 GPUs ~0.05-0.1 ms each, each kernel's terms remembered per GPU) = ~6 s of one core, ~0.06 ms a point.
 Intervals: ~0.22 newly drawn (plan, GPU) pairs a point (a drafter's five equal dense layers are one plan)
 x 100 draws x ~3 µs a row (compiled without reference counts: ~11 µs with them on a Xeon VM) = ~0.07 ms,
 their drawn terms ~0.1 ms, naming the plans, pricing the steps and seven quantiles ~0.25 ms: ~0.4 ms a
-point, about its central value again (measured: ~1 ms a point on one core, 1.6-1.7x that on two; the grid
-in 56-63 s).
+point. Each worker freezes its caches out of the cyclic collector (`sweep._evaluate_chunk`): full
+collections walked them all, ~10 % of a worker's time. Measured: ~0.85 ms a point of one core in all, the
+grid in 41-45 s on two workers (2026-12-01, fourth session; 62-70 s for the build before it, same hour).
 """
 
 from __future__ import annotations

@@ -94,8 +94,8 @@ def transpose_16_simd(typingctx, src, n0, dst, c0):  # type: ignore[no-untyped-d
         pair = [shuffle(rows[2 * i], rows[2 * i + 1], list(range(32))) for i in range(8)]
         quad = [shuffle(pair[2 * g], pair[2 * g + 1], list(range(64))) for g in range(4)]  # row 4g + r at 16 r + col
         for t in range(4):  # output rows n0 + 4t + c, c < 4: byte j is source row j's column 4t + c
-            low = shuffle(quad[0], quad[1], [(j // 4) * 64 + (j % 4) * 16 + 4 * t + c for c in range(4) for j in range(8)])
-            high = shuffle(quad[2], quad[3], [(j // 4) * 64 + (j % 4) * 16 + 4 * t + c for c in range(4) for j in range(8)])
+            picks = [(j // 4) * 64 + (j % 4) * 16 + 4 * t + c for c in range(4) for j in range(8)]  # rows j < 8
+            low, high = shuffle(quad[0], quad[1], picks), shuffle(quad[2], quad[3], picks)  # rows 8 + j from 2, 3
             out = shuffle(low, high, [c * 8 + j if j < 8 else 32 + c * 8 + j - 8 for c in range(4) for j in range(16)])
             for c in range(4):
                 row = builder.add(args[1], ir.Constant(args[1].type, 4 * t + c))
