@@ -669,30 +669,52 @@ def dequantize_row(codes, bits, lut, scale_lut, out):  # type: ignore[no-untyped
 def mxfp4_reference_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: npt.NDArray[np.uint8]) -> Array:
     """The reference product on a packed W^T [N, K/2] of whole 32-blocks (any strides: a row shard's
     columns): y = x @ W in float64, with W the float64 weights `mxfp4_dequantize_t` gives (exact). Row n of
-    W^T is dequantized into a K-long scratch (L1-resident), then each token row's dot with it is a plain loop
-    whose sum LLVM may reorder into vector partial sums (`reassoc`; products still rounded once, no FMA).
-    No float64 copy of W in memory and no BLAS: one order per (row, column), so the same bits for a row alone
-    or among others and on any thread count. It replaced 256-row chunks dequantized to float64 (6 MB, out of
-    L2) and an einsum per token row (docs/architecture.md: ~2x a part's product on two threads; the batch-64
-    reference's compute 23.7 -> 12.3-16.0 s).
-    [M, K] -> [M, N] float64"""
+    W^T is decoded into two K/2-long scratch rows, its even and its odd weights (L1-resident), a block at a
+    time by `decode_block` (one byte shuffle per nibble; E2M1 values times a scale below 2^126 are exact in
+    float32, and widened to float64 they are the float64 weights), or, in a row holding a scale from 2^126
+    (E8M0 bits >= 253), by the float64 table. Each token row's dot with them is a plain loop over pairs,
+    sum_j x[2j] w[2j] + x[2j+1] w[2j+1], whose sum LLVM may reorder into vector partial sums (`reassoc`;
+    products still rounded once, no FMA), the same loop for both decodes. No float64 copy of W in memory
+    and no BLAS: one order per (row, column), so the same bits for a row alone or among others and on any
+    thread count. It replaced 256-row chunks dequantized to float64 and an einsum per token row, then a
+    float64 table lookup per weight (~0.5 ns a weight; docs/architecture.md).   [M, K] -> [M, N] float64"""
     n, half = packed.shape
+    x = np.ascontiguousarray(x, np.float64)
+    xe, xo = np.ascontiguousarray(x[:, 0::2]), np.ascontiguousarray(x[:, 1::2])
     out = np.empty((x.shape[0], n))
-    _reference_rows(np.ascontiguousarray(x, np.float64), packed, scale_bits, E2M1, E8M0, out, np.empty(2 * half))
+    _reference_rows(xe, xo, packed, scale_bits, E8M0_HALF_F32, E2M1, E8M0, out, np.empty((2, half), np.float32),
+                    np.empty((2, half)))
     return out
 
 
 # threads run it (reference._routed_experts); no reference counts (NRT): it allocates nothing, and its views of
 # the rows took atomic pairs (docs/architecture.md)
 @njit(cache=True, nogil=True, _nrt=False, fastmath={"reassoc"})
-def _reference_rows(x, packed, scale_bits, lut, scale_lut, out, w):  # type: ignore[no-untyped-def]
+def _reference_rows(xe, xo, packed, scale_bits, half_scale, lut, scale_lut, out, w32, w64):  # type: ignore[no-untyped-def]
+    """Rows of `mxfp4_reference_matmul`: xe, xo the token rows' even and odd columns; w32 [2, K/2] and w64
+    [2, K/2] the scratch for a row's even and odd weights."""
+    H = packed.shape[1]
     for n in range(packed.shape[0]):
-        dequantize_row(packed[n], scale_bits[n], lut, scale_lut, w)  # W[:, n], as mxfp4_dequantize_t gives it
-        for r in range(x.shape[0]):
-            xr, acc = x[r], 0.0
-            for k in range(w.shape[0]):
-                acc += xr[k] * w[k]
-            out[r, n] = acc
+        row, bits = packed[n], scale_bits[n]
+        if _wide(bits, 0, H, F32_WIDE_SCALE_BITS):  # E2M1 x scale may overflow float32: the float64 table
+            for i in range(H):
+                s = scale_lut[bits[i >> 4]]
+                w64[0, i], w64[1, i] = lut[row[i] & 15] * s, lut[row[i] >> 4] * s
+            _pair_dots(xe, xo, w64[0], w64[1], out, n)
+        else:
+            for b in range(H // 16):
+                decode_block(row, 16 * b, half_scale[bits[b]], w32[0], w32[1])
+            _pair_dots(xe, xo, w32[0], w32[1], out, n)
+
+
+@njit(inline="always", fastmath={"reassoc"})
+def _pair_dots(xe, xo, even, odd, out, n):  # type: ignore[no-untyped-def]
+    """out[r, n] = sum_j xe[r, j] even[j] + xo[r, j] odd[j] in float64, for every token row r."""
+    for r in range(xe.shape[0]):
+        a, c, acc = xe[r], xo[r], 0.0
+        for j in range(even.shape[0]):
+            acc += a[j] * np.float64(even[j]) + c[j] * np.float64(odd[j])
+        out[r, n] = acc
 
 
 # ===================================================================== bf16 storage

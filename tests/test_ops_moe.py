@@ -192,10 +192,31 @@ def test_mxfp4_weight_reference_is_the_float64_product(rows):
     got = mxfp4_weight_reference(x, w)
     assert np.all(np.abs(got - want) <= bound)
     np.testing.assert_array_equal(mxfp4_weight_reference(x[1:2], w)[0], got[1])
-    plain = np.empty_like(got)  # the Python form: the loops as written, sums in k order
-    fast._reference_rows.py_func(x, w_t.packed[:, k0 // 2:k1 // 2], w_t.scales.view(np.uint8)[:, k0 // 32:k1 // 32],
-                                 fast.E2M1, fast.E8M0, plain, np.empty(k1 - k0))
+    plain = np.empty_like(got)  # the Python form: the loops as written, sums in pair order
+    half = (k1 - k0) // 2
+    fast._reference_rows.py_func(np.ascontiguousarray(x[:, 0::2]), np.ascontiguousarray(x[:, 1::2]),
+                                 w_t.packed[:, k0 // 2:k1 // 2], w_t.scales.view(np.uint8)[:, k0 // 32:k1 // 32],
+                                 fast.E8M0_HALF_F32, fast.E2M1, fast.E8M0, plain, np.empty((2, half), np.float32),
+                                 np.empty((2, half)))
     assert np.all(np.abs(plain - want) <= bound)
+
+
+def test_mxfp4_reference_product_with_scales_float32_cannot_hold():
+    """Rows holding a scale from 2^126 (E8M0 bits 253, 254: 6 x 2^127 overflows float32) are decoded by the
+    float64 table instead of the float32 byte shuffle; their products stay finite and within the rounding
+    bound of the exact float64 product, beside ordinary rows of the same weight."""
+    from simulator import fast
+    rng = np.random.default_rng(9)
+    codes = rng.integers(0, 256, (6, 48), dtype=np.uint8)  # [N, K/2], K = 96: three blocks a row
+    bits = rng.integers(110, 140, (6, 3)).astype(np.uint8)
+    bits[3, 1], bits[4, 0], bits[5, 2] = 253, 254, 254
+    x = rng.standard_normal((2, 96)) * 1e-30
+    dense = fast.mxfp4_dequantize_t(codes, bits, np.float64)  # [K, N], exact
+    want = x @ dense
+    bound = 2 * 96 * np.finfo(np.float64).eps * (np.abs(x) @ np.abs(dense))
+    got = fast.mxfp4_reference_matmul(x, codes, bits)
+    assert np.all(np.isfinite(got)) and np.all(np.abs(got - want) <= bound)
+    assert np.abs(got[:, 4]).max() > 1e8  # a wide row's products: far beyond what a float32 weight could hold
 
 
 @pytest.mark.parametrize("lengths, widths, ranks", [([1] * 4, [96], 16), ([3, 1, 2], [64, 40], 2), ([5], [31], 1)],
