@@ -9,10 +9,11 @@ MXFP4 W^T (weights.LayerWeights._make_packed). Stages, each on one thread and ti
 
     numpy        NumPy's own Generator.standard_normal(float32): the reference the draws equal, bit for bit
     draw         rng.standard_normal_f32: the same numbers from rng.py's kernel
-    draw_amax    rng.normal_block_amax: the numbers and the MXFP4 block maxima, as the weight store draws
+    draw_amax    rng.normal_block_amax: the numbers and the MXFP4 block maxima (the two-pass form: the part whole
+                 in float32, then `pack`)
     pack         fast.mxfp4_quantize_t(w, amax): codes and scales from a drawn part
     fused        rng.draw_mxfp4_t: drawn and packed a 32-row strip at a time (no float32 part in memory)
-    part         LayerWeights._make_packed: one part, drawn and packed (draw_amax + pack + allocation)
+    part         LayerWeights._make_packed: one part as the weight store draws it (the fused draw and its allocation)
     all_cores    LayerWeights._draw_parts over 2 parts per core on a thread pool: what `fullsize.py`
                  reports as `draw_rate_mparams_s` (per pass over the touched experts)
 
