@@ -175,7 +175,6 @@ def test_a_kernels_remembered_hash_agrees_with_equality_and_separates_a_sweeps_k
     assert len(distinct) > 500 and len({hash(k) for k in distinct}) == len(distinct)
 
 
-
 @pytest.mark.parametrize("model", ["kimi-k3", "dspark-k3", "tiny-deepseek", "tiny-k3", "deepseek-v3"])
 def test_kernels_shared_across_contexts_equal_kernels_built_afresh(model, monkeypatch):
     """`plans.common.context_free` factories are built once per shape without the context and shared by the
