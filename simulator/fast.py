@@ -683,7 +683,7 @@ def mxfp4_reference_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: 
     xe, xo = np.ascontiguousarray(x[:, 0::2]), np.ascontiguousarray(x[:, 1::2])
     out = np.empty((x.shape[0], n))
     _reference_rows(xe, xo, packed, scale_bits, E8M0_HALF_F32, E2M1, E8M0, out, np.empty((2, half), np.float32),
-                    np.empty((2, half)))
+                    np.empty(2 * half))
     return out
 
 
@@ -691,16 +691,14 @@ def mxfp4_reference_matmul(x: Array, packed: npt.NDArray[np.uint8], scale_bits: 
 # the rows took atomic pairs (docs/architecture.md)
 @njit(cache=True, nogil=True, _nrt=False, fastmath={"reassoc"})
 def _reference_rows(xe, xo, packed, scale_bits, half_scale, lut, scale_lut, out, w32, w64):  # type: ignore[no-untyped-def]
-    """Rows of `mxfp4_reference_matmul`: xe, xo the token rows' even and odd columns; w32 [2, K/2] and w64
-    [2, K/2] the scratch for a row's even and odd weights."""
+    """Rows of `mxfp4_reference_matmul`: xe, xo the token rows' even and odd columns; w32 [2, K/2] the scratch
+    for a row's even and odd weights, w64 [K] for a row of W^T the float64 table decodes."""
     H = packed.shape[1]
     for n in range(packed.shape[0]):
         row, bits = packed[n], scale_bits[n]
         if _wide(bits, 0, H, F32_WIDE_SCALE_BITS):  # E2M1 x scale may overflow float32: the float64 table
-            for i in range(H):
-                s = scale_lut[bits[i >> 4]]
-                w64[0, i], w64[1, i] = lut[row[i] & 15] * s, lut[row[i] >> 4] * s
-            _pair_dots(xe, xo, w64[0], w64[1], out, n)
+            dequantize_row(row, bits, lut, scale_lut, w64)
+            _pair_dots(xe, xo, w64[0::2], w64[1::2], out, n)
         else:
             for b in range(H // 16):
                 decode_block(row, 16 * b, half_scale[bits[b]], w32[0], w32[1])

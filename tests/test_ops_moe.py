@@ -197,7 +197,7 @@ def test_mxfp4_weight_reference_is_the_float64_product(rows):
     fast._reference_rows.py_func(np.ascontiguousarray(x[:, 0::2]), np.ascontiguousarray(x[:, 1::2]),
                                  w_t.packed[:, k0 // 2:k1 // 2], w_t.scales.view(np.uint8)[:, k0 // 32:k1 // 32],
                                  fast.E8M0_HALF_F32, fast.E2M1, fast.E8M0, plain, np.empty((2, half), np.float32),
-                                 np.empty((2, half)))
+                                 np.empty(2 * half))
     assert np.all(np.abs(plain - want) <= bound)
 
 

@@ -271,8 +271,8 @@ def mxfp4_weight_reference(x: Array, w: MXFP4Weight) -> Array:
     """The reference form on a packed weight, in float64 (`fast.mxfp4_reference_matmul`): each row of W^T
     decoded on its own into exactly its float64 weights (no float copy of W in memory: a 3584 x 3072 expert
     part is 88 MB in float64), then one dot per token row; the same bits for a row alone or among others,
-    whatever the thread count. No BLAS: a GEMV split over OpenBLAS threads contended with the weight store's and Numba's
-    for the two cores.   [M, K] -> [M, N] float64"""
+    whatever the thread count. No BLAS: a GEMV split over OpenBLAS threads contended with the weight store's
+    and Numba's for the two cores.   [M, K] -> [M, N] float64"""
     k0, k1 = w.k0, w.k0 + w.shape[0]
     return fast.mxfp4_reference_matmul(x, w.codes[:, k0 // 2:k1 // 2], w.scale_bits[:, k0 // MX_BLOCK:k1 // MX_BLOCK])
 
