@@ -34,6 +34,7 @@ from simulator.cost.events import simulate
 from simulator.cost.lockstep import simulate_plans
 from simulator.cost.pricing import Bound, KernelCost, kernel_terms, price_kernel
 from simulator.hardware import HardwareProfile
+from simulator.memo import remember
 from simulator.plans.kernel import Kernel, Plan
 
 
@@ -149,14 +150,14 @@ def _arrays(plan: Plan, hw: HardwareProfile) -> tuple:
     """Price every kernel and lay the plan out as the arrays `events.simulate` reads."""
     pred, deps, nbytes, can_pf = plan_layout(plan)
     priced = _priced(hw)
-    terms = np.array([priced.get(k) or _price_into(priced, k, hw) for k in plan],
+    terms = np.array([remember(priced, k, kernel_terms, k, hw, limit=KERNELS_PRICED_KEPT) for k in plan],
                      dtype=np.float64).reshape(len(plan), 5)
     gap_pred, fixed, math, comm, stream = terms.T.copy()
     return pred, deps, gap_pred, fixed, math, comm, nbytes, stream * 1e-6, can_pf, *plan_scalars(hw)
 
 
 _TERMS: dict[HardwareProfile, dict[Kernel, tuple]] = {}  # per GPU profile: each kernel's `kernel_terms`
-TERMS_KEPT = 1 << 16  # kernels remembered per profile at most (then they are priced afresh)
+KERNELS_PRICED_KEPT = 1 << 16  # kernels remembered per profile at most (then all are priced afresh)
 
 
 def _priced(hw: HardwareProfile) -> dict[Kernel, tuple]:
@@ -166,21 +167,9 @@ def _priced(hw: HardwareProfile) -> dict[Kernel, tuple]:
     (a changed constant is another profile, equal only to its like). A profile holding drawn arrays
     (unhashable) is priced afresh each time."""
     try:
-        priced = _TERMS.get(hw)
+        return remember(_TERMS, hw, dict, limit=64)
     except TypeError:
         return {}
-    if priced is None:
-        if len(_TERMS) >= 64:
-            _TERMS.clear()
-        priced = _TERMS[hw] = {}
-    elif len(priced) >= TERMS_KEPT:
-        priced.clear()
-    return priced
-
-
-def _price_into(priced: dict[Kernel, tuple], kernel: Kernel, hw: HardwareProfile) -> tuple:
-    priced[kernel] = terms = kernel_terms(kernel, hw)
-    return terms
 
 
 @lru_cache(maxsize=4096)

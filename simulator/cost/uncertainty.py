@@ -53,6 +53,7 @@ from simulator.cost.pricing import kernel_terms
 from simulator.cost.timeline import plan_layout, plan_scalars
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
+from simulator.memo import remember
 from simulator.plans import VARIANTS
 from simulator.plans.kernel import Kernel, Plan
 
@@ -326,17 +327,14 @@ def _scaled_draws(kernel: Kernel, sample: Sample) -> Array:
     factors, and its bandwidth (B/µs) divided by the work family's; remembered per kernel and families (a
     sweep's new plans share most kernels with the plans before them)."""
     fams = kernel_families(kernel)
-    seen = sample.scaled.get((kernel, fams))
-    if seen is not None:
-        return seen
+    return remember(sample.scaled, (kernel, fams), _scale_draws, kernel, fams, sample, limit=TERMS_KEPT)
+
+
+def _scale_draws(kernel: Kernel, fams: tuple, sample: Sample) -> Array:
     launch, fixed, math_us, comm, stream = kernel_draws(kernel, sample)
     none = len(FAMILIES)
     fw, fc = (sample.factors[:, FAMILIES.index(f) if f in FAMILIES else none] for f in fams)
-    out = np.stack([launch, fixed * fw, math_us * fw, comm * fc, stream * 1e-6 / fw])
-    if len(sample.scaled) >= TERMS_KEPT:
-        sample.scaled.clear()
-    sample.scaled[(kernel, fams)] = out
-    return out
+    return np.stack([launch, fixed * fw, math_us * fw, comm * fc, stream * 1e-6 / fw])
 
 
 TERMS_KEPT = 20_000  # kernels whose draws a sample remembers (5 x 100 draws: 4 KB each, 80 MB): then it forgets all
@@ -346,9 +344,10 @@ def kernel_draws(kernel: Kernel, sample: Sample) -> Array:
     """`kernel_terms` under every draw [5, N], remembered per kernel (equal kernels price the same: pricing
     reads no field that equality ignores): one call on a profile whose drawn constants are arrays, or,
     should the pricing branch on a drawn constant (numpy refuses to branch on an array), one call per draw."""
-    seen = sample.terms.get(kernel)
-    if seen is not None:
-        return seen
+    return remember(sample.terms, kernel, _draw_terms, kernel, sample, limit=TERMS_KEPT)
+
+
+def _draw_terms(kernel: Kernel, sample: Sample) -> Array:
     try:
         terms = kernel_terms(kernel, sample.stacked)
         out = np.empty((5, sample.n))
@@ -356,9 +355,6 @@ def kernel_draws(kernel: Kernel, sample: Sample) -> Array:
             out[j] = t
     except (TypeError, ValueError):
         out = np.array([kernel_terms(kernel, hw) for hw in sample.profiles], dtype=np.float64).T
-    if len(sample.terms) >= TERMS_KEPT:
-        sample.terms.clear()
-    sample.terms[kernel] = out
     return out
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, NamedTuple, TypeVar
 
 from simulator.config import ModelConfig, validate_tp
 from simulator.errors import UserError
+from simulator.memo import remember
 from simulator.ops import collectives as coll_ops
 from simulator.ops import linear as lin
 from simulator.ops import norm
@@ -121,17 +122,16 @@ def context_free(factory: F) -> F:
     context would build a kernel that differs from the one its plan needs: tests/test_plans.py builds every
     plan of every model both ways and compares kernels, consts and ops included. Lists come back as new
     lists (the builders extend them)."""
+    def build(d: Dims, args: tuple, kw: dict) -> Any:
+        made = factory(d, *args, **kw)
+        return tuple(made) if isinstance(made, list) else made
+
     @functools.wraps(factory)
     def memo(d: Dims, *args: Any, **kw: Any) -> Any:
         if not KERNEL_MEMO:
             return factory(d, *args, **kw)
         key = (factory, d.sans_context, args, tuple(kw.items()))
-        made = _KERNELS.get(key)
-        if made is None:
-            if len(_KERNELS) >= KERNEL_MEMO_SIZE:
-                _KERNELS.clear()
-            made = factory(d.sans_context, *args, **kw)
-            made = _KERNELS[key] = tuple(made) if isinstance(made, list) else made
+        made = remember(_KERNELS, key, build, d.sans_context, args, kw, limit=KERNEL_MEMO_SIZE)
         return list(made) if isinstance(made, tuple) else made
     return memo  # type: ignore[return-value]
 
