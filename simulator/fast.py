@@ -583,9 +583,6 @@ def code_pairs(even, odd, inv, out):  # type: ignore[no-untyped-def]
         out[n] = e2m1_code(even[n] * inv[n]) | (e2m1_code(odd[n] * inv[n]) << 4)
 
 
-TRANSPOSE_TILE = 32  # a 32 x 32 byte tile: its source and destination lines both stay in L1
-
-
 def transpose_16(src: npt.NDArray[np.uint8], n0: int, dst: npt.NDArray[np.uint8], c0: int) -> None:
     """dst[n0 + c, c0 + j] = src[j, n0 + c] for j, c < 16: a 16 x 16 tile of byte pairs [16, N] into 16 rows of
     W^T's codes. The plain form; compiled kernels run `numba_ext.transpose_16_simd` (16 vector loads, a few
@@ -595,20 +592,30 @@ def transpose_16(src: npt.NDArray[np.uint8], n0: int, dst: npt.NDArray[np.uint8]
             dst[n0 + c, c0 + j] = src[j, n0 + c]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def pairs_into_rows(pairs, codes, c0):  # type: ignore[no-untyped-def]
+    """codes[n, c0:c0 + 16] = pairs[:, n] for every column n of 16 rows of byte pairs [16, N]: 16 rows of W^T
+    at a time (`transpose_16`), the last N % 16 byte by byte. The packer and the fused draw both end so."""
+    N = pairs.shape[1]
+    whole = N - N % 16
+    for n0 in range(0, whole, 16):
+        transpose_16(pairs, n0, codes, c0)
+    for n in range(whole, N):
+        for j in range(16):
+            codes[n, c0 + j] = pairs[j, n]
+
+
 @njit(cache=True, nogil=True)
 def _pack_codes_t(w, inv_scale_t, packed):  # type: ignore[no-untyped-def]
     """Codes of W * (1 / scale): rows 2j and 2j+1 of W coded along N into one row of byte pairs
-    (contiguous, vectorised), then the [K/2, N] pairs transposed tile by tile into W^T's [N, K/2]."""
+    (contiguous, vectorised), then the [K/2, N] pairs transposed 16 x 16 tiles at a time into W^T's [N, K/2]
+    (`pairs_into_rows`)."""
     K, N = w.shape
     pairs = np.empty((K // 2, N), np.uint8)
     for j in range(K // 2):
         code_pairs(w[2 * j], w[2 * j + 1], inv_scale_t[j // 16], pairs[j])
-    T = TRANSPOSE_TILE
-    for n0 in range(0, N, T):
-        for j0 in range(0, K // 2, T):
-            for n in range(n0, min(n0 + T, N)):
-                for j in range(j0, min(j0 + T, K // 2)):
-                    packed[n, j] = pairs[j, n]
+    for j0 in range(0, K // 2, 16):
+        pairs_into_rows(pairs[j0:j0 + 16], packed, j0)
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -305,12 +305,7 @@ def _draw_mxfp4_t(state, std, codes, amax_t, exps, wi, ki, fi, thresholds, inv_s
             inv[n] = inv_scale[exp[n] + 127]
         for j in range(16):  # fast._pack_codes_t's byte pairs
             fast.code_pairs(strip[2 * j], strip[2 * j + 1], inv, pairs[j])
-        whole = N - N % 16
-        for n0 in range(0, whole, 16):  # this strip's 16 bytes of each row of W^T, 16 rows at a time
-            fast.transpose_16(pairs, n0, codes, 16 * s)
-        for n in range(whole, N):
-            for j in range(16):
-                codes[n, 16 * s + j] = pairs[j, n]
+        fast.pairs_into_rows(pairs, codes, 16 * s)  # this strip's 16 bytes of each row of W^T
 
 
 FUSED_FALLBACKS = [0]  # parts drawn again the plain way because an exponent differed (tests read it)
