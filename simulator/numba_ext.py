@@ -10,7 +10,7 @@
     fast.packed_at      the bytes at an address as an array (a packed expert where the store holds it)
     fast.prefetch       `llvm.prefetch` of a cache line
     fast.transpose_16   a 16 x 16 byte tile transposed with two-source byte shuffles (`vpermt2b` on
-                        AVX-512 VBMI): the drawn expert's byte pairs into W^T's rows, 0.26 -> 0.11 ns a weight
+                        AVX-512 VBMI): byte pairs into W^T's rows (packer, fused draw), 0.26 -> 0.11 ns a weight
     rng._mulhi          the high half of a 64 x 64-bit product, one `mul` instruction on x86-64
 
 Imported by `simulator/jit.py` when the kernels first compile (fast.py and rng.py ask for it with
