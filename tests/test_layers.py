@@ -11,8 +11,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "simulator"
 LAYERS = [  # lowest first; a module belongs to the first prefix that matches it
-    ("simulator.errors", "simulator.jit", "simulator.paths", "simulator.limits", "simulator.dtypes", "simulator.config",
-     "simulator.fast", "simulator.rng", "simulator.numba_ext"),
+    ("simulator.errors", "simulator.jit", "simulator.memo", "simulator.paths", "simulator.limits", "simulator.dtypes",
+     "simulator.config", "simulator.fast", "simulator.rng", "simulator.numba_ext"),
     ("simulator.weights", "simulator.hardware"),
     ("simulator.ops",),
     ("simulator.state", "simulator.reference"),
