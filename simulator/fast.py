@@ -37,9 +37,9 @@ benchmarks/fullsize.py measure the rest):
   float64 5-8.5 per core; on the 2 Zen 4 (EPYC, ~3.65 GHz) cores of the machine since 2026-12-01: 10.7-12.9
   and 6.1-7.0 per core, 16-25 and 7.5-11 on both.
 - bfloat16 x (the W4A16 path: `--precision bf16` activations are bfloat16 values) on AVX-512 BF16 hosts,
-  per 32 code bytes (64 weights): 4 `vpermw` lookups + 3 shifts + 4 `vdpbf16ps` (16 exact products each)
-  + the scale, ~17 ops against the float32 kernel's ~15 per 32 bytes but with a quarter of its
-  multiply-adds. Zen 4 runs the 256-bit shuffles and shifts on two pipes, a `vpermw` apparently as two:
+  per 64 code bytes (128 weights): 4 `vpermw` lookups + 3 shifts + 4 `vdpbf16ps` (32 exact products each)
+  + the scale, ~17 ops against the float32 kernel's ~30, with an eighth of its multiply-add instructions.
+  (Until 2026-12-01 the same per 32 bytes, in 256-bit vectors: the figures below for Zen 4 are that form.) Zen 4 runs the 256-bit shuffles and shifts on two pipes, a `vpermw` apparently as two:
   ~7 cycles a step, measured 13-17.6 GB/s per core, 19-33 on both (1.25-1.45x the float32 kernel).
 - a TP16 down-projection row shard is 96 bytes a row (3 bf16 steps; a float step and a half one), and
   each dot pays its setup and horizontal sum: bf16 8.4-9 ns a slice on one Zen 4 core (6.3 ns when the
@@ -51,9 +51,11 @@ benchmarks/fullsize.py measure the rest):
   quiet spells, 0.60 of the in-process copy (best run over best copy, benchmarks/fullsize.py), which itself
   reads 26-48 GB/s on this VM from one hour to the next. At fp64 8.7 GB/s (0.29): float64 arithmetic caps it.
 - on the Xeon (Sapphire / Emerald Rapids class, 2 vCPUs) that replaced it the same afternoon: Ice Lake's
-  ports for 512-bit vectors, and `vdpbf16ps` at ~0.45 an instruction a cycle (ymm or zmm, measured), so the
-  bf16 dot is no faster than the float64 one: with the data in L3 4.4 and 5.2 GB/s on one core, 6.5 and 7.4
-  on both. In the layer (2 KB software prefetch, `STREAM_AHEAD`) 8.7-9.1 GB/s at bf16 (0.19-0.21 of the
+  ports for 512-bit vectors, and `vdpbf16ps` at ~0.5 an instruction a cycle whether ymm or zmm (8 cycles of
+  latency), so the 256-bit bf16 dot was no faster than the float64 one: with the data in L3 4.4 and 5.2 GB/s
+  on one core, 6.5 and 7.4 on both. The dot now runs two steps a 512-bit instruction (same bits): an
+  instruction-mix loop in L1 5.2 ns per 128 weights against 4.5 per 64; 1,536 rows of 7,168 weights from L3
+  on one core 5.5-6.7 -> 8.9-9.5 GB/s, 192-weight rows 4.2-4.9 -> 5.1-6.3. In the layer (2 KB software prefetch, `STREAM_AHEAD`) 8.7-9.1 GB/s at bf16 (0.19-0.21 of the
   copy) and 5.3-9.5 at fp64 (0.13-0.21) from one spell to the next; FC1's rows read at 8-12 GB/s, FC2's
   96-byte slices at 4-8, a third of the bytes and half the time. A read alone reaches 24-32 GB/s there
   (2 threads, 4 accumulators), so half the copy is ~0.7 of a pure read: the ratio asks more of a kernel on
@@ -251,20 +253,33 @@ def ends_in_half_step(k):  # type: ignore[no-untyped-def]
     return k % STEP_WEIGHTS == STEP_WEIGHTS // 2
 
 
-BF16_STEP = 64  # weights per step of the bf16 dot: 32 code bytes (one 256-bit vector), 2 blocks
-# Position 16 j + i of a step holds weight 4 i + j: nibble j of the step's 16-bit word i (`numba_ext.mxfp4_dot_bf16`)
-BF16_WEIGHT_AT = (4 * np.arange(16)[None, :] + np.arange(4)[:, None]).ravel()  # position -> weight
+BF16_STEP = 64  # weights per step of the bf16 dot: 32 code bytes, 2 blocks; it runs two at once (one 512-bit vector)
 
 
 def permute_x_bf16(x: Array) -> npt.NDArray[np.uint16]:
-    """bfloat16 bits of x (rounded to nearest even), in the bf16 dot's order.   [M, K] -> [M, 64 ceil(K/64)]"""
+    """bfloat16 bits of x (rounded to nearest even), in the bf16 dot's order.   [M, K] -> [M, 64 ceil(K/64)]
+
+    The dot reads a row's whole steps two at a time: a pair's 128 positions hold, for nibble j, step 2p's 16
+    words then step 2p + 1's (position 128 p + 32 j + 16 h + i: step 2p + h, weight 4 i + j of it). An odd
+    last whole step and a one-block tail each keep a step's own order (`bf16_position`)."""
     import ml_dtypes
     m, k = x.shape
     steps = -(-k // BF16_STEP)
     padded = np.zeros((m, steps * BF16_STEP), ml_dtypes.bfloat16)
     padded[:, :k] = x.astype(ml_dtypes.bfloat16)
-    order = padded.reshape(m, steps, BF16_STEP)[:, :, BF16_WEIGHT_AT]
-    return np.ascontiguousarray(order).reshape(m, -1).view(np.uint16)
+    out = np.empty_like(padded)
+    out[:, bf16_position(np.arange(steps * BF16_STEP), k)] = padded
+    return out.view(np.uint16)
+
+
+@jitable
+def bf16_position(w, k):  # type: ignore[no-untyped-def]
+    """Where weight w (an int or an array of them) of a k-weight row sits in `permute_x_bf16`'s order."""
+    paired = 2 * BF16_STEP * (k // (2 * BF16_STEP))  # weights in whole pairs of steps
+    q = w % BF16_STEP
+    single = w - q + 16 * (q % 4) + q // 4  # a step of its own: position 16 j + i holds weight 4 i + j
+    pair = w - w % (2 * BF16_STEP) + 32 * (q % 4) + 16 * (w % (2 * BF16_STEP) // BF16_STEP) + q // 4
+    return single + (pair - single) * (w < paired)
 
 
 def _all_bf16(x: Array) -> bool:
@@ -323,17 +338,13 @@ def _dot_loops(codes, c0, scales, s0, lut, xp, x0, nbytes, per_weight):  # type:
             k = 32 * b + t
             c = lut[E2M1_AT + (np.int64(codes[c0 + (k >> 1)]) >> (4 * (k & 1))) % 16]
             if xp.itemsize == 2:  # bfloat16 bits in the bf16 dot's order (`permute_x_bf16`)
-                q = k % BF16_STEP
-                xv = bf16_value(xp[x0 + k - q + BF16_ORDER_FLAT[q]])
+                xv = bf16_value(xp[x0 + bf16_position(k, 2 * nbytes)])
             else:
                 q, lane = k % STEP_WEIGHTS, per // 2 if k >= half_from else per  # a last half step: half the nibbles
                 xv = xp[x0 + k - q + (q % lane) * width + q // lane]
             part += xv * (c * s if per_weight else c)
         acc += part if per_weight else part * s
     return acc
-
-
-BF16_ORDER_FLAT = np.argsort(BF16_WEIGHT_AT)  # weight -> position in a bf16 step
 
 
 @jitable

@@ -299,15 +299,19 @@ BF16_DOT = pytest.mark.skipif(not fast.has_bf16_dot(), reason="no AVX-512 BF16 o
 
 
 def test_permute_x_bf16_puts_each_weight_where_the_words_read_it():
-    """Position 16 j + i of a 64-weight step holds x[4 i + j] as bfloat16 bits, zero-padded."""
-    x = np.arange(1, 2 * 200 + 1, dtype=np.float32).reshape(2, 200) % 256  # integers: exact in bfloat16
-    xb = fast.permute_x_bf16(x)
-    assert xb.shape == (2, 256) and xb.dtype == np.uint16
-    for k in (0, 1, 3, 4, 63, 64, 65, 127, 128, 199):
-        step, q = divmod(k, 64)
-        i, j = divmod(q, 4)
-        assert fast.bf16_value(xb[1, 64 * step + 16 * j + i]) == x[1, k]
-    assert np.count_nonzero(xb[0]) == 200
+    """Whole pairs of 64-weight steps: position 128 p + 32 j + 16 h + i holds weight 128 p + 64 h + 4 i + j (step
+    2p + h, nibble j of its word i); an odd last step and a tail step: position 16 j + i of the step holds its
+    weight 4 i + j. As bfloat16 bits, zero-padded."""
+    for k in (200, 256, 96):  # 3 whole steps and a tail: one pair, one step alone; two pairs; one step and a tail
+        x = (np.arange(2 * k, dtype=np.float32).reshape(2, k) % 255 + 1)  # integers 1-255: exact in bfloat16
+        xb = fast.permute_x_bf16(x)
+        assert xb.shape == (2, 64 * -(-k // 64)) and xb.dtype == np.uint16
+        for w in range(k):
+            step, q = divmod(w, 64)
+            i, j = divmod(q, 4)
+            at = 128 * (step // 2) + 32 * j + 16 * (step % 2) + i if w < 128 * (k // 128) else 64 * step + 16 * j + i
+            assert fast.bf16_value(xb[1, at]) == x[1, w], (k, w)
+        assert np.count_nonzero(xb[0]) == k
 
 
 def test_bf16_value_is_the_bfloat16():
@@ -345,6 +349,52 @@ def test_mxfp4_dot_bf16_equals_plain_form_and_dequantized_product(k):
         assert_close(got, want, np.float32)
     asm = next(a for sig, a in _dots_simd.inspect_asm().items() if "Array(uint16, 1" in str(sig))
     assert "vdpbf16ps" in asm and "vpermw" in asm
+
+
+def _bf16_dot_by_lanes(codes: np.ndarray, bits: np.ndarray, x: np.ndarray) -> np.float32:
+    """What `mxfp4_dot_bf16` computes, written out in NumPy float32 from Intel's definition of `vdpbf16ps`
+    (lane l += w[2l+1] x[2l+1], then += w[2l] x[2l], each product exact, each add rounded): a 32-byte step's
+    16 words feed 8 lanes (words 2l, 2l+1), nibbles 0 and 2 one chain, 1 and 3 another; their sum times the
+    lanes' block scales (lanes 0-3 block 0, 4-7 block 1) is added to the even or the odd steps' sums (an odd
+    last step to the even ones, a one-block tail to the odd ones); the two are added and the 8 lanes summed
+    i + size/2 into i. For normal-range values, where DAZ/FTZ do nothing."""
+    f32 = np.float32
+    w = fast.E2M1.astype(f32)[np.stack([codes & 15, codes >> 4], axis=1).ravel()]
+    scale = (2.0 ** (bits.astype(np.float64) - 127)).astype(f32)
+    acc = [np.zeros(8, f32), np.zeros(8, f32)]
+    for c in range(-(-len(codes) // 32)):
+        wc, xc = np.zeros(64, f32), np.zeros(64, f32)
+        n = min(64, len(w) - 64 * c)
+        wc[:n], xc[:n] = w[64 * c:64 * c + n], x[64 * c:64 * c + n]
+        chains = [np.zeros(8, f32), np.zeros(8, f32)]
+        for j in range(4):
+            lo, hi = 8 * np.arange(8) + j, 8 * np.arange(8) + 4 + j  # word 2l's nibble j, word 2l+1's
+            ch = chains[j % 2]
+            ch[:] = ch + wc[hi] * xc[hi]
+            ch[:] = ch + wc[lo] * xc[lo]
+        lanes_scale = np.repeat(np.append(scale[2 * c:2 * c + 2], f32(0))[:2], 4)
+        k = 1 if n < 64 else (c % 2 if c < 2 * (len(codes) // 64) else 0)
+        acc[k] = (acc[k].astype(np.float64) + (chains[0] + chains[1]).astype(np.float64) * lanes_scale).astype(f32)
+    total = acc[0] + acc[1]
+    while len(total) > 1:
+        total = total[:len(total) // 2] + total[len(total) // 2:]
+    return total[0]
+
+
+@BF16_DOT
+@pytest.mark.parametrize("k", [32, 96, 128, 192, 224, 416, 7168], ids=lambda k: f"K{k}")
+def test_mxfp4_dot_bf16_bits_follow_its_lanes(k):
+    """The bf16 dot bit for bit as `_bf16_dot_by_lanes` writes it out: the 512-bit loop over pairs of steps
+    sums the same products in the same order as one 256-bit step at a time (its form until 2026-12-01)."""
+    from simulator.jit import compile_all
+    compile_all()  # binds mxfp4_dot's overload when this test runs alone
+    rng = np.random.default_rng(k + 1)
+    codes = rng.integers(0, 256, (32, k // 2), dtype=np.uint8)
+    bits = rng.integers(112, 142, (32, k // 32), dtype=np.uint8)
+    x = round_bf16((rng.standard_normal(k) * 10.0 ** rng.integers(-2, 3, k)).astype(np.float32))
+    got = _dots_simd(codes, bits, fast.value_lut(np.float32), fast.permute_x_bf16(x[None])[0])
+    want = np.array([_bf16_dot_by_lanes(codes[n], bits[n], x) for n in range(32)], np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @numba.njit
