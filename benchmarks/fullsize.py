@@ -31,6 +31,12 @@ What it measures, in one process:
   and their median in `expert_vs_copy_median`: a neighbour that takes a core for a few ms costs one ~15 ms
   kernel run far more than it costs a best-of-5 copy, so those single-run ratios spread (0.28-0.85 in one
   run of this benchmark on a loaded VM);
+- read_gbps: a read alone (every byte of 256 MB summed once, all threads, best of 5), measured just after
+  each copy (`read_gbps_runs`), and expert_vs_read, the best kernel run over the best read (its median over
+  the runs: `expert_vs_read_median`). A kernel that only reads its bytes cannot beat it, whatever it
+  computes. STREAM's copy counts the bytes written too, and how that compares with a read depends on the
+  machine: on Zen 4 half the copy was about half a read, on the Xeon of 2026-12-01 it is 0.8-0.9 of one
+  (a C loop of 512-bit loads read 22-24 GB/s on 2 threads while a memcpy counted 35-37, this copy 39-46);
 - max_rel_rms_error of both plans against the reference, so that a fast wrong answer cannot pass;
 - `cpu`, the CPU's model name: the development VM has changed under this benchmark three times (Ice Lake,
   Zen 4, a Xeon of the Sapphire / Emerald Rapids class: family 6 model 207), and its figures with it.
@@ -154,6 +160,23 @@ def copy_gbps(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
     return 2 * src.nbytes / min(call_seconds(lambda: _copy(dst, src), repeats)) / GB
 
 
+@numba.njit(parallel=True, cache=True, fastmath=True)
+def _read(src: np.ndarray, sums: np.ndarray) -> None:
+    n, parts = src.shape[0], sums.shape[0]
+    for p in numba.prange(parts):  # each thread sums its own part, reassociated into vector lanes (fastmath):
+        # in order, the adds' latency bound it (13-15 GB/s on 2 threads here against 22-29)
+        sums[p] = np.sum(src[p * n // parts:(p + 1) * n // parts])
+
+
+def read_gbps(n_bytes: int = 256 << 20, repeats: int = 5) -> float:
+    """A read alone on all threads: every byte of 256 MB summed once (bytes read per pass), best of `repeats`.
+    What a kernel that only reads its bytes can reach at most, the roof for the routed experts; on the Xeon
+    of 2026-12-01 22-24 GB/s, as a C loop of 512-bit loads, while the copy above counted 35-45."""
+    src = np.ones(n_bytes // 8)
+    sums = np.zeros(numba.get_num_threads())
+    return src.nbytes / min(call_seconds(lambda: _read(src, sums), repeats)) / GB
+
+
 def compile_kernels(layer: str, precision: str) -> dict[str, Any]:
     """The tiny model's check of this layer type at this precision: every kernel compiled for the dtypes
     the timed run uses (or loaded from the disk cache), so no compile lands in a timed path."""
@@ -238,7 +261,7 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
     wall, rss, errors = {"reference": [time.perf_counter() - t0 - (weights.generate_s - g0)]}, {}, {}
     draw["reference"] = weights.generate_s - g0
     rss["reference"] = peak_rss_gb()
-    copies, kernel_s = [], []
+    copies, reads, kernel_s = [], [], []
     for rep in range(repeats):  # the paths interleaved, and a copy measured just before each timed kernel
         for name, build in (("standard", standard.build), ("specialized", specialized.build)):
             step(name, f"{rep + 1}/{repeats}")
@@ -247,6 +270,7 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
             if name == "specialized":
                 plan = timed_experts(plan, clock, weights)
                 copies.append(PEAK.leave_out(copy_gbps))
+                reads.append(PEAK.leave_out(read_gbps))
             g0, t0 = weights.generate_s, time.perf_counter()
             out, new_state, _ = run_plan(plan, d, weights, io, state, prec)
             wall.setdefault(name, []).append(time.perf_counter() - t0 - (weights.generate_s - g0))
@@ -274,7 +298,8 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
                                          / max(expert_draw_s, 1e-9) / 1e6, 1),
             "expert_cache_gb": cache_gb, "stream_chunk_gb": chunk_gb,
             "max_rel_rms_error": {k: float(f"{v:.3g}") for k, v in errors.items()},
-            "copy_gbps": _sig(max(copies)), "copy_gbps_runs": [_sig(c) for c in copies]}
+            "copy_gbps": _sig(max(copies)), "copy_gbps_runs": [_sig(c) for c in copies],
+            "read_gbps": _sig(max(reads)), "read_gbps_runs": [_sig(r) for r in reads]}
     doc["specialized_vs_standard"] = round(median["standard"] / median["specialized"], 2)
     if len(experts):
         nbytes = 3 * part_bytes * len(experts)
@@ -283,7 +308,9 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
         doc |= {"expert_kernel_s": _sig(min(kernel_s)), "expert_bytes_gb": _sig(nbytes / GB),
                 "expert_gbps": _sig(max(gbps)), "expert_gbps_runs": [_sig(g) for g in gbps],
                 "expert_vs_copy": _sig(max(gbps) / max(copies)), "expert_vs_copy_runs": [_sig(r) for r in ratios],
-                "expert_vs_copy_median": _sig(float(np.median(ratios)))}
+                "expert_vs_copy_median": _sig(float(np.median(ratios))),
+                "expert_vs_read": _sig(max(gbps) / max(reads)),
+                "expert_vs_read_median": _sig(float(np.median([g / r for g, r in zip(gbps, reads)])))}
     return doc
 
 
@@ -311,6 +338,9 @@ def report(doc: dict[str, Any]) -> str:
                      f"packed in {doc['expert_kernel_s']} s = {doc['expert_gbps']} GB/s; copy {doc['copy_gbps']} GB/s; "
                      f"ratio {doc['expert_vs_copy']} (best of {doc['repeats']} of each; each run's ratio to the copy "
                      f"just before it: {', '.join(f'{r:.2f}' for r in doc['expert_vs_copy_runs'])})")
+        lines.append(f"  a read alone {doc['read_gbps']} GB/s (best of {doc['repeats']}, each just after the copy): "
+                     f"the routed experts at {doc['expert_vs_read']} of it (median of the runs "
+                     f"{doc['expert_vs_read_median']})")
     lines.append(f"  peak RSS {doc['peak_rss_gb']} GB; specialized {doc['specialized_vs_standard']}x as fast as standard")
     return "\n".join(lines)
 

@@ -4,7 +4,8 @@
 
 One full-size Kimi K3 expert part (W^T [3072, 3584]: 5.5 MB packed) and x [1, 3584] float64 (the fp64
 check's batch 1), each figure the median of 7, in GB/s of packed bytes (codes + scales) read:
-- copy: the STREAM copy of benchmarks/fullsize.py (bytes read + written, all threads): the memory roof;
+- copy: the STREAM copy of benchmarks/fullsize.py (bytes read + written, all threads), and read: a read
+  alone (its `read_gbps`, bytes read), the memory roof of a kernel that only reads;
 - decode: every block decoded and scaled into L1 scratch, no arithmetic with x (`decode_block`, all
   threads): the most a decode-then-dot kernel can reach, whatever its dot costs;
 - decode (pair table): the same with the former 8-byte table load per code byte;
@@ -33,7 +34,7 @@ import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fullsize import call_seconds, copy_gbps  # noqa: E402
+from fullsize import call_seconds, copy_gbps, read_gbps  # noqa: E402
 
 from simulator import fast  # noqa: E402
 
@@ -117,7 +118,7 @@ def main() -> int:
     gate = (codes[:f], bits[:f])  # a column shard: rows of W^T
     down = (down_codes[:, :f // 2], down_bits[:, :f // 32])  # a row shard: a K slice of W_down^T
     shard_bytes = gate[0].nbytes + gate[1].nbytes
-    doc = {"threads": numba.get_num_threads(), "copy_gbps": copy_gbps(),
+    doc = {"threads": numba.get_num_threads(), "copy_gbps": copy_gbps(), "read_gbps": read_gbps(),
            "decode_gbps": part / median_s(lambda: _decode_only(codes, bits, fast.E8M0_HALF_F32, sink)) / GB,
            "decode_pair_table_gbps": part / median_s(lambda: _decode_pairs(codes, PAIRS, sink)) / GB,
            "matmul_part_gbps": part / median_s(lambda: fast.mxfp4_matmul(x, codes, bits)) / GB,

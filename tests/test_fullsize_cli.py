@@ -36,13 +36,17 @@ def test_fullsize_repeats_pair_each_kernel_run_with_a_copy():
     for path in ("standard", "specialized"):
         assert len(doc["wall_s_runs"][path]) == 3
         assert doc["wall_s"][path] == pytest.approx(statistics.median(doc["wall_s_runs"][path]), abs=1e-3)
-    for key in ("copy_gbps_runs", "expert_gbps_runs", "expert_vs_copy_runs"):
+    for key in ("copy_gbps_runs", "read_gbps_runs", "expert_gbps_runs", "expert_vs_copy_runs"):
         assert len(doc[key]) == 3 and all(v > 0 for v in doc[key])
     assert doc["copy_gbps"] == max(doc["copy_gbps_runs"]) and doc["expert_gbps"] == max(doc["expert_gbps_runs"])
     assert doc["expert_vs_copy"] == pytest.approx(doc["expert_gbps"] / doc["copy_gbps"], rel=0.01)
     assert doc["expert_vs_copy_median"] == pytest.approx(statistics.median(doc["expert_vs_copy_runs"]), abs=1e-3)
     for g, c, r in zip(doc["expert_gbps_runs"], doc["copy_gbps_runs"], doc["expert_vs_copy_runs"]):
         assert r == pytest.approx(g / c, rel=0.02)  # each run's ratio is to its own copy
+    assert doc["read_gbps"] == max(doc["read_gbps_runs"])  # the read alone: the same statistic, its own ratios
+    assert doc["expert_vs_read"] == pytest.approx(doc["expert_gbps"] / doc["read_gbps"], rel=0.01)
+    by_run = [g / r for g, r in zip(doc["expert_gbps_runs"], doc["read_gbps_runs"])]
+    assert doc["expert_vs_read_median"] == pytest.approx(statistics.median(by_run), rel=0.02)
     assert max(doc["max_rel_rms_error"].values()) < 1e-12  # fp64: the fast paths agree with the reference
-    if os.access("/proc/self/clear_refs", os.W_OK):  # the copy's 512 MB of buffers are not the simulation's peak
+    if os.access("/proc/self/clear_refs", os.W_OK):  # the copy's and the read's buffers are not the simulation's peak
         assert doc["peak_rss_gb"] < 0.45
