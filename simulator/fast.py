@@ -55,11 +55,12 @@ benchmarks/fullsize.py measure the rest):
   latency), so the 256-bit bf16 dot was no faster than the float64 one: with the data in L3 4.4 and 5.2 GB/s
   on one core, 6.5 and 7.4 on both. The dot now runs two steps a 512-bit instruction (same bits): an
   instruction-mix loop in L1 5.2 ns per 128 weights against 4.5 per 64; 1,536 rows of 7,168 weights from L3
-  on one core 5.5-6.7 -> 8.9-9.5 GB/s, 192-weight rows 4.2-4.9 -> 5.1-6.3. In the layer (2 KB software prefetch, `STREAM_AHEAD`) 8.7-9.1 GB/s at bf16 (0.19-0.21 of the
-  copy) and 5.3-9.5 at fp64 (0.13-0.21) from one spell to the next; FC1's rows read at 8-12 GB/s, FC2's
-  96-byte slices at 4-8, a third of the bytes and half the time. A read alone reaches 24-32 GB/s there
-  (2 threads, 4 accumulators), so half the copy is ~0.7 of a pure read: the ratio asks more of a kernel on
-  this machine than on Zen 4.
+  on one core 5.5-6.7 -> 8.9-9.5 GB/s, 192-weight rows 4.2-4.9 -> 5.1-6.3. In the layer (2 KB software
+  prefetch, `STREAM_AHEAD`), 256-bit: 8.7-9.1 GB/s at bf16 (0.19-0.21 of the copy) and 5.3-9.5 at fp64
+  (0.13-0.21) from one spell to the next; 512-bit: 10.4-12.9 at bf16 (0.24-0.29 of the copy), FC1's rows
+  at 11-14 GB/s, FC2's 96-byte slices at 8-8.6. A read alone reaches 22-25 GB/s there (2 threads) while
+  the copy counts 38-47, so half the copy is 0.8-0.9 of a read alone, and the arithmetic's roof (68 bytes a
+  5.2 ns step, 13 GB/s a core) is no higher than the memory's: docs/architecture.md, "The fifth session".
 
 Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
 run the NumPy forms that way); every fused op in ops/ asks it per call, so there is no module state.
