@@ -39,8 +39,9 @@ benchmarks/fullsize.py measure the rest):
 - bfloat16 x (the W4A16 path: `--precision bf16` activations are bfloat16 values) on AVX-512 BF16 hosts,
   per 64 code bytes (128 weights): 4 `vpermw` lookups + 3 shifts + 4 `vdpbf16ps` (32 exact products each)
   + the scale, ~17 ops against the float32 kernel's ~30, with an eighth of its multiply-add instructions.
-  (Until 2026-12-01 the same per 32 bytes, in 256-bit vectors: the figures below for Zen 4 are that form.) Zen 4 runs the 256-bit shuffles and shifts on two pipes, a `vpermw` apparently as two:
-  ~7 cycles a step, measured 13-17.6 GB/s per core, 19-33 on both (1.25-1.45x the float32 kernel).
+  Until 2026-12-01 the same per 32 bytes, in 256-bit vectors; the Zen 4 figures are that form's. Zen 4 runs
+  the 256-bit shuffles and shifts on two pipes, a `vpermw` apparently as two: ~7 cycles a step, measured
+  13-17.6 GB/s per core, 19-33 on both (1.25-1.45x the float32 kernel).
 - a TP16 down-projection row shard is 96 bytes a row (3 bf16 steps; a float step and a half one), and
   each dot pays its setup and horizontal sum: bf16 8.4-9 ns a slice on one Zen 4 core (6.3 ns when the
   loop's trip count and width are constants), so the down projection reads ~2/3 as fast as FC1's long rows.

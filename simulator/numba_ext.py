@@ -28,7 +28,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from simulator.fast import (BF16_STEP, E2M1, E2M1_X2, FAST, STEP_WEIGHTS, STREAM_AHEAD, _dot_loops, decode_block,
+from simulator.fast import (E2M1, E2M1_X2, FAST, STEP_WEIGHTS, STREAM_AHEAD, _dot_loops, decode_block,
                             has_avx512, has_bf16_dot, lanes, mxfp4_dot, packed_at, prefetch, transpose_16)
 from simulator.rng import _mulhi
 
@@ -220,15 +220,7 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, x0, nbytes):  # type:
         acc = cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * width))
         def step(c: ir.Value, codes: ir.Value, word: ir.Value, nib: int = nib) -> None:  # nib: nibbles a lane
             blocks_per_vector = 4 * nib // (STEP_WEIGHTS // width)  # 4, or 2 for a half step
-            block_shift = ir.Constant(vi, [8 * (lane // (width // blocks_per_vector)) for lane in range(width)])
-            word = builder.zext(word, lane_int) if not f32 else word
-            e = builder.and_(builder.lshr(broadcast(word), block_shift), splat(255))
-            if f32:  # 2^(e - 127): e in the exponent field; e = 0 is the subnormal 2^-127
-                zero = builder.icmp_unsigned("==", e, splat(0))
-                bits = builder.select(zero, splat(1 << 22), builder.shl(e, splat(23)))
-            else:
-                bits = builder.shl(builder.add(e, splat(1023 - 127)), splat(52))
-            scale = builder.bitcast(bits, vf)
+            scale = _block_scales(builder, word, vf, width // blocks_per_vector)
             xrow = builder.gep(xbase, [builder.mul(c, ir.Constant(i64, STEP_WEIGHTS))])
             odd = builder.lshr(codes, splat(4))  # the high nibbles of every byte in its low bits
             chains: list[ir.Value] = []
@@ -268,6 +260,29 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, x0, nbytes):  # type:
             step(steps, codes, _scale_word(builder, stail, builder.lshr(tail, ir.Constant(i64, 4))))  # 1 or 3 blocks
         return _lane_sum(builder, builder.load(acc), width)
     return dtype(codes, types.int64, scales, types.int64, xp, types.int64, types.int64), codegen
+
+
+def _block_scales(builder: ir.IRBuilder, word: ir.Value, vf: ir.VectorType, lanes_per_block: int) -> ir.Value:
+    """2^(e - 127) of the E8M0 bytes of a little-endian 32-bit word, byte b in lanes b L .. (b + 1) L - 1 of a
+    float32 or float64 vector (L = lanes_per_block), made by putting e in the exponent field; in float32, e = 0
+    is the subnormal 2^-127 (bit 22) and e = 255 comes out infinite, as `fast.value_lut` has them."""
+    f32 = vf.element == ir.FloatType()
+    lane = ir.IntType(32 if f32 else 64)
+    vi = ir.VectorType(lane, vf.count)
+
+    def splat(v: int) -> ir.Constant:
+        return ir.Constant(vi, [v] * vf.count)
+    one = builder.insert_element(ir.Constant(vi, ir.Undefined), word if f32 else builder.zext(word, lane),
+                                 ir.Constant(ir.IntType(32), 0))
+    every = builder.shuffle_vector(one, ir.Constant(vi, ir.Undefined),
+                                   ir.Constant(ir.VectorType(ir.IntType(32), vf.count), [0] * vf.count))
+    e = builder.and_(builder.lshr(every, ir.Constant(vi, [8 * (i // lanes_per_block) for i in range(vf.count)])),
+                     splat(255))
+    if f32:
+        bits = builder.select(builder.icmp_unsigned("==", e, splat(0)), splat(1 << 22), builder.shl(e, splat(23)))
+    else:
+        bits = builder.shl(builder.add(e, splat(1023 - 127)), splat(52))
+    return builder.bitcast(bits, vf)
 
 
 def _stream_ahead(builder: ir.IRBuilder, cbase: ir.Value, sbase: ir.Value, offset: ir.Value) -> None:
@@ -400,20 +415,16 @@ def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, x0, nbytes):  # ty
             p = loop.index
             at = builder.shl(p, ir.Constant(i64, 6))  # 64 code bytes a pair
             _stream_ahead(builder, cbase, sbase, at)
-            words = builder.load(builder.bitcast(builder.gep(cbase, [at]), ir.VectorType(i16, 32).as_pointer()), align=1)
+            words = builder.load(builder.bitcast(builder.gep(cbase, [at]), ir.VectorType(i16, 32).as_pointer()),
+                                 align=1)
             word = builder.load(builder.bitcast(builder.gep(sbase, [builder.shl(p, ir.Constant(i64, 2))]),
                                                 i32.as_pointer()), align=1)  # the pair's 4 E8M0 bytes
-            e = builder.and_(builder.lshr(builder.shuffle_vector(builder.insert_element(
-                ir.Constant(ir.VectorType(i32, 16), ir.Undefined), word, ir.Constant(i32, 0)),
-                ir.Constant(ir.VectorType(i32, 16), ir.Undefined), vec(i32, 16, [0] * 16)),
-                vec(i32, 16, [8 * (lane // 4) for lane in range(16)])), vec(i32, 16, [255] * 16))
-            zero_e = builder.icmp_unsigned("==", e, vec(i32, 16, [0] * 16))  # 2^-127: float32's subnormal 2^22 ulp
-            bits = builder.select(zero_e, vec(i32, 16, [1 << 22] * 16), builder.shl(e, vec(i32, 16, [23] * 16)))
-            scale = builder.bitcast(bits, ir.VectorType(f32, 16))  # = lut[e] for every e, 255 (inf) too
+            scale = _block_scales(builder, word, ir.VectorType(f32, 16), 4)  # = lut[e] for every e, 255 (inf) too
             xrow = builder.gep(xbase, [builder.shl(p, ir.Constant(i64, 7))])  # 128 x values a pair
             builder.store(step(16, words, scale, xrow, builder.load(acc)), acc)
         total = builder.load(acc)
-        halves = [cgutils.alloca_once_value(builder, builder.shuffle_vector(total, total, vec(i32, 8, list(range(k, k + 8)))))
+        halves = [cgutils.alloca_once_value(builder, builder.shuffle_vector(total, total,
+                                                                            vec(i32, 8, list(range(k, k + 8)))))
                   for k in (0, 8)]  # even steps' sums, odd steps'
         last = builder.sub(steps, ir.Constant(i64, 1))
         with builder.if_then(builder.trunc(steps, i1)):  # an odd step count: the last one, a 256-bit step
