@@ -376,7 +376,6 @@ def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, x0, nbytes):  # ty
             return ir.Constant(ir.VectorType(t, n), values)
 
         cbase, sbase = _row_bases(context, builder, signature, args)
-        lut_arr = context.make_array(signature.args[4])(context, builder, args[4])
         xbase = builder.gep(context.make_array(signature.args[5])(context, builder, args[5]).data, [args[6]])
         nbytes = args[7]
         steps = builder.lshr(nbytes, ir.Constant(i64, 5))  # whole 32-byte steps
@@ -401,14 +400,9 @@ def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, x0, nbytes):  # ty
             return builder.call(fma, [partial, scale, acc])
 
         def scale256(c: ir.Value, blocks: int) -> ir.Value:  # lanes 0-3 block 2c's 2^(e - 127), 4-7 block 2c + 1's
-            halves = []
-            for b in range(blocks):
-                e = builder.zext(builder.load(builder.gep(sbase, [builder.add(builder.shl(c, ir.Constant(i64, 1)),
-                                                                              ir.Constant(i64, b))])), i64)
-                one = builder.insert_element(ir.Constant(ir.VectorType(f32, 8), ir.Undefined),
-                                             builder.load(builder.gep(lut_arr.data, [e])), ir.Constant(i32, 0))
-                halves.append(builder.shuffle_vector(one, one, vec(i32, 8, [0] * 8)))
-            return builder.select(vec(i1, 8, [1] * 4 + [0] * 4), *halves) if blocks == 2 else halves[0]
+            word = builder.load(builder.bitcast(builder.gep(sbase, [builder.shl(c, ir.Constant(i64, 1))]),
+                                                ir.IntType(8 * blocks).as_pointer()), align=1)  # its own bytes only
+            return _block_scales(builder, builder.zext(word, i32), ir.VectorType(f32, 8), 8 // blocks)  # 1: all 8
 
         acc = cgutils.alloca_once_value(builder, vec(f32, 16, [0.0] * 16))
         with cgutils.for_range(builder, pairs) as loop:
