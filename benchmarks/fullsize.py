@@ -63,9 +63,9 @@ import resource
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numba
 import numpy as np
@@ -222,18 +222,40 @@ def layer_weight_names(cfg: Any, layer_type: str) -> list[str]:
 
 def timed_experts(plan: Plan, clock: dict[str, float], weights: LayerWeights) -> Plan:
     """The plan with its routed-expert kernels' ops timed: the per-rank op and its all-ranks form (the one
-    the executor calls, ops/experts.py); the expert drawing the streaming does between calls is outside
-    them, and any drawing inside them is taken out."""
-    def wrap(op: Callable[..., Any]) -> Callable[..., Any]:
+    the executor calls, ops/experts.py), into clock["s"] and clock[kernel name]; the expert drawing the
+    streaming does between calls is outside them, and any drawing inside them is taken out."""
+    def wrap(op: Callable[..., Any], name: str) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
             g0, t0 = weights.generate_s, time.perf_counter()
             out = op(*args, **kwargs)
-            clock["s"] += time.perf_counter() - t0 - (weights.generate_s - g0)
+            spent = time.perf_counter() - t0 - (weights.generate_s - g0)
+            clock["s"] += spent
+            clock[name] = clock.get(name, 0.0) + spent
             return out
         if hasattr(op, "over_ranks"):
-            run.over_ranks = wrap(op.over_ranks)  # type: ignore[attr-defined]
+            run.over_ranks = wrap(op.over_ranks, name)  # type: ignore[attr-defined]
         return run
-    return replace(plan, kernels=tuple(replace(k, op=wrap(k.op)) if k.kind == "moe" else k for k in plan.kernels))
+    return replace(plan, kernels=tuple(replace(k, op=wrap(k.op, k.name)) if k.kind == "moe" else k
+                                       for k in plan.kernels))
+
+
+@contextmanager
+def timed_grouped_calls(clock: dict[str, float]) -> Iterator[None]:
+    """`fast.mxfp4_grouped` (the compiled grouped products the expert ops call, ops/linear.grouped_matmul)
+    timed into clock["calls"] while inside: what the ops spend outside it is their Python (permutes, weight
+    tables, work items, GLU, outputs)."""
+    grouped = fast.mxfp4_grouped
+
+    def timed(*args: Any) -> Any:
+        t0 = time.perf_counter()
+        out = grouped(*args)
+        clock["calls"] = clock.get("calls", 0.0) + time.perf_counter() - t0
+        return out
+    fast.mxfp4_grouped = timed
+    try:
+        yield
+    finally:
+        fast.mxfp4_grouped = grouped
 
 
 def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: float, chunk_gb: float,
@@ -261,7 +283,7 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
     wall, rss, errors = {"reference": [time.perf_counter() - t0 - (weights.generate_s - g0)]}, {}, {}
     draw["reference"] = weights.generate_s - g0
     rss["reference"] = peak_rss_gb()
-    copies, reads, kernel_s = [], [], []
+    copies, reads, kernel_s, clocks = [], [], [], []
     for rep in range(repeats):  # the paths interleaved, and a copy measured just before each timed kernel
         for name, build in (("standard", standard.build), ("specialized", specialized.build)):
             step(name, f"{rep + 1}/{repeats}")
@@ -272,12 +294,14 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
                 copies.append(PEAK.leave_out(copy_gbps))
                 reads.append(PEAK.leave_out(read_gbps))
             g0, t0 = weights.generate_s, time.perf_counter()
-            out, new_state, _ = run_plan(plan, d, weights, io, state, prec)
+            with timed_grouped_calls(clock) if name == "specialized" else nullcontext():
+                out, new_state, _ = run_plan(plan, d, weights, io, state, prec)
             wall.setdefault(name, []).append(time.perf_counter() - t0 - (weights.generate_s - g0))
             draw[name] = draw.get(name, 0.0) + weights.generate_s - g0
             rss[name] = peak_rss_gb()
             if name == "specialized":
                 kernel_s.append(clock["s"])
+                clocks.append(clock)
             if rep == 0:  # every repeat computes the same bits
                 found = (_output_errors(out, ref_io, np.ones(d.M, bool), precision)
                          + _state_errors(new_state, ref_state, d, precision))
@@ -311,6 +335,14 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
                 "expert_vs_copy_median": _sig(float(np.median(ratios))),
                 "expert_vs_read": _sig(max(gbps) / max(reads)),
                 "expert_vs_read_median": _sig(float(np.median([g / r for g, r in zip(gbps, reads)])))}
+        best = clocks[int(np.argmin(kernel_s))]  # the best run's split
+        calls = [c.get("calls", 0.0) for c in clocks]
+        if min(calls) > 0:  # the grouped products ran (not where grouped_matmul declines: no AVX-512)
+            doc |= {"expert_op_s": {k: _sig(v) for k, v in best.items() if k not in ("s", "calls")},
+                    "expert_calls_s": _sig(min(calls)), "expert_calls_s_runs": [_sig(c) for c in calls],
+                    "expert_calls_gbps": _sig(nbytes / min(calls) / GB),
+                    "expert_calls_vs_copy": _sig(nbytes / min(calls) / GB / max(copies)),
+                    "expert_calls_vs_read": _sig(nbytes / min(calls) / GB / max(reads))}
     return doc
 
 
@@ -341,6 +373,11 @@ def report(doc: dict[str, Any]) -> str:
         lines.append(f"  a read alone {doc['read_gbps']} GB/s (best of {doc['repeats']}, each just after the copy): "
                      f"the routed experts at {doc['expert_vs_read']} of it (median of the runs "
                      f"{doc['expert_vs_read_median']})")
+    if "expert_calls_s" in doc:
+        ops = ", ".join(f"{k} {v} s" for k, v in doc["expert_op_s"].items())
+        lines.append(f"  the best run by op: {ops}; the compiled grouped products in them (the rest is their "
+                     f"Python), best of {doc['repeats']}: {doc['expert_calls_s']} s = {doc['expert_calls_gbps']} GB/s, "
+                     f"{doc['expert_calls_vs_copy']} of the copy, {doc['expert_calls_vs_read']} of a read alone")
     lines.append(f"  peak RSS {doc['peak_rss_gb']} GB; specialized {doc['specialized_vs_standard']}x as fast as standard")
     return "\n".join(lines)
 

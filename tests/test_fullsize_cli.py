@@ -50,3 +50,54 @@ def test_fullsize_repeats_pair_each_kernel_run_with_a_copy():
     assert max(doc["max_rel_rms_error"].values()) < 1e-12  # fp64: the fast paths agree with the reference
     if os.access("/proc/self/clear_refs", os.W_OK):  # the copy's and the read's buffers are not the simulation's peak
         assert doc["peak_rss_gb"] < 0.45
+
+
+def _fullsize_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fullsize_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_timed_grouped_calls_times_the_compiled_products_and_puts_them_back():
+    """The split of the expert ops' time: inside `timed_grouped_calls`, every `fast.mxfp4_grouped` call the ops
+    make is timed into clock["calls"] and returns what it would; after the block, even one left by an error,
+    `fast.mxfp4_grouped` is the library's own again."""
+    import numpy as np
+
+    from simulator import fast
+    fullsize = _fullsize_module()
+    calls, original = [], fast.mxfp4_grouped
+
+    def stand_in(*args):
+        calls.append(args)
+        return "y"
+    fast.mxfp4_grouped = stand_in
+    try:
+        clock = {}
+        with fullsize.timed_grouped_calls(clock):
+            assert fast.mxfp4_grouped is not stand_in
+            assert fast.mxfp4_grouped(1, 2) == "y" and fast.mxfp4_grouped(3) == "y"
+        assert calls == [(1, 2), (3,)] and clock["calls"] > 0 and fast.mxfp4_grouped is stand_in
+        with pytest.raises(ZeroDivisionError):
+            with fullsize.timed_grouped_calls(clock):
+                1 / 0
+        assert fast.mxfp4_grouped is stand_in
+    finally:
+        fast.mxfp4_grouped = original
+    assert np.isfinite(clock["calls"])
+
+
+def test_fullsize_report_prints_the_products_apart_from_their_python():
+    """The text report names each op's time and the compiled products' figures with their conditions."""
+    fullsize = _fullsize_module()
+    run = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny-k3", "--tp", "2", "--repeats", "1", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    doc = json.loads(run.stdout)
+    doc |= {"expert_op_s": {"moe_fc1": 0.014, "moe_fc2": 0.013}, "expert_calls_s": 0.0227, "expert_calls_gbps": 12.4,
+            "expert_calls_vs_copy": 0.322, "expert_calls_vs_read": 0.621}
+    text = fullsize.report(doc)
+    line = next(x for x in text.splitlines() if "grouped products" in x)
+    for figure in ("moe_fc1 0.014 s", "moe_fc2 0.013 s", "0.0227 s", "12.4 GB/s", "0.322 of the copy", "0.621 of a read"):
+        assert figure in line, (figure, line)
