@@ -390,11 +390,14 @@ def prefetch(addr: int) -> None:
     nothing; compiled kernels run `numba_ext.prefetch_llvm`."""
 
 
-STREAM_AHEAD = 2048  # bytes ahead of an AVX-512 dot's current code line that it asks the cache for (and the
+STREAM_AHEAD = 4096  # bytes ahead of an AVX-512 dot's current code line that it asks the cache for (and the
 # scales' line there): on the Xeon of 2026-12-01 the hardware prefetcher alone left the stream short of lines.
 # A C model of the float64 dot from DRAM on 2 cores: 10.0 -> 12.3 GB/s (1 KB ahead less, 2-8 KB the same); the
 # layer at batch 1, three turns each against the build without it (routed experts, best of 2 runs a turn):
-# bf16 median 7.5 -> 8.8 GB/s, best 7.6 -> 9.1; fp64 median 5.4 -> 6.4, best 6.4 -> 6.8
+# bf16 median 7.5 -> 8.8 GB/s, best 7.6 -> 9.1; fp64 median 5.4 -> 6.4, best 6.4 -> 6.8. 2 KB until the
+# evening of 2026-12-01: rows of 7,168 weights streamed from DRAM (645 MB, 2 threads, 5 turns) read best
+# 16.4 / 17.0 / 16.4 GB/s at 2 / 4 / 8 KB (medians 13.7 / 15.3 / 15.0), and the layer (benchmarks/ab.py, 4
+# turns): fp64 1.07x (median) / 1.10x (best), bf16 1.11x / 1.27x in one run and 0.97x / 1.07x in the next
 
 
 def has_avx512() -> bool:
