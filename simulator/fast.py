@@ -780,45 +780,68 @@ def _bf16_rows(bits, out, r0, r1):  # type: ignore[no-untyped-def]
 
 
 def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16]) -> Array:
-    """y = x @ W for W [K, N] held as bfloat16 bits (any strides: a column shard is a strided view), in
+    """y = x @ W for W [K, N] held as bfloat16 bits (rows of any stride: a column shard is a strided view), in
     x's dtype.   [M, K] -> [M, N]
 
     Reads 2 B per weight once; the widen-then-GEMM form writes and re-reads 4 (float32) or 8 (float64).
-    Each thread owns a tile of BF16_TILE output columns: for every k it widens W[k, tile] (the top half of
-    a float32) and adds x[:, k] times it into the [M, tile] accumulators, so y sums over k in order."""
+    The threads split the columns evenly (in 32-column units); each takes its columns BF16_TILE at a time:
+    for every k it widens W[k, tile] (the top half of a float32) and adds x[:, k] times it into the
+    [M, tile] accumulators, so y sums over k in order, however the columns are split.
+
+    A decode projection's shard is K rows of a few hundred bytes each, one row stride (a whole weight's row,
+    12-48 KB) apart: every row is in a page of its own, where the hardware prefetchers do not follow, so each
+    row's lines were waited for in turn. And a row of a strided view is an 'A'-layout slice, which Numba does
+    not vectorise. The form until 2026-12-01 (512-column tiles on the threads, rows sliced from the view) read
+    1-2.9 GB/s at batch 1 on that day's Xeon. Each row is now read through its address (a contiguous array:
+    vectorised; 2-7 GB/s), and the row BF16_AHEAD bytes of rows ahead is asked for while this one is
+    multiplied: 6-12 GB/s (medians, benchmarks/bf16_gemv.py). Same bits as before: the same loop body."""
     x = np.ascontiguousarray(x)
+    if bits.strides[1] != 2 or bits.strides[0] < 0:  # not rows of contiguous columns: make them so (rare)
+        bits = np.ascontiguousarray(bits)
     out = np.empty((x.shape[0], bits.shape[1]), x.dtype)
-    tiles = -(-bits.shape[1] // BF16_TILE)
-    if bits.shape[0] * bits.shape[1] * 2 < PARALLEL_BYTES or tiles == 1:
-        _bf16_matmul_tiles(x, bits, out, 0, tiles)
+    chunks = min(threads(), -(-bits.shape[1] // 32))
+    if bits.shape[0] * bits.shape[1] * 2 < BF16_PARALLEL_BYTES or chunks == 1:
+        _bf16_matmul_cols(x, bits, out, 0, bits.shape[1], BF16_AHEAD)
     else:
-        _bf16_matmul_parallel(x, bits, out, min(tiles, 4 * threads()))
+        _bf16_matmul_parallel(x, bits, out, chunks, BF16_AHEAD)
     return out
 
 
 BF16_TILE = 512  # output columns per tile: [M, 512] float64 accumulators are 4 KB a token row
+BF16_AHEAD = 4096  # bytes of rows ahead of the current one that the bf16 GEMM asks the cache for: at 2, 4 and
+# 8 KB the shards of benchmarks/bf16_gemv.py read 6-12 GB/s (medians; 4 KB best or within noise of it), without
+# 2-7 (Xeon, 2026-12-01)
+BF16_PARALLEL_BYTES = 512 << 10  # smaller weights run on one thread (at ~10 GB/s, 50 us: a pool wake-up's order)
 
 
 @njit(parallel=True, cache=True)
-def _bf16_matmul_parallel(x, bits, out, chunks):  # type: ignore[no-untyped-def]
-    tiles = -(-bits.shape[1] // BF16_TILE)
+def _bf16_matmul_parallel(x, bits, out, chunks, ahead):  # type: ignore[no-untyped-def]
+    n = bits.shape[1]
+    units = -(-n // 32)
     for c in prange(chunks):
-        _bf16_matmul_tiles(x, bits, out, c * tiles // chunks, (c + 1) * tiles // chunks)
+        c0, c1 = min(n, 32 * (c * units // chunks)), min(n, 32 * ((c + 1) * units // chunks))
+        _bf16_matmul_cols(x, bits, out, c0, c1, ahead)
 
 
 @njit(cache=True, fastmath=FAST)
-def _bf16_matmul_tiles(x, bits, out, t0, t1):  # type: ignore[no-untyped-def]
+def _bf16_matmul_cols(x, bits, out, c0, c1, ahead):  # type: ignore[no-untyped-def]
+    """Columns c0 .. c1 - 1 of y = x @ W, BF16_TILE at a time (bits' columns contiguous), asking for the row
+    `ahead` bytes of rows on (at least 2 rows; none for ahead = 0)."""
     M, K = x.shape
-    N = bits.shape[1]
     w_bits = np.empty(BF16_TILE, np.uint32)
     w = w_bits.view(np.float32)
     acc = np.empty((M, BF16_TILE), x.dtype)
-    for t in range(t0, t1):
-        n0 = t * BF16_TILE
-        width = min(BF16_TILE, N - n0)
+    base, stride = bits.ctypes.data, bits.strides[0]
+    for n0 in range(c0, c1, BF16_TILE):
+        width = min(BF16_TILE, c1 - n0)
+        rows = max(2, ahead // (2 * width)) if ahead > 0 else K
         acc[:] = 0
         for k in range(K):
-            src = bits[k, n0:n0 + width]
+            if k + rows < K:
+                line = base + (k + rows) * stride + 2 * n0
+                for b in range(0, 2 * width + 64, 64):  # the row's lines, the last one partly
+                    prefetch(line + b)
+            src = packed_at(base + k * stride + 2 * n0, 2 * width).view(np.uint16)
             for j in range(width):
                 w_bits[j] = np.uint32(src[j]) << 16
             for m in range(M):

@@ -236,12 +236,13 @@ def test_bf16_matmul_matches_widened_gemm(m, k, n, dtype):
     got = fast.bf16_matmul(x, bits)
     assert got.shape == (m, n) and got.dtype == dtype
     assert_close(got, ref, dtype)
-    tiles = -(-n // fast.BF16_TILE)
-    py, parallel = np.empty_like(got), np.empty_like(got)
-    fast._bf16_matmul_tiles.py_func(x, bits, py, 0, tiles)
-    fast._bf16_matmul_parallel(x, bits, parallel, 2)
+    py, one, parallel = np.empty_like(got), np.empty_like(got), np.empty_like(got)
+    fast._bf16_matmul_cols.py_func(x, bits, py, 0, n, fast.BF16_AHEAD)
+    fast._bf16_matmul_cols(x, bits, one, 0, n, 0)  # no prefetch
+    fast._bf16_matmul_parallel(x, bits, parallel, 3, 64)  # three column ranges, not on 512-column tiles
     assert_close(py, ref, dtype)
-    assert_close(parallel, ref, dtype)
+    np.testing.assert_array_equal(parallel, one)  # each y[m, n] sums over k in order, however split or asked for
+    np.testing.assert_array_equal(got, one)
     held = BF16Weight((bits[:, :n // 3], bits[:, n // 3:]), np.dtype(dtype))  # two packed blocks, as the executor
     # hands a packed projection: skinny x reads the bits, wide x widens
     assert_close(x @ held, ref, dtype)

@@ -101,3 +101,10 @@ def test_fullsize_report_prints_the_products_apart_from_their_python():
     line = next(x for x in text.splitlines() if "grouped products" in x)
     for figure in ("moe_fc1 0.014 s", "moe_fc2 0.013 s", "0.0227 s", "12.4 GB/s", "0.322 of the copy", "0.621 of a read"):
         assert figure in line, (figure, line)
+
+
+def test_bf16_gemv_benchmark_refuses_bad_rounds():
+    script = SCRIPT.parent / "bf16_gemv.py"
+    run = subprocess.run([sys.executable, str(script), "--rounds", "0"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "--rounds" in run.stderr and "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and run.stdout == ""
