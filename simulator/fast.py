@@ -793,8 +793,8 @@ def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16]) -> Array:
     row's lines were waited for in turn. And a row of a strided view is an 'A'-layout slice, which Numba does
     not vectorise. The form until 2026-12-01 (512-column tiles on the threads, rows sliced from the view) read
     1-2.9 GB/s at batch 1 on that day's Xeon. Each row is now read through its address (a contiguous array:
-    vectorised; 2-7 GB/s), and the row BF16_AHEAD bytes of rows ahead is asked for while this one is
-    multiplied: 6-12 GB/s (medians, benchmarks/bf16_gemv.py). Same bits as before: the same loop body."""
+    vectorised; 1.8-7.4 GB/s), and the row BF16_AHEAD bytes of rows ahead is asked for while this one is
+    multiplied: 5.7-12.4 GB/s (medians, benchmarks/bf16_gemv.py). Same bits as before: the same loop body."""
     x = np.ascontiguousarray(x)
     if bits.strides[1] != 2 or bits.strides[0] < 0:  # not rows of contiguous columns: make them so (rare)
         bits = np.ascontiguousarray(bits)
@@ -809,8 +809,8 @@ def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16]) -> Array:
 
 BF16_TILE = 512  # output columns per tile: [M, 512] float64 accumulators are 4 KB a token row
 BF16_AHEAD = 4096  # bytes of rows ahead of the current one that the bf16 GEMM asks the cache for: at 2, 4 and
-# 8 KB the shards of benchmarks/bf16_gemv.py read 6-12 GB/s (medians; 4 KB best or within noise of it), without
-# 2-7 (Xeon, 2026-12-01)
+# 8 KB the shards of benchmarks/bf16_gemv.py read 5.7-12.4 GB/s (medians; 4 KB best or within noise of it),
+# without 1.8-7.4 (Xeon, 2026-12-01)
 BF16_PARALLEL_BYTES = 512 << 10  # smaller weights run on one thread (at ~10 GB/s, 50 us: a pool wake-up's order)
 
 
