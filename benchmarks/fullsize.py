@@ -191,11 +191,12 @@ def compile_kernels(layer: str, precision: str) -> dict[str, Any]:
 
 
 def warm_parallel_forms(precision: str) -> None:
-    """The two kernels whose parallel form only large weights reach (the tiny model has one 512-column tile
-    per bf16 weight and no expert shard of whole 32-blocks), called once on small arrays of the types and
-    layouts the full size passes, so that their compile or cache load lands here and not in a timed path
-    (it took 3-4 s of the standard path's first run): the bf16 GEMM on a whole and on a column-sliced
-    weight, and the grouped MXFP4 product at the precision's activations (bf16: bfloat16 values)."""
+    """The two kernels whose parallel form only large weights reach (the tiny model's bf16 weights are below
+    `fast.BF16_PARALLEL_BYTES`, and it has no expert shard of whole 32-blocks), called once on small arrays of
+    the types and layouts the full size passes, with the size thresholds at 0, so that their compile or cache
+    load lands here and not in a timed path (it took 3-9 s of the standard path's first run): the bf16 GEMM
+    on a whole and on a column-sliced weight, and the grouped MXFP4 product at the precision's activations
+    (bf16: bfloat16 values)."""
     from simulator.dtypes import round_bf16
     from simulator.ops.linear import MXFP4Weight, grouped_matmul
     dtype = np.float64 if precision == "fp64" else np.float32
@@ -204,14 +205,14 @@ def warm_parallel_forms(precision: str) -> None:
     x = round_bf16(x) if precision == "bf16" else x
     bits = rng.integers(0, 1 << 14, (64, 3 * fast.BF16_TILE), dtype=np.uint16)
     w = MXFP4Weight(*fast.mxfp4_quantize_t(rng.standard_normal((64, 64), dtype=np.float32)))
-    parallel_from = fast.PARALLEL_BYTES
-    fast.PARALLEL_BYTES = 0
+    thresholds = fast.PARALLEL_BYTES, fast.BF16_PARALLEL_BYTES
+    fast.PARALLEL_BYTES = fast.BF16_PARALLEL_BYTES = 0
     try:
         fast.bf16_matmul(x, bits)
         fast.bf16_matmul(x, bits[:, :2 * fast.BF16_TILE])
         grouped_matmul([x], [(np.arange(2), (w,))])
     finally:
-        fast.PARALLEL_BYTES = parallel_from
+        fast.PARALLEL_BYTES, fast.BF16_PARALLEL_BYTES = thresholds
 
 
 def layer_weight_names(cfg: Any, layer_type: str) -> list[str]:

@@ -108,3 +108,29 @@ def test_bf16_gemv_benchmark_refuses_bad_rounds():
     run = subprocess.run([sys.executable, str(script), "--rounds", "0"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "--rounds" in run.stderr and "Traceback" not in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1 and run.stdout == ""
+
+
+@pytest.mark.parametrize("precision, dtype", [("fp64", "float64"), ("bf16", "float32")])
+def test_warm_parallel_forms_calls_what_the_full_size_calls(monkeypatch, precision, dtype):
+    """Before any timed path, the full-size run's parallel kernels are called with the types the full size
+    passes, so that their compile lands there: the bf16 GEMM's on a whole and on a column-sliced weight, and
+    the grouped MXFP4 product's, at the precision's x dtype. (A size threshold the warm-up did not lower once
+    let the standard path's first run compile the GEMM's: 8.9 s.) The thresholds are put back after."""
+    from simulator import fast, jit
+    jit.compile_all()
+    calls = []
+
+    def recording(name, kernel):
+        def call(*args):
+            calls.append((name, str(args[0].dtype), args[1].flags.c_contiguous))
+            return kernel(*args)
+        return call
+    monkeypatch.setattr(fast, "_bf16_matmul_parallel", recording("gemm", fast._bf16_matmul_parallel))
+    monkeypatch.setattr(fast, "_mxfp4_grouped_parallel", recording("grouped", fast._mxfp4_grouped_parallel))
+    thresholds = fast.PARALLEL_BYTES, fast.BF16_PARALLEL_BYTES
+    _fullsize_module().warm_parallel_forms(precision)
+    assert {("gemm", dtype, True), ("gemm", dtype, False)} <= set(calls)  # whole, and a column slice
+    if fast.has_avx512():  # elsewhere grouped_matmul declines and the plans multiply shard by shard
+        x = "uint16" if precision == "bf16" and fast.has_bf16_dot() else dtype
+        assert ("grouped", x, True) in calls
+    assert (fast.PARALLEL_BYTES, fast.BF16_PARALLEL_BYTES) == thresholds
