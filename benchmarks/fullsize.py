@@ -37,6 +37,10 @@ What it measures, in one process:
   computes. STREAM's copy counts the bytes written too, and how that compares with a read depends on the
   machine: on Zen 4 half the copy was about half a read, on the Xeon of 2026-12-01 it is 0.8-0.9 of one
   (a C loop of 512-bit loads read 22-24 GB/s on 2 threads while a memcpy counted 35-37, this copy 39-46);
+- expert_op_s, the best run's time per routed-expert op (FC1 with its activation; FC2 with the finalize), and
+  expert_calls_s, the compiled grouped products inside them (`fast.mxfp4_grouped`, best of the runs) with
+  their GB/s and ratios to the copy and the read (`expert_calls_gbps`, `_vs_copy`, `_vs_read`): the rest of
+  the ops' time is their Python (permutes, weight tables, the GLU, the outputs);
 - max_rel_rms_error of both plans against the reference, so that a fast wrong answer cannot pass;
 - `cpu`, the CPU's model name: the development VM has changed under this benchmark three times (Ice Lake,
   Zen 4, a Xeon of the Sapphire / Emerald Rapids class: family 6 model 207), and its figures with it.
