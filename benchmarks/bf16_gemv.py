@@ -4,10 +4,11 @@
 
 At batch 1 the plans' dense projections are x [1, K] @ W_r for each simulated rank r's shard of a bf16
 weight W [K, N] held once: a column shard is a strided view, K rows of 2 N/16 bytes, one whole row
-(2 N bytes: 7-48 KB) apart, so every row sits in a page of its own. Each figure is GB/s of bf16 bytes
+(2 N bytes: 7-24 KB here) apart, so every row sits in a page of its own. Each figure is GB/s of bf16 bytes
 read (the shard's K x N x 2), the median (and best) over N rounds of the 16 ranks' calls in turn, for
-`fast.BF16_AHEAD` = 0 (no software prefetch: the form until 2026-12-01 read 1-2.9 GB/s here), 2, 4 and 8 KB,
-next to the STREAM copy and a read alone of benchmarks/fullsize.py measured in the same process.
+`fast.bf16_matmul`'s `ahead` = 0 (no software prefetch), 2, 4 (its default, `fast.BF16_AHEAD`) and 8 KB,
+next to the STREAM copy and a read alone of benchmarks/fullsize.py measured in the same process. (The form
+before 2026-12-01, rows sliced from the view, read these shards at 0.7-2.2 GB/s in the layer.)
 
 The shapes are those a K3 KDA + MoE layer's plans multiply at TP16 (benchmarks/fullsize.py at batch 1,
 counted by shape): column shards [7168, 768] of [7168, 12288], [7168, 384] of [7168, 6144], [7168, 224]
@@ -45,17 +46,6 @@ def shard(whole: np.ndarray, how: str, r: int) -> np.ndarray:
     return whole[:, r * n // TP:(r + 1) * n // TP] if how == "col" else whole[r * k // TP:(r + 1) * k // TP]
 
 
-def call(x: np.ndarray, bits: np.ndarray, ahead: int) -> np.ndarray:
-    """`fast.bf16_matmul` with the prefetch distance given (same split into threads)."""
-    out = np.empty((x.shape[0], bits.shape[1]), x.dtype)
-    chunks = min(jit.threads(), -(-bits.shape[1] // 32))
-    if bits.size * 2 < fast.BF16_PARALLEL_BYTES or chunks == 1:
-        fast._bf16_matmul_cols(x, bits, out, 0, bits.shape[1], ahead)
-    else:
-        fast._bf16_matmul_parallel(x, bits, out, chunks, ahead)
-    return out
-
-
 def measure(dtype: type, rounds: int) -> dict[str, dict[str, float]]:
     rng = np.random.default_rng(0)
     doc: dict[str, dict[str, float]] = {}
@@ -65,14 +55,14 @@ def measure(dtype: type, rounds: int) -> dict[str, dict[str, float]]:
         x = rng.standard_normal((1, shard(bits, how, 0).shape[0])).astype(dtype)
         want = fast.bf16_matmul(x, shard(bits, how, 0))  # compiles; every distance gives these bits
         for ahead in AHEAD:
-            assert np.array_equal(call(x, shard(bits, how, 0), ahead), want)
+            assert np.array_equal(fast.bf16_matmul(x, shard(bits, how, 0), ahead), want)
         rates: dict[int, list[float]] = {a: [] for a in AHEAD}
         for _ in range(rounds):
             for ahead in AHEAD:  # in turns, so that every distance sees the same spells of this VM
                 for r in range(TP):
                     s = shard(bits, how, r)
                     t0 = time.perf_counter()
-                    call(x, s, ahead)
+                    fast.bf16_matmul(x, s, ahead)
                     rates[ahead].append(s.size * 2 / (time.perf_counter() - t0) / 1e9)
         for ahead, v in rates.items():
             doc.setdefault(name, {})[f"ahead_{ahead}_gbps"] = round(float(np.median(v)), 2)

@@ -779,7 +779,7 @@ def _bf16_rows(bits, out, r0, r1):  # type: ignore[no-untyped-def]
             out[r, c] = row_f32[c]
 
 
-def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16]) -> Array:
+def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16], ahead: int | None = None) -> Array:
     """y = x @ W for W [K, N] held as bfloat16 bits (rows of any stride: a column shard is a strided view), in
     x's dtype.   [M, K] -> [M, N]
 
@@ -789,29 +789,34 @@ def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16]) -> Array:
     [M, tile] accumulators, so y sums over k in order, however the columns are split.
 
     A decode projection's shard is K rows of a few hundred bytes each, one row stride (a whole weight's row,
-    12-48 KB) apart: every row is in a page of its own, where the hardware prefetchers do not follow, so each
-    row's lines were waited for in turn. And a row of a strided view is an 'A'-layout slice, which Numba does
-    not vectorise. The form until 2026-12-01 (512-column tiles on the threads, rows sliced from the view) read
-    1-2.9 GB/s at batch 1 on that day's Xeon. Each row is now read through its address (a contiguous array:
-    vectorised; 1.8-7.4 GB/s), and the row BF16_AHEAD bytes of rows ahead is asked for while this one is
-    multiplied: 5.7-12.4 GB/s (medians, benchmarks/bf16_gemv.py). Same bits as before: the same loop body."""
+    7-24 KB for K3) apart: every row is in a page of its own, where the hardware prefetchers do not follow, so
+    each row's lines were waited for in turn. And a row of a strided view is an 'A'-layout slice, which Numba
+    does not vectorise. The form until 2026-12-01 (512-column tiles on the threads, rows sliced from the view)
+    read these shards at 0.7-2.2 GB/s in the batch-1 layer on that day's Xeon. Each row is now read through
+    its address (a contiguous array: vectorised), and the row `ahead` bytes of rows on (BF16_AHEAD unless
+    given; 0: none) is asked for while this one is multiplied: 5.6-19 GB/s (medians over shapes and runs;
+    1.8-8.6 without the prefetch, benchmarks/bf16_gemv.py). Same bits as before: the same loop body."""
+    if x.ndim != 2 or bits.ndim != 2 or x.shape[1] != bits.shape[0]:  # the rows are read by address: no bounds
+        raise ValueError(f"bf16_matmul: x {x.shape} and W {bits.shape} do not multiply")
+    ahead = BF16_AHEAD if ahead is None else ahead
     x = np.ascontiguousarray(x)
     if bits.strides[1] != 2 or bits.strides[0] < 0:  # not rows of contiguous columns: make them so (rare)
         bits = np.ascontiguousarray(bits)
     out = np.empty((x.shape[0], bits.shape[1]), x.dtype)
     chunks = min(threads(), -(-bits.shape[1] // 32))
     if bits.shape[0] * bits.shape[1] * 2 < BF16_PARALLEL_BYTES or chunks == 1:
-        _bf16_matmul_cols(x, bits, out, 0, bits.shape[1], BF16_AHEAD)
+        _bf16_matmul_cols(x, bits, out, 0, bits.shape[1], ahead)
     else:
-        _bf16_matmul_parallel(x, bits, out, chunks, BF16_AHEAD)
+        _bf16_matmul_parallel(x, bits, out, chunks, ahead)
     return out
 
 
 BF16_TILE = 512  # output columns per tile: [M, 512] float64 accumulators are 4 KB a token row
 BF16_AHEAD = 4096  # bytes of rows ahead of the current one that the bf16 GEMM asks the cache for: at 2, 4 and
-# 8 KB the shards of benchmarks/bf16_gemv.py read 5.7-12.4 GB/s (medians; 4 KB best or within noise of it),
-# without 1.8-7.4 (Xeon, 2026-12-01)
-BF16_PARALLEL_BYTES = 512 << 10  # smaller weights run on one thread (at ~10 GB/s, 50 us: a pool wake-up's order)
+# 8 KB the shards of benchmarks/bf16_gemv.py read 5.6-19 GB/s (medians, three runs; 4 KB best or within noise),
+# without 1.8-8.6 (Xeon, 2026-12-01)
+BF16_PARALLEL_BYTES = 512 << 10  # smaller weights run on one thread: two gained 1.07-1.11x at 128-448 KB and
+# 1.19-1.51x from 896 KB (K3-like shards [K, 32-256], medians of 5 turns, Xeon, 2026-12-01)
 
 
 @njit(parallel=True, cache=True)

@@ -226,8 +226,10 @@ def test_backend_switch(monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
 @pytest.mark.parametrize("m, k, n", [(1, 7, 5), (3, 64, 600), (40, 33, 1100)], ids=["M1-K7-N5", "M3-K64-N600", "M40-K33-N1100"])
-def test_bf16_matmul_matches_widened_gemm(m, k, n, dtype):
-    """Reading bf16 bits (a strided column shard, several 512-wide tiles) == widen then GEMM."""
+def test_bf16_matmul_matches_widened_gemm(m, k, n, dtype, monkeypatch):
+    """Reading bf16 bits (a strided column shard, several 512-wide tiles) == widen then GEMM; one thread, the
+    threads' split and no prefetch give the same bits; a view whose columns are not adjacent is copied first,
+    and shapes that do not multiply are refused (the rows are read by address)."""
     rng = np.random.default_rng(m + k + n)
     w = rng.standard_normal((k, 2 * n)).astype(ml_dtypes.bfloat16)
     bits = w.view(np.uint16)[:, n // 2:n // 2 + n]  # [K, N], row stride 2N
@@ -243,6 +245,12 @@ def test_bf16_matmul_matches_widened_gemm(m, k, n, dtype):
     assert_close(py, ref, dtype)
     np.testing.assert_array_equal(parallel, one)  # each y[m, n] sums over k in order, however split or asked for
     np.testing.assert_array_equal(got, one)
+    monkeypatch.setattr(fast, "BF16_PARALLEL_BYTES", 0)  # bf16_matmul's own dispatch to the threads
+    np.testing.assert_array_equal(fast.bf16_matmul(x, bits), one)
+    every_other = w.view(np.uint16)[:, n // 2:n // 2 + 2 * n:2]  # columns 4 bytes apart: copied, then read
+    assert_close(fast.bf16_matmul(x, every_other), x @ w[:, n // 2:n // 2 + 2 * n:2].astype(dtype), dtype)
+    with pytest.raises(ValueError, match="do not multiply"):  # rows are read by address: never past W
+        fast.bf16_matmul(x[:, :-1], bits)
     held = BF16Weight((bits[:, :n // 3], bits[:, n // 3:]), np.dtype(dtype))  # two packed blocks, as the executor
     # hands a packed projection: skinny x reads the bits, wide x widens
     assert_close(x @ held, ref, dtype)
