@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fullsize import copy_gbps, read_gbps  # noqa: E402
 
 from simulator import fast, jit  # noqa: E402
+from simulator.weights import column_shard, row_shard  # noqa: E402
 
 TP = 16
 SHAPES = {"col 7168x768 of 12288": (7168, 12288, "col"), "col 7168x384 of 6144": (7168, 6144, "col"),
@@ -42,8 +43,8 @@ AHEAD = (0, 2048, 4096, 8192)
 
 
 def shard(whole: np.ndarray, how: str, r: int) -> np.ndarray:
-    k, n = whole.shape
-    return whole[:, r * n // TP:(r + 1) * n // TP] if how == "col" else whole[r * k // TP:(r + 1) * k // TP]
+    """Rank r's TP16 shard of a whole weight, the view the plans multiply (`weights.column_shard` / `row_shard`)."""
+    return (column_shard if how == "col" else row_shard)(whole, r, TP)
 
 
 def measure(dtype: type, rounds: int) -> dict[str, dict[str, float]]:

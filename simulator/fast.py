@@ -784,7 +784,7 @@ def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16], ahead: int | None = None
     x's dtype.   [M, K] -> [M, N]
 
     Reads 2 B per weight once; the widen-then-GEMM form writes and re-reads 4 (float32) or 8 (float64).
-    The threads split the columns evenly (in 32-column units); each takes its columns BF16_TILE at a time:
+    The threads split the columns evenly (in BF16_SPLIT-column units); each takes its columns BF16_TILE at a time:
     for every k it widens W[k, tile] (the top half of a float32) and adds x[:, k] times it into the
     [M, tile] accumulators, so y sums over k in order, however the columns are split.
 
@@ -803,7 +803,7 @@ def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16], ahead: int | None = None
     if bits.strides[1] != 2 or bits.strides[0] < 0:  # not rows of contiguous columns: make them so (rare)
         bits = np.ascontiguousarray(bits)
     out = np.empty((x.shape[0], bits.shape[1]), x.dtype)
-    chunks = min(threads(), -(-bits.shape[1] // 32))
+    chunks = min(threads(), -(-bits.shape[1] // BF16_SPLIT))
     if bits.shape[0] * bits.shape[1] * 2 < BF16_PARALLEL_BYTES or chunks == 1:
         _bf16_matmul_cols(x, bits, out, 0, bits.shape[1], ahead)
     else:
@@ -812,6 +812,7 @@ def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16], ahead: int | None = None
 
 
 BF16_TILE = 512  # output columns per tile: [M, 512] float64 accumulators are 4 KB a token row
+BF16_SPLIT = 32  # the threads' column ranges are multiples of this many columns: 64 bytes of a bf16 row
 BF16_AHEAD = 4096  # bytes of rows ahead of the current one that the bf16 GEMM asks the cache for: at 2, 4 and
 # 8 KB the shards of benchmarks/bf16_gemv.py read 5.6-19 GB/s (medians, three runs; 4 KB best or within noise),
 # without 1.8-8.6 (Xeon, 2026-12-01)
@@ -822,9 +823,9 @@ BF16_PARALLEL_BYTES = 512 << 10  # smaller weights run on one thread: two gained
 @njit(parallel=True, cache=True)
 def _bf16_matmul_parallel(x, bits, out, chunks, ahead):  # type: ignore[no-untyped-def]
     n = bits.shape[1]
-    units = -(-n // 32)
+    units = -(-n // BF16_SPLIT)
     for c in prange(chunks):
-        c0, c1 = min(n, 32 * (c * units // chunks)), min(n, 32 * ((c + 1) * units // chunks))
+        c0, c1 = min(n, BF16_SPLIT * (c * units // chunks)), min(n, BF16_SPLIT * ((c + 1) * units // chunks))
         _bf16_matmul_cols(x, bits, out, c0, c1, ahead)
 
 
