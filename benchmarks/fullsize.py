@@ -36,7 +36,9 @@ What it measures, in one process:
   the runs: `expert_vs_read_median`). A kernel that only reads its bytes cannot beat it, whatever it
   computes. STREAM's copy counts the bytes written too, and how that compares with a read depends on the
   machine: on Zen 4 half the copy was about half a read, on the Xeon of 2026-12-01 it is 0.8-0.9 of one
-  (a C loop of 512-bit loads read 22-24 GB/s on 2 threads while a memcpy counted 35-37, this copy 39-46);
+  (a C loop of 512-bit loads read 22-24 GB/s on 2 threads while a memcpy counted 35-37, this copy 39-46),
+  and on two pinned cores of a lent GPU host with the same CPU model half of one again (a copy of 22 GB/s
+  against a read of 22, 2026-12-02): `copy_vs_read`, the best copy over the best read, says which a run had;
 - expert_op_s, the best run's time per routed-expert op (FC1 with its activation; FC2 with the finalize), and
   expert_calls_s, the same run's grouped products inside them (`fast.mxfp4_grouped`: the compiled kernel and
   its few microseconds of Python) with their GB/s and ratios to the best copy and read (`expert_calls_gbps`,
@@ -328,7 +330,8 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
             "expert_cache_gb": cache_gb, "stream_chunk_gb": chunk_gb,
             "max_rel_rms_error": {k: float(f"{v:.3g}") for k, v in errors.items()},
             "copy_gbps": _sig(max(copies)), "copy_gbps_runs": [_sig(c) for c in copies],
-            "read_gbps": _sig(max(reads)), "read_gbps_runs": [_sig(r) for r in reads]}
+            "read_gbps": _sig(max(reads)), "read_gbps_runs": [_sig(r) for r in reads],
+            "copy_vs_read": _sig(max(copies) / max(reads))}
     doc["specialized_vs_standard"] = round(median["standard"] / median["specialized"], 2)
     if len(experts):
         nbytes = 3 * part_bytes * len(experts)
@@ -388,7 +391,8 @@ def report(doc: dict[str, Any]) -> str:
                      f"just before it: {', '.join(f'{r:.2f}' for r in doc['expert_vs_copy_runs'])})")
         lines.append(f"  a read alone {doc['read_gbps']} GB/s (best of {doc['repeats']}, each just after the copy): "
                      f"the routed experts at {doc['expert_vs_read']} of it (median of the runs "
-                     f"{doc['expert_vs_read_median']})")
+                     f"{doc['expert_vs_read_median']}); the copy counts {doc['copy_vs_read']}x a read alone, so half "
+                     f"the copy is {_sig(doc['copy_vs_read'] / 2)} of what a kernel that only reads can reach")
     if "expert_calls_s" in doc:
         ops = ", ".join(f"{k} {v} s" for k, v in doc["expert_op_s"].items())
         lines.append(f"  the best run by op: {ops}; of its {doc['expert_kernel_s']} s the grouped products "

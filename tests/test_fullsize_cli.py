@@ -45,6 +45,7 @@ def test_fullsize_repeats_pair_each_kernel_run_with_a_copy():
     for g, c, r in zip(doc["expert_gbps_runs"], doc["copy_gbps_runs"], doc["expert_vs_copy_runs"]):
         assert r == pytest.approx(g / c, rel=0.02)  # each run's ratio is to its own copy
     assert doc["read_gbps"] == max(doc["read_gbps_runs"])  # the read alone: the same statistic, its own ratios
+    assert doc["copy_vs_read"] == pytest.approx(doc["copy_gbps"] / doc["read_gbps"], rel=0.01)
     assert doc["expert_vs_read"] == pytest.approx(doc["expert_gbps"] / doc["read_gbps"], rel=0.01)
     by_run = [g / r for g, r in zip(doc["expert_gbps_runs"], doc["read_gbps_runs"])]
     assert doc["expert_vs_read_median"] == pytest.approx(statistics.median(by_run), rel=0.02)
@@ -122,6 +123,9 @@ def test_fullsize_report_prints_the_split_with_its_conditions():
     for figure in ("moe_fc1_gate_up_act 0.0143 s", "moe_fc2_down_finalize 0.0135 s", "of its 0.0278 s",
                    "took 0.0227 s = 12.4 GB/s", "0.322 of the copy", "0.622 of a read alone"):
         assert figure in line, (figure, line)
+    doc |= {"expert_gbps": 10.1, "read_gbps": 19.9, "copy_gbps": 38.4, "copy_vs_read": 1.93}
+    line = next(x for x in fullsize.report(doc).splitlines() if "a read alone" in x)
+    assert "the copy counts 1.93x a read alone, so half the copy is 0.965 of what" in line, line
 
 
 def test_bf16_gemv_benchmark_refuses_bad_rounds():
