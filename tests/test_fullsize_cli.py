@@ -92,6 +92,32 @@ def test_timed_grouped_calls_times_the_grouped_products_and_puts_them_back():
     assert fast.mxfp4_grouped is original
 
 
+def test_roofline_kernel_args_replay_the_grouped_call():
+    """mxfp4_roofline.py's `kernel_args`: the arguments grouped_matmul handed `fast.mxfp4_grouped`, which
+    called again give the same product, and the library's own function back in place after (an error too)."""
+    import importlib.util
+
+    import numpy as np
+
+    from simulator import fast
+    from simulator.ops.linear import MXFP4Weight, grouped_matmul
+    if not fast.has_avx512():
+        pytest.skip("grouped_matmul declines without AVX-512: there is no call to capture")
+    spec = importlib.util.spec_from_file_location("roofline_bench", SCRIPT.parent / "mxfp4_roofline.py")
+    roofline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(roofline)
+    original, rng = fast.mxfp4_grouped, np.random.default_rng(1)
+    w = MXFP4Weight(*fast.mxfp4_quantize_t(rng.standard_normal((64, 96), dtype=np.float32)))
+    x = rng.standard_normal((3, 64))
+    want = grouped_matmul([x], [(np.arange(3), (w,))])
+    args = roofline.kernel_args(lambda: grouped_matmul([x], [(np.arange(3), (w,))]))
+    assert fast.mxfp4_grouped is original
+    np.testing.assert_array_equal(fast.mxfp4_grouped(*args), want[0])
+    with pytest.raises(ZeroDivisionError):
+        roofline.kernel_args(lambda: 1 / 0)
+    assert fast.mxfp4_grouped is original
+
+
 def test_expert_split_takes_every_figure_from_the_best_run():
     """The ops' times and the grouped products' come from one run, the one with the least expert time, so that
     they subtract; the products' GB/s is that run's, against the best copy and read; no products, no split."""
