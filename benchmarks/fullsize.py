@@ -72,7 +72,7 @@ import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import numba
 import numpy as np
@@ -248,22 +248,29 @@ def timed_experts(plan: Plan, clock: dict[str, float], weights: LayerWeights) ->
 
 
 @contextmanager
-def timed_grouped_calls(clock: dict[str, float]) -> Iterator[None]:
+def grouped_calls(on_call: Callable[[tuple[Any, ...], float], None]) -> Iterator[None]:
     """`fast.mxfp4_grouped` (the grouped products the expert ops call through ops/linear.grouped_matmul, which
-    looks it up on the module at each call) timed into clock["calls"] while inside; put back after, also on an
-    error."""
+    looks it up on the module at each call) replaced while inside by a wrapper that hands on_call each call's
+    arguments and seconds; put back after, also on an error."""
     grouped = fast.mxfp4_grouped
 
-    def timed(*args: Any) -> Any:
+    def seen(*args: Any) -> Any:
         t0 = time.perf_counter()
         out = grouped(*args)
-        clock["calls"] = clock.get("calls", 0.0) + time.perf_counter() - t0
+        on_call(args, time.perf_counter() - t0)
         return out
-    fast.mxfp4_grouped = timed
+    fast.mxfp4_grouped = seen
     try:
         yield
     finally:
         fast.mxfp4_grouped = grouped
+
+
+def timed_grouped_calls(clock: dict[str, float]) -> ContextManager[None]:
+    """`grouped_calls` adding each call's seconds into clock["calls"]."""
+    def add(args: tuple[Any, ...], seconds: float) -> None:
+        clock["calls"] = clock.get("calls", 0.0) + seconds
+    return grouped_calls(add)
 
 
 def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: float, chunk_gb: float,

@@ -37,7 +37,7 @@ import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fullsize import call_seconds, copy_gbps, read_gbps  # noqa: E402
+from fullsize import call_seconds, copy_gbps, grouped_calls, read_gbps  # noqa: E402
 
 from simulator import fast  # noqa: E402
 
@@ -108,16 +108,9 @@ def kernel_args(call):  # type: ignore[no-untyped-def]
     """The arguments `grouped_matmul` hands `fast.mxfp4_grouped` (permuted x, weight table, work items) in
     call(), captured: timing the compiled call on them leaves out the Python that builds them, which on one
     5.5 MB part is a quarter to half of the time."""
-    seen, real = [], fast.mxfp4_grouped
-
-    def capture(*a):  # type: ignore[no-untyped-def]
-        seen.append(a)
-        return real(*a)
-    fast.mxfp4_grouped = capture
-    try:
+    seen = []
+    with grouped_calls(lambda args, seconds: seen.append(args)):
         call()
-    finally:
-        fast.mxfp4_grouped = real
     return seen[0]
 
 
