@@ -47,7 +47,8 @@ class Rank:
     buf: dict[str, Any] = field(default_factory=dict)
 
 
-GEMM_KINDS = ("gemm", "gemm_collective", "router")  # kernels whose 2-D weights their op only multiplies by
+# kinds whose 2-D weights their op only multiplies by: the fast path may hand them bf16 columns
+MATMUL_ONLY_KINDS = ("gemm", "gemm_collective", "router")
 
 
 class BindingError(AssertionError):
@@ -177,7 +178,7 @@ def _weight(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, 
     for name, _ in parts:
         weight_spec(weights.cfg, name)  # KeyError for a name the specification does not hold
     held = [weights.shard(name, None, shard, rank.r, rank.tp) for name, shard in parts]
-    if kernel.kind in GEMM_KINDS and fast.numba_enabled() and _bf16_columns(held, t.pack_axis):
+    if kernel.kind in MATMUL_ONLY_KINDS and fast.numba_enabled() and _bf16_columns(held, t.pack_axis):
         value = BF16Weight(tuple(h.view(np.uint16) for h in held), np.dtype(prec.dtype))  # x @ W reads the bits
     elif len(held) > 1 or parts[0][1] != "full":
         value = widen(held[0] if len(held) == 1 else _pack(held, t.pack_axis), prec.dtype)

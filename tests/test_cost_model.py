@@ -177,7 +177,7 @@ def test_h200_measured_decode_gemms():
     assert len(rows) == 27 and {r["gpu"] for r in rows} == {"NVIDIA H200"}
     for r in rows:
         k, n, m, measured = int(r["K"]), int(r["N"]), int(r["M"]), float(r["us_per_kernel"])
-        gemm = Kernel("g", "g", "gemm", reads=(Tensor("x", (m, k), "bf16"),), writes=(Tensor("y", (m, n), "bf16"),),
+        gemm = Kernel("g", "g", "gemm", family="gemm", reads=(Tensor("x", (m, k), "bf16"),), writes=(Tensor("y", (m, n), "bf16"),),
                       weights=(Tensor("w", (k, n), "bf16"),), flops=2 * m * k * n)
         cost = price_kernel(gemm, hw)
         predicted = cost.launch_us + cost.duration_us

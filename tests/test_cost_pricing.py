@@ -15,18 +15,18 @@ PROFILES = list_hardware()
 def gemm(m: int, k: int = 7168, n: int = 2112, kind: str = "gemm", math: str = "bf16",
          weight_dtype: str = "bf16", **extra) -> Kernel:
     """y[M, N] = x[M, K] @ w[K, N]: 2 M K N FLOPs; 7168 x 2112 bf16 = 30.3 MB (DeepSeek fused_a)."""
-    return Kernel(f"gemm{m}", "gemm", kind, reads=(Tensor("x", (m, k), "bf16"),),
+    return Kernel(f"gemm{m}", "gemm", kind, family="moe" if kind == "moe" else "gemm", reads=(Tensor("x", (m, k), "bf16"),),
                   writes=(Tensor("y", (m, n), "bf16"),), weights=(Tensor("w", (k, n), weight_dtype),),
                   flops=2 * m * k * n, math=math, **extra)
 
 
 def all_reduce(nbytes: int, ranks: int) -> Kernel:
-    return Kernel("ar", "all_reduce", "collective", collective=Collective("all_reduce", nbytes, ranks))
+    return Kernel("ar", "all_reduce", "collective", family="collective", collective=Collective("all_reduce", nbytes, ranks))
 
 
 def attention(batch: int, context: int = 8192, heads: int = 8) -> Kernel:
     """MLA decode over an FP8 latent cache [B, T, 576]: 2 B H T (576 + 512) FLOPs, B independent caches."""
-    return Kernel("attn", "mla_decode", "attention", reads=(Tensor("kv", (batch, context, 576), "fp8"),),
+    return Kernel("attn", "mla_decode", "attention", family="mla", reads=(Tensor("kv", (batch, context, 576), "fp8"),),
                   writes=(Tensor("o", (batch, heads, 512), "bf16"),),
                   flops=2 * batch * heads * context * (576 + 512))
 
@@ -63,7 +63,7 @@ def test_decode_attention_is_bandwidth_bound_at_any_batch(name: str, batch: int)
 def test_small_kernels_do_not_reach_peak_bandwidth(name: str) -> None:
     hw = load_hardware(name)
     sizes = [64e3, 1e6, 16e6, 256e6, 4e9]
-    achieved = [achievable_bandwidth(s, "pointwise", hw) for s in sizes]
+    achieved = [achievable_bandwidth(s, "small", hw) for s in sizes]
     assert achieved == sorted(achieved)  # grows with size ...
     assert achieved[0] < 0.1 * hw.hbm_bandwidth  # a 64 KB kernel is nowhere near peak
     assert 0.99 * hw.hbm_efficiency * hw.hbm_bandwidth < achieved[-1] < hw.hbm_efficiency * hw.hbm_bandwidth
@@ -110,7 +110,7 @@ def test_fp4_math_runs_at_bf16_rate_on_hopper_and_faster_on_blackwell() -> None:
 def grouped(tokens: int, experts: int, k: int, n: int, top_k: int = 8, dtype: str = "mxfp4") -> Kernel:
     """A grouped GEMM: tokens x top_k rows over `experts` touched experts' [k, n] weights."""
     rows = tokens * top_k
-    return Kernel("fc", "moe_gemm", "moe", reads=(Tensor("x", (tokens, k), "bf16"),),
+    return Kernel("fc", "moe_gemm", "moe", family="moe", reads=(Tensor("x", (tokens, k), "bf16"),),
                   writes=(Tensor("y", (rows, n), "bf16"),), weights=(Tensor("w", (experts, k, n), dtype),),
                   flops=2 * rows * k * n, group_rows=rows, group_tokens=tokens)
 
@@ -182,7 +182,7 @@ def test_kimi_k25_gb200_grouped_gemms_are_reproduced() -> None:
 def test_collective_kinds_must_carry_a_collective() -> None:
     hw = load_hardware("h200")
     with pytest.raises(ValueError, match="lacks a collective"):
-        price_kernel(Kernel("ar", "all_reduce", "collective"), hw)
+        price_kernel(Kernel("ar", "all_reduce", "collective", family="collective"), hw)
     with pytest.raises(ValueError, match="must not carry"):
         price_kernel(gemm(1, collective=Collective("all_reduce", 100, 8)), hw)
 

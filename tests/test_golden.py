@@ -62,7 +62,10 @@ def test_kda_step_matches_golden(form):
 
 
 def test_golden_file_is_what_its_generator_writes():
-    """The committed file and tests/data/make_golden.py agree (regenerate with the script after editing it)."""
+    """The committed file and tests/data/make_golden.py agree (regenerate with the script after editing it).
+    Agree to float64 rounding, not bit for bit: the generator's matrix products round differently with the
+    CPU's BLAS kernels (1 ulp of mla.o between two x86 machines), while an edit of the generator moves values
+    by far more than 1e-12."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("make_golden", Path(__file__).parent / "data" / "make_golden.py")
     module = importlib.util.module_from_spec(spec)
@@ -70,4 +73,4 @@ def test_golden_file_is_what_its_generator_writes():
     fresh = module.golden_arrays()
     assert sorted(fresh) == sorted(G.files)
     for name, value in fresh.items():
-        np.testing.assert_array_equal(G[name], value, err_msg=name)
+        np.testing.assert_allclose(G[name], value, rtol=1e-12, atol=1e-14, err_msg=name)

@@ -13,6 +13,10 @@ from simulator.cost.timeline import Timeline, floor_us, schedule
 from simulator.hardware import list_hardware, load_hardware
 from simulator.plans.kernel import Collective, DecodeShape, Kernel, Plan, Tensor
 
+# the family a test kernel of each kind declares (an attention kernel here is an MLA decode)
+FAMILY_OF_KIND = {"gemm": "gemm", "gemm_collective": "gemm", "moe": "moe", "pointwise": "small", "router": "small",
+                  "attention": "mla", "collective": "collective"}
+
 KINDS = ("gemm", "moe", "attention", "pointwise", "router", "collective", "gemm_collective")
 ONE_TOKEN = 7168 * 2
 
@@ -23,12 +27,13 @@ ALL = 1 << 40  # prefetch every weight byte (the plans' ALL_WEIGHTS)
 def stream_kernel(key: str, mbytes: float, kind: str = "gemm", **extra) -> Kernel:
     """A memory-bound kernel loading `mbytes` MB of bf16 weights (plus a tiny activation)."""
     n = max(1, int(mbytes * 1e6 / 2 / 7168))
-    return Kernel(key, key, kind, reads=(Tensor("x", (1, 7168), "bf16"),), writes=(Tensor("y", (1, n), "bf16"),),
+    return Kernel(key, key, kind, family=FAMILY_OF_KIND[kind], reads=(Tensor("x", (1, 7168), "bf16"),),
+                  writes=(Tensor("y", (1, n), "bf16"),),
                   weights=(Tensor("w", (7168, n), "bf16"),), flops=2 * 7168 * n, **extra)
 
 
 def all_reduce(key: str, nbytes: int = ONE_TOKEN, ranks: int = 8, **extra) -> Kernel:
-    return Kernel(key, "all_reduce", "collective", collective=Collective("all_reduce", nbytes, ranks), **extra)
+    return Kernel(key, "all_reduce", "collective", family="collective", collective=Collective("all_reduce", nbytes, ranks), **extra)
 
 
 def plan(*kernels: Kernel, tp: int = 8) -> Plan:
@@ -155,7 +160,8 @@ def random_plans(draw: st.DrawFn) -> tuple[Plan, str]:
             op = draw(st.sampled_from(("all_reduce", "reduce_scatter", "all_gather")))
             collective = Collective(op, draw(st.integers(0, 4 * 2**20)), draw(st.sampled_from((1, 2, 4, 8))))
         kernels.append(Kernel(
-            f"k{i}", f"k{i}", kind, reads=(Tensor("x", (m, 7168), "bf16"),), writes=(Tensor("y", (m, n), "bf16"),),
+            f"k{i}", f"k{i}", kind, family=FAMILY_OF_KIND[kind], reads=(Tensor("x", (m, 7168), "bf16"),),
+            writes=(Tensor("y", (m, n), "bf16"),),
             weights=weights, flops=2 * m * 7168 * n * draw(st.sampled_from((1, 1, 100))),
             math=draw(st.sampled_from(("bf16", "fp8", "fp4", "fp32"))), stream=stream, deps=deps,
             collective=collective, pdl=draw(st.booleans()),

@@ -12,7 +12,7 @@ from simulator.report.trace import chrome_trace, write_trace
 
 
 def _kernel(key: str, stream: str = "main", **extra) -> Kernel:
-    return Kernel(key, f"name_{key}", "gemm", reads=(Tensor("x", (1, 7168), "bf16"),),
+    return Kernel(key, f"name_{key}", "gemm", family="gemm", reads=(Tensor("x", (1, 7168), "bf16"),),
                   writes=(Tensor("y", (1, 1024), "bf16"),), weights=(Tensor("w", (7168, 1024), "bf16"),),
                   flops=2 * 7168 * 1024, stream=stream, **extra)
 
@@ -20,7 +20,7 @@ def _kernel(key: str, stream: str = "main", **extra) -> Kernel:
 def _timeline(variant: str = "standard") -> Timeline:
     kernels = (
         _kernel("a"),
-        Kernel("ar", "all_reduce", "collective", collective=Collective("all_reduce", 7168 * 2, 8)),
+        Kernel("ar", "all_reduce", "collective", family="collective", collective=Collective("all_reduce", 7168 * 2, 8)),
         _kernel("b", pdl=True, prefetch_bytes=10**7),
         _kernel("s", stream="shared", deps=("a",)),
         _kernel("c", deps=("s",)),

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from simulator.cli import app
 from simulator.cost.validate import FAMILIES, _law, features, fit_group, validate
 from simulator.hardware import load_hardware
+from simulator.hardware import load_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "calibration" / "h200"
@@ -111,19 +112,20 @@ def test_two_regime_fit_finds_the_protocol_switch():
 
 
 def test_features_follow_the_kernel_physics():
-    kda = {"family": "kda", "B": 256, "heads": 12, "T": 8, "variant": "per_token"}
-    f = features(kda, {})
+    hw = load_hardware("h200")
+    kda = {"family": "kda", "model": "kimi-k3", "B": 256, "heads": 12, "T": 8, "variant": "per_token"}
+    f = features(kda, {}, hw)
     writes = 7 * 256 * 12 * 128 * 128 * 4  # seven more states written than the final one
-    assert f["serial"] == math.ceil(256 * 12 / 132) * 8 and f["state_bytes"] == 2 * 256 * 12 * 128 * 128 * 4
+    assert f["serial"] == math.ceil(256 * 12 / hw.sm_count) * 8 and f["state_bytes"] == 2 * 256 * 12 * 128 * 128 * 4
     state = 256 * 12 * 128 * 128 * 4
-    assert f["token_state_bytes"] == writes and f["drain_bytes"] == state + writes - (60 << 20)
+    assert f["token_state_bytes"] == writes and f["drain_bytes"] == state + writes - hw.l2_bytes
     assert f["drain_state_bytes"] == state
-    small = features(kda | {"B": 1}, {})  # 5 MB written: L2 holds it all, nothing drains
+    small = features(kda | {"B": 1}, {}, hw)  # 5 MB written: L2 holds it all, nothing drains
     assert small["drain_bytes"] == 0.0
-    split_v = features(kda | {"impl": "triton_split_v"}, {})  # 16 one-warp programs per head, 8 resident per SM
-    assert split_v["serial"] == math.ceil(256 * 12 * 16 / (132 * 8)) * 8
+    split_v = features(kda | {"impl": "triton_split_v"}, {}, hw)  # 16 one-warp programs per head, 8 resident per SM
+    assert split_v["serial"] == math.ceil(256 * 12 * 16 / (hw.sm_count * 8)) * 8
     mla = {"family": "mla", "B": 1, "S": 32768, "T": 1, "heads": 12}
-    assert features(mla, {})["splits"] >= 132  # a single sequence splits its cache over the SMs
+    assert features(mla, {}, hw)["splits"] >= hw.sm_count  # a single sequence splits its cache over the SMs
 
 
 def test_validate_cli_json_contract(tmp_path):

@@ -68,14 +68,15 @@ def _ceiling(r: dict) -> Kernel:
         return _gemm(r)
     n = r["n_bytes"]
     writes = (_act("dst", n // 2),) if r["variant"] == "copy" else ()
-    return Kernel("ceiling", r["impl"], "pointwise", reads=(_act("src", n // 2),), writes=writes)
+    return Kernel("ceiling", r["impl"], "pointwise", family="small", reads=(_act("src", n // 2),), writes=writes)
 
 
 def _gemm(r: dict) -> Kernel:
     kind = _plan_kind(r) if r["plan_key"] and r["model"] else "gemm"
     out = "fp32" if r["variant"] == "out_fp32" else "bf16"
     M, K, N = r["M"], r["K"], r["N"]
-    return Kernel(r["plan_key"] or "gemm", r["impl"], kind, reads=(_act("x", M, K),), writes=(_act("y", M, N, dtype=out),),
+    return Kernel(r["plan_key"] or "gemm", r["impl"], kind, family="gemm",
+                  reads=(_act("x", M, K),), writes=(_act("y", M, N, dtype=out),),
                   weights=(_act("w", K, N),), flops=2 * M * K * N)
 
 
@@ -98,7 +99,7 @@ def _moe(r: dict) -> Kernel:
 
 def _small(r: dict) -> Kernel:
     if r["variant"] == "launch_floor":
-        return Kernel("empty", "empty_kernel", "pointwise")
+        return Kernel("empty", "empty_kernel", "pointwise", family="small")
     return _plan(r["model"], "standard", r["tp"], r["M"], 1, 512, r["layer"]).kernel(r["plan_key"])
 
 

@@ -8,7 +8,7 @@ written, `Kernel.hbm_bytes`), F its FLOPs, BW peak HBM bandwidth, eta the achiev
                under PDL gap - what the kernel can overlap: all of it for a kernel with its weights (or
                its cache) to load first, pdl_dependent_hidden for one that must wait (launch_gap_us())
     t_fixed  = the kernel family's floor: kernel_fixed for a streaming kernel, floor_reduction / _topk /
-               _finalize / _attention for the others (+ gemm_fixed for gemm, moe, gemm_collective kernels)
+               _finalize / _attention for the others (+ gemm_fixed for the gemm and moe families)
                (+ U x moe_expert for a grouped GEMM over U experts: one group of tiles to schedule each)
     t_mem    = S / (eta BW)                         a grouped MoE GEMM streams like a dense one
     t_math   = F / (eta_c R)                        eta_c: no GEMM runs at the datasheet peak (H200: 0.73)
@@ -47,10 +47,9 @@ from typing import Literal
 
 from simulator.cost.collectives import collective_cost, collective_time_us
 from simulator.hardware import HardwareProfile
-from simulator.plans.kernel import Kernel
+from simulator.plans.kernel import TENSOR_CORE_FAMILIES, Kernel
 
 Bound = Literal["memory", "compute", "latency", "communication"]
-GEMM_KINDS = frozenset({"gemm", "moe", "gemm_collective"})  # pay the tensor-core GEMM fixed cost
 COLLECTIVE_KINDS = frozenset({"collective", "gemm_collective"})
 
 
@@ -118,13 +117,13 @@ def fixed_us(kernel: Kernel, hw: HardwareProfile) -> float:
     kernel_fixed_us, a norm's, a top-k's, a finalize's, a split-KV decode's), plus the tensor-core GEMM
     fixed cost. A collective carries its latency in alpha; one that also computes (an all-gather + top-k
     kernel) pays its compute floor after the exchange."""
-    return _fixed(kernel.kind, kernel.floor, hw)
+    return _fixed(kernel.family, kernel.floor, hw)
 
 
-def _fixed(kind: str, floor: str, hw: HardwareProfile) -> float:
-    if kind == "collective":
+def _fixed(family: str, floor: str, hw: HardwareProfile) -> float:
+    if family == "collective":
         return hw.floor_us(floor) if floor else 0.0
-    return hw.floor_us(floor) + (hw.gemm_fixed_us if kind in GEMM_KINDS else 0.0)
+    return hw.floor_us(floor) + (hw.gemm_fixed_us if family in TENSOR_CORE_FAMILIES else 0.0)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -201,11 +200,11 @@ def launch_gap_us(kernel: Kernel, hw: HardwareProfile) -> float:
     return float(gap) if np.ndim(gap) == 0 else gap  # arrays when the constants are drawn (uncertainty.py)
 
 
-def achievable_bandwidth(nbytes: float, kind: str, hw: HardwareProfile) -> float:
-    """BW_achieved(S) = S / (t_fixed + S / (eta BW)) in B/s for a streaming kernel of `kind`: small
+def achievable_bandwidth(nbytes: float, family: str, hw: HardwareProfile) -> float:
+    """BW_achieved(S) = S / (t_fixed + S / (eta BW)) in B/s for a streaming kernel of `family`: small
     kernels never reach peak."""
     stream = hw.hbm_efficiency * hw.hbm_bandwidth
-    seconds = _fixed(kind, "", hw) * 1e-6 + nbytes / stream
+    seconds = _fixed(family, "", hw) * 1e-6 + nbytes / stream
     return nbytes / seconds if seconds > 0 else 0.0
 
 

@@ -55,10 +55,9 @@ from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.memo import remember
 from simulator.plans import VARIANTS
-from simulator.plans.kernel import Kernel, Plan
+from simulator.plans.kernel import FAMILIES, Kernel, Plan
 
 Array = npt.NDArray[np.float64]
-FAMILIES = ("gemm", "moe", "small", "kda", "mla", "collective")
 RESIDUALS_FILE = Path(__file__).with_name("residuals_h200.json")
 DEFAULT_DRAWS = 400
 DEFAULT_LEVEL = 0.9
@@ -134,21 +133,11 @@ def coverage(res: Residuals, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
 
 
 def kernel_families(kernel: Kernel) -> tuple[str | None, str | None]:
-    """(family of the work phases, family of the collective phase) of a plan kernel, as validate measures them."""
+    """(family of the work phases, family of the collective phase) of a plan kernel: its declared family,
+    and "collective" for its exchange where it has one. A collective kernel's work (a top-k or a norm done
+    after the exchange) takes no work factor: validate measures collectives as exchanges alone."""
     comm = "collective" if kernel.collective is not None else None
-    kind = kernel.kind
-    if kind == "collective":
-        return None, comm
-    if kind in ("gemm", "gemm_collective") or (kind == "router" and kernel.weights):
-        return "gemm", comm
-    if kind == "moe":
-        return "moe", comm
-    if kind == "attention":
-        tag = kernel.key + " " + (getattr(kernel.op, "__name__", "") or "")
-        return ("kda" if "kda" in tag else "mla" if "mla" in tag else None), comm
-    if kind in ("pointwise", "router"):  # a router without weights is the top-k: a small kernel
-        return "small", comm
-    return None, comm  # a kind validate never measured: no residual factor (its constants still vary)
+    return (None if kernel.family == "collective" else kernel.family), comm
 
 
 # ---------------------------------------------------------------------------------------------------

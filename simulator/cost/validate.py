@@ -34,10 +34,11 @@ import numpy as np
 
 from simulator.cost.measured import normalise, price_row
 from simulator.plans.kda_kernels import KDA_BV, KDA_RESIDENT
+from simulator.plans.kernel import FAMILIES as KERNEL_FAMILIES
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 
-FAMILIES = ("ceiling", "gemm", "moe", "small", "kda", "mla", "collective")
+FAMILIES = ("ceiling",) + KERNEL_FAMILIES  # the plans' kernel families, and the suite's bandwidth ceilings
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -99,13 +100,8 @@ def wire_bytes(row: Mapping[str, Any], algorithm: str) -> float:
         algorithm, 2 * (p - 1) / p * n)
 
 
-SM_COUNT = 132  # H200; the suite's kernels size their grids with it (benchmarks/gpu/fam_attention.py)
 MLA_TILE = 64  # cache slots per tile of the suite's split-KV kernel
 SHORT_K = 1024  # reduction depth at or below which a GEMM tile runs <= 8 K-steps of 128
-# KDA decode grids: (programs per (sequence, head), programs resident per SM). One program per head (four
-# warps, the whole 128 x 128 state) against vLLM's split-V grid, as the plans declare it (kda_kernels)
-KDA_GRID = {"triton": (1, 1), "triton_split_v": (128 // KDA_BV, KDA_RESIDENT)}
-L2_BYTES = 60 << 20  # H200: written bytes L2 holds; the rest drains to HBM while the kernel runs
 W4A16_BLOCK_N = {16: 32, 64: 64}  # the suite's W4A16 tile config: BLOCK_M -> BLOCK_N (fam_moe.TILE_CONFIG)
 NARROW_N = 1024  # output width at or below which cuBLAS splits K (two launches in calibration/h200/gemm.csv)
 
@@ -139,7 +135,14 @@ def tiled_gemm_flops(m: int, k: int, n: int, sms: int) -> float:
     return best
 
 
-def mla_splits(batch: int, cached: int, sms: int = SM_COUNT, tile: int = MLA_TILE) -> tuple[int, int]:
+def kda_grid(impl: str, head_dim: int) -> tuple[int, int]:
+    """(programs per (sequence, head), programs resident per SM) of a KDA decode grid: one program per head
+    (four warps, the whole head_dim x head_dim state) against vLLM's split-V grid, as the plans declare it
+    (kda_kernels)."""
+    return (head_dim // KDA_BV, KDA_RESIDENT) if impl == "triton_split_v" else (1, 1)
+
+
+def mla_splits(batch: int, cached: int, sms: int, tile: int = MLA_TILE) -> tuple[int, int]:
     """(splits, chunk) of a flash-decoding grid: B x splits >= 2 x SMs where the cache has enough tiles."""
     want = max(1, min(-(-2 * sms // batch), -(-cached // tile)))
     chunk = -(-(-(-cached // want)) // tile) * tile
@@ -161,7 +164,7 @@ def moe_block(row: Mapping[str, Any]) -> int:
     return moe_tiles(row)[1]
 
 
-def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, float]:
+def features(row: Mapping[str, Any], priced: Mapping[str, Any], hw: HardwareProfile) -> dict[str, float]:
     """Named regressors of the family law: each multiplies one constant. `bytes` and `flops` are the two
     roofs (the law takes their max); every other term adds. Family by family:
       gemm       t0 + max(W + X bytes / bw, tiled flops / R) + out bytes / bw_out + K c_narrow [N <= 1024]
@@ -173,7 +176,7 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
       small      t0[kernel] + bytes / bw         (a floor per kernel: a top-k is not a copy; one bw)
       kda        t0 + max(waves T c_token + state bytes / bw + per-token state bytes / bw_L2,
                           written bytes beyond L2 / bw_drain + state bytes read / bw_r)
-                 (each program runs its T tokens in order, waves of the grid, KDA_GRID, and writes its
+                 (each program runs its T tokens in order, waves of the grid, kda_grid, and writes its
                  states into L2; what L2 cannot hold drains to HBM meanwhile, and the slower of the two
                  ends the kernel. vLLM's verify writes T states)
       mla        t0 + ceil(B splits row-blocks / SMs) ceil(chunk / 64) c_tile + splits c_combine
@@ -184,17 +187,19 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
     if fam == "collective":
         return {"t0": 1.0, "wire_bytes": wire_bytes(row, priced["algorithm"])}
     if fam == "kda":
-        state = row["B"] * row["heads"] * 128 * 128 * 4
+        from simulator.config import load_model
+        d = load_model(row["model"]).kda_head_dim
+        state = row["B"] * row["heads"] * d * d * 4  # fp32 [d, d] per (sequence, head)
         extra = (row["T"] - 1) * state if row["variant"] == "per_token" else 0
-        split, resident = KDA_GRID.get(row.get("impl", "triton"), (1, 1))
-        waves = -(-row["B"] * row["heads"] * split // (SM_COUNT * resident))
-        return {"t0": 1.0, "serial": float(waves * row["T"]), "state_bytes": 2.0 * state,
-                "token_state_bytes": float(extra), "drain_bytes": float(max(0, state + extra - L2_BYTES)),
+        split, resident = kda_grid(row.get("impl", "triton"), d)
+        waves = -(-row["B"] * row["heads"] * split // (hw.sm_count * resident))
+        return {"t0": 1.0, "serial": float(waves * row["T"]), "state_bytes": 2.0 * state,  # L2 holds what it can:
+                "token_state_bytes": float(extra), "drain_bytes": float(max(0, state + extra - hw.l2_bytes)),
                 "drain_state_bytes": float(state)}
     if fam == "mla":
-        splits, chunk = mla_splits(row["B"], row["S"])
+        splits, chunk = mla_splits(row["B"], row["S"], hw.sm_count)
         programs = row["B"] * splits * -(-row["T"] * row["heads"] // 16)
-        return {"t0": 1.0, "tile_steps": float(-(-programs // SM_COUNT) * -(-chunk // MLA_TILE)),
+        return {"t0": 1.0, "tile_steps": float(-(-programs // hw.sm_count) * -(-chunk // MLA_TILE)),
                 "splits": float(splits)}
     f = {"t0": 1.0, "bytes": float(priced["bytes"]), "flops": float(priced["flops"])}
     if fam == "gemm":
@@ -202,7 +207,7 @@ def features(row: Mapping[str, Any], priced: Mapping[str, Any]) -> dict[str, flo
         f["bytes"] -= out
         f["out_bytes"] = float(out)
         f["narrow_k"] = row["K"] / 1000.0 if row["N"] <= NARROW_N else 0.0
-        f["flops"] = tiled_gemm_flops(row["M"], row["K"], row["N"], SM_COUNT)  # whole tiles, in waves
+        f["flops"] = tiled_gemm_flops(row["M"], row["K"], row["N"], hw.sm_count)  # whole tiles, in waves
     if fam == "moe":  # padded tile math: every BLOCK_M-row block of an expert runs a full tile
         tiles, block = moe_tiles(row)  # as the cost model counts them: U experts share M k rows
         f["experts"] = float(row["U"])
@@ -425,7 +430,7 @@ def law_us(row: Mapping[str, Any], fits: Mapping[str, Fit], hw: HardwareProfile)
     fit = fits.get(group_of(row))
     if fit is None:
         return None
-    feats = features(row, price_row(row, hw))
+    feats = features(row, price_row(row, hw), hw)
     return fit.predict({n: feats.get(n, 0.0) for n in fit.names})
 
 
@@ -436,7 +441,7 @@ def fitted_points(folder: str | Path, hw: HardwareProfile) -> tuple[list[Point],
     for row in read_measurements(folder):
         priced = price_row(row, hw)
         points.append(Point(row, row["measured_us"], priced["model_us"], prereg.get(row["id"]), False,
-                            feats=features(row, priced)))
+                            feats=features(row, priced, hw)))
     split_halves(points)
     return points, refit(points, hw)
 

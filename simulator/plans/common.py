@@ -215,7 +215,7 @@ def attn_res_pre(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, nb = d.M, d.D, d.n_blocks
     snapshot = (act("blocks", 1, M, D, window=(0, nb, nb + 1)),) if d.boundary else ()
     return Kernel(
-        key="attn_res_pre", name="attn_res_add_mix_rmsnorm", kind="pointwise", floor="reduction",
+        key="attn_res_pre", name="attn_res_add_mix_rmsnorm", kind="pointwise", family="small", floor="reduction",
         op=norm.attn_res_pre, consts=(("eps", d.cfg.rms_norm_eps), ("boundary", d.boundary)),
         reads=(act("prefix", M, D), act("delta", M, D), blocks(d, nb)),
         weights=(weight("attn_res_norm", D), weight("attn_res_proj", D), weight("input_norm", D)),
@@ -251,7 +251,8 @@ def kda_in_proj(d: Dims, name: str, launch: Launch = PLAIN) -> Kernel:
                 ("kda.w_fa", "full"), ("kda.w_b", "col")), D, n,
                padded=(D, n_pad))
     return Kernel(
-        key="kda_in_proj", name=name, kind="gemm", op=lin.linear_split, consts=(("widths", (3 * C, C, H, Nh)),),
+        key="kda_in_proj", name=name, kind="gemm", family="gemm",
+        op=lin.linear_split, consts=(("widths", (3 * C, C, H, Nh)),),
         reads=(act("x", M, D),), weights=(w,),
         writes=(act("kda.qkv", M, 3 * C), act("kda.g", M, C), act("kda.fa", M, H), act("kda.b", M, Nh)),
         flops=lin.gemm_flops(M, D, n_pad), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
@@ -261,7 +262,7 @@ def kda_in_proj(d: Dims, name: str, launch: Launch = PLAIN) -> Kernel:
 def kda_fb_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
     """z = f_a(x) @ W_fb (column shard): the low-rank decay path."""
     M, C, H = d.M, d.kda_w_r, d.cfg.kda_head_dim
-    return Kernel(key="kda_fb_proj", name="gemm_f_b_proj", kind="gemm", op=lin.linear,
+    return Kernel(key="kda_fb_proj", name="gemm_f_b_proj", kind="gemm", family="gemm", op=lin.linear,
                   reads=(act("kda.fa", M, H),), weights=(weight("kda.w_fb", H, C, shard="col"),),
                   writes=(act("kda.z", M, C),), flops=lin.gemm_flops(M, H, C),
                   pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
@@ -272,7 +273,8 @@ def kda_fb_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
 def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: str, launch: Launch = PLAIN) -> Kernel:
     """A standalone TP all-reduce of [M, width] bf16, in the run's reduction order."""
     t = act(src, d.M, width)
-    return Kernel(key=key, name="allreduce", kind="collective", scope="ranks", op=coll_ops.all_reduce,
+    return Kernel(key=key, name="allreduce", kind="collective", family="collective",
+                  scope="ranks", op=coll_ops.all_reduce,
                   consts=(("algorithm", RunOption("all_reduce")),), reads=(t,), writes=(act(dst, d.M, width),),
                   collective=Collective("all_reduce", t.nbytes, d.P), pdl=launch.pdl, note=note)
 
@@ -284,7 +286,7 @@ def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: s
 @context_free
 def o_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, n = d.M, d.D, d.attn_width
-    return Kernel(key="o_proj", name="cutlass_gemm_o_proj", kind="gemm", op=lin.linear,
+    return Kernel(key="o_proj", name="cutlass_gemm_o_proj", kind="gemm", family="gemm", op=lin.linear,
                   reads=(act("attn.core", M, n),), weights=(o_proj_weight(d),), writes=(act("attn.partial", M, D),),
                   flops=lin.gemm_flops(M, n, D), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
                   note="row-parallel o_proj; its partial sum still needs the all-reduce")
@@ -299,7 +301,8 @@ def attn_all_reduce(d: Dims, launch: Launch = PLAIN) -> Kernel:
 @context_free
 def attn_res_post(d: Dims, launch: Launch = PLAIN) -> Kernel:
     reads, writes, weights = attn_res_post_tensors(d)
-    return Kernel(key="attn_res_post", name="attn_res_add_mix_rmsnorm", kind="pointwise", floor="reduction", op=norm.attn_res_post,
+    return Kernel(key="attn_res_post", name="attn_res_add_mix_rmsnorm", kind="pointwise", family="small",
+                  floor="reduction", op=norm.attn_res_post,
                   consts=(("eps", d.cfg.rms_norm_eps), ("store", RunOption("store_bf16"))),
                   reads=(reads[0], act("attn.out", d.M, d.D), reads[1]), writes=writes, weights=weights,
                   flops=attn_res_post_flops(d), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
@@ -313,7 +316,8 @@ def oproj_allreduce_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
     reads, writes, weights = attn_res_post_tensors(d)
     payload = act("attn.partial", M, D)
     return Kernel(
-        key="oproj_ar_norm", name="fused_oproj_allreduce_attnres_rmsnorm", kind="gemm_collective", scope="ranks",
+        key="oproj_ar_norm", name="fused_oproj_allreduce_attnres_rmsnorm", kind="gemm_collective", family="gemm",
+        scope="ranks",
         op=norm.oproj_allreduce_attn_res_post, consts=(("eps", d.cfg.rms_norm_eps), ("store", RunOption("store_bf16"))),
         reads=(act("attn.core", M, n),) + reads, writes=writes, weights=(o_proj_weight(d),) + weights,
         flops=lin.gemm_flops(M, n, D) + attn_res_post_flops(d),

@@ -26,19 +26,23 @@ def head_plan(cfg: ModelConfig, tp: int, shape: DecodeShape, variant: str, pdl: 
     pdl = variant == "specialized" if pdl is None else pdl
     x, logits, best = act("hidden", M, D), act("logits", M, V // P, dtype="fp32"), act("best", M, 2, dtype="fp32")
     kernels = (
-        Kernel(key="embed", name="vocab_parallel_embedding", kind="pointwise", writes=(x,), pdl=pdl,
+        Kernel(key="embed", name="vocab_parallel_embedding", kind="pointwise", family="small", writes=(x,), pdl=pdl,
                weights=(weight("embed.rows", M, D),), note="each rank gathers the rows it owns (V/P of them)"),
-        Kernel(key="embed_all_reduce", name="allreduce", kind="collective", reads=(x,), writes=(x,), pdl=pdl,
+        Kernel(key="embed_all_reduce", name="allreduce", kind="collective", family="collective",
+               reads=(x,), writes=(x,), pdl=pdl,
                collective=Collective("all_reduce", x.nbytes, P), note="vocab-parallel embedding: rows from their owner"),
-        Kernel(key="final_mix_norm", name="attn_res_final_mix_rmsnorm", kind="pointwise", floor="reduction", pdl=pdl,
+        Kernel(key="final_mix_norm", name="attn_res_final_mix_rmsnorm", kind="pointwise", family="small",
+               floor="reduction", pdl=pdl,
                reads=(act("sources", n_src, M, D),), writes=(x,), weights=(weight("final_norm", D), weight("final_res", 2, D)),
                note="output AttnRes mix over every snapshot + prefix, then model.norm"),
-        Kernel(key="lm_head", name="gemm_lm_head", kind="gemm", reads=(x,), writes=(logits,), pdl=pdl,
+        Kernel(key="lm_head", name="gemm_lm_head", kind="gemm", family="gemm", reads=(x,), writes=(logits,), pdl=pdl,
                weights=(weight("lm_head", D, V // P),), flops=gemm_flops(M, D, V // P),
                note="vocab-sharded LM head (10240 x 7168 per rank at TP16; V-LLG)"),
-        Kernel(key="argmax", name="argmax_local", kind="pointwise", reads=(logits,), writes=(best,), pdl=pdl,
+        Kernel(key="argmax", name="argmax_local", kind="pointwise", family="small",
+               reads=(logits,), writes=(best,), pdl=pdl,
                note="greedy: each rank's best logit and its id"),
-        Kernel(key="sample_gather", name="allgather_argmax", kind="collective", reads=(best,), pdl=pdl,
+        Kernel(key="sample_gather", name="allgather_argmax", kind="collective", family="collective",
+               reads=(best,), pdl=pdl,
                writes=(act("tokens", M, dtype="int32"),), collective=Collective("all_gather", M * 8, P),
                note="gather the P candidates per token and pick the winner (and accept / reject drafts)"),
     )
@@ -49,7 +53,8 @@ def draft_head_plan(drafter: ModelConfig, tp: int, shape: DecodeShape, taps: int
     """The drafter's head: the tap projection into the drafter, then the target's head without the embedding
     all-reduce (the drafter reads the target's LM head for its own logits)."""
     D, M = drafter.hidden_size, shape.tokens
-    fc = Kernel(key="draft_fc", name="gemm_draft_tap_projection", kind="gemm", reads=(act("taps", M, taps * D),),
+    fc = Kernel(key="draft_fc", name="gemm_draft_tap_projection", kind="gemm", family="gemm",
+                reads=(act("taps", M, taps * D),),
                 writes=(act("x", M, D),), weights=(weight("draft.fc", taps * D, D // tp),),
                 flops=gemm_flops(M, taps * D, D // tp),
                 note="projects the target hidden states tapped at several layers into the drafter")

@@ -46,7 +46,7 @@ def _gate_weights(d: Dims) -> tuple[Tensor, Tensor]:
 
 def kda_conv(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, C, W = d.M, d.kda_w_r, d.cfg.conv_size
-    return Kernel(key="kda_conv", name="causal_conv1d_update", kind="pointwise",
+    return Kernel(key="kda_conv", name="causal_conv1d_update", kind="pointwise", family="small",
                   op=kda_ops.kda_conv_step, consts=(("batch", d.shape.batch),),
                   reads=(act("kda.qkv", M, 3 * C), _conv_hist(d)), weights=(_conv_w(d),),
                   writes=(act("kda.qkv_conv", M, 3 * C), _conv_hist(d)), flops=kda_ops.conv_flops(M, 3 * C, W),
@@ -66,7 +66,7 @@ def kda_recurrent(d: Dims, launch: Launch = PLAIN) -> Kernel:
     rollback."""
     M, C, Nh, H, B, T = d.M, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim, d.shape.batch, d.shape.tokens_per_seq
     checkpoints = (act("kda.state_tokens", B, T - 1, Nh, H, H, dtype="fp32"),) if T > 1 else ()
-    return Kernel(key="kda_recurrent", name="fused_recurrent_kda", kind="attention",
+    return Kernel(key="kda_recurrent", name="fused_recurrent_kda", kind="attention", family="kda",
                   op=kda_ops.kda_recurrent_step,
                   consts=(("batch", B), ("lower_bound", d.cfg.gate_lower_bound), ("checkpoints", T > 1)),
                   reads=(act("kda.qkv_conv", M, 3 * C), act("kda.z", M, C), act("kda.b", M, Nh), _state(d)),
@@ -80,7 +80,8 @@ def kda_recurrent(d: Dims, launch: Launch = PLAIN) -> Kernel:
 
 def kda_gated_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, C, Nh, H = d.M, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim
-    return Kernel(key="kda_gated_norm", name="fused_rms_norm_gated", kind="pointwise", floor="reduction",
+    return Kernel(key="kda_gated_norm", name="fused_rms_norm_gated", kind="pointwise", family="small",
+                  floor="reduction",
                   op=kda_ops.kda_gated_norm_step, consts=(("heads", Nh), ("eps", d.cfg.rms_norm_eps)),
                   reads=(act("kda.o", M, C), act("kda.g", M, C)), weights=(weight("kda.o_norm", H, dtype="fp32"),),
                   writes=(act("attn.core", M, C),), flops=kda_ops.gated_norm_flops(M, C),
@@ -91,7 +92,7 @@ def kda_gated_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
 def kda_decode(d: Dims, name: str, launch: Launch = PLAIN, fusions: tuple[str, ...] = ()) -> Kernel:
     """conv update + SiLU + L2 norm + gate + beta + delta rule + per-head RMSNorm + output gate."""
     M, C, Nh, H, B, W = d.M, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim, d.shape.batch, d.cfg.conv_size
-    return Kernel(key="kda_decode", name=name, kind="attention", op=kda_ops.kda_decode_step,
+    return Kernel(key="kda_decode", name=name, kind="attention", family="kda", op=kda_ops.kda_decode_step,
                   consts=(("batch", B), ("lower_bound", d.cfg.gate_lower_bound), ("eps", d.cfg.rms_norm_eps)),
                   reads=(act("kda.qkv", M, 3 * C), act("kda.z", M, C), act("kda.b", M, Nh), act("kda.g", M, C),
                          _state(d), _conv_hist(d)),

@@ -33,6 +33,14 @@ from simulator.state import DecodeShape  # noqa: F401  (re-exported: plans are b
 # bytes per element of each storage format; MXFP4 adds one E8M0 scale byte per 32 elements.
 DTYPE_BYTES: dict[str, float] = {"fp64": 8, "fp32": 4, "bf16": 2, "fp8": 1, "int32": 4, "mxfp4": 0.5}
 KernelKind = Literal["gemm", "moe", "attention", "pointwise", "router", "collective", "gemm_collective"]
+# The kernel family: which law of the cost model prices the kernel's work, and under which family the GPU
+# measurements (calibration/h200/<family>.csv) hold it. Declared by each kernel factory, never guessed:
+# a kind does not say it (an "attention" kernel is a KDA recurrence or an MLA decode; a "router" kernel
+# without weights is a top-k, a small kernel). A kernel with a collective phase also pays the
+# "collective" law for that phase.
+Family = Literal["gemm", "moe", "small", "kda", "mla", "collective"]
+FAMILIES: tuple[str, ...] = ("gemm", "moe", "small", "kda", "mla", "collective")
+TENSOR_CORE_FAMILIES = frozenset({"gemm", "moe"})  # pay the tensor-core GEMM fixed cost (pricing)
 CollectiveOp = Literal["all_reduce", "reduce_scatter", "all_gather"]
 
 ALL_WEIGHTS = -1  # prefetch_bytes meaning "every weight byte this kernel declares" (resolved on build)
@@ -99,6 +107,7 @@ class Kernel:
     key: str  # unique within the plan; dependencies name it
     name: str  # as a profiler would show it
     kind: KernelKind
+    family: Family | Literal[""] = ""  # required: one of FAMILIES (checked on build)
     reads: tuple[Tensor, ...] = ()
     writes: tuple[Tensor, ...] = ()
     weights: tuple[Tensor, ...] = ()
@@ -129,6 +138,8 @@ class Kernel:
     write_bytes: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"kernel {self.key!r} declares family {self.family!r}; expected one of {FAMILIES}")
         object.__setattr__(self, "weight_bytes", sum(t.nbytes for t in self.weights))
         object.__setattr__(self, "read_bytes", sum(t.nbytes for t in self.reads))
         object.__setattr__(self, "write_bytes", sum(t.nbytes for t in self.writes))
@@ -145,7 +156,7 @@ class Kernel:
         bytes, notes) share a hash and equality tells them apart."""
         cached = self.__dict__.get("_hash")
         if cached is None:
-            cached = hash((self.key, self.name, self.kind, self.flops, self.math, self.stream, self.deps,
+            cached = hash((self.key, self.name, self.kind, self.family, self.flops, self.math, self.stream, self.deps,
                            self.collective, self.prefetch_bytes, self.pdl, self.ctas, self.ctas_per_sm,
                            self.serial_steps, self.group_rows, self.floor, self.group_tokens, self.fusions,
                            self.replaces, self.scope, self.weight_bytes, self.read_bytes, self.write_bytes,

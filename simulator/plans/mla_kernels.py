@@ -29,7 +29,7 @@ def mla_qkv_a(d: Dims, name: str, fusions: tuple[str, ...] = (), with_g: bool = 
     n_g = d.mla_heads_r * cfg.v_head_dim if with_g else 0
     parts = (("mla.w_qa", "full"), ("mla.w_kva", "full")) + ((("mla.w_g", "col"),) if with_g else ())
     writes = (act("mla.qa", M, rq), act("mla.kva", M, n_kv)) + ((act("mla.g", M, n_g),) if with_g else ())
-    return Kernel(key="mla_qkv_a", name=name, kind="gemm", op=lin.linear_split,
+    return Kernel(key="mla_qkv_a", name=name, kind="gemm", family="gemm", op=lin.linear_split,
                   consts=(("widths", (rq, n_kv) + ((n_g,) if with_g else ())),),
                   reads=(act("x", M, D),), weights=(packed(parts, D, rq + n_kv + n_g),), writes=writes,
                   flops=lin.gemm_flops(M, D, rq + n_kv + n_g), fusions=fusions,
@@ -42,7 +42,7 @@ def mla_qkv_a(d: Dims, name: str, fusions: tuple[str, ...] = (), with_g: bool = 
 @context_free
 def mla_g_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, n = d.M, d.D, d.mla_heads_r * d.cfg.v_head_dim
-    return Kernel(key="mla_g_proj", name="gemm_g_proj", kind="gemm", op=lin.linear, stream="aux",
+    return Kernel(key="mla_g_proj", name="gemm_g_proj", kind="gemm", family="gemm", op=lin.linear, stream="aux",
                   deps=("attn_res_pre",), reads=(act("x", M, D),), weights=(weight("mla.w_g", D, n, shard="col"),),
                   writes=(act("mla.g", M, n),), flops=lin.gemm_flops(M, D, n),
                   pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
@@ -53,7 +53,8 @@ def mla_g_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
 def mla_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M = d.cfg, d.M
     rq, lkv, r = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_dim
-    return Kernel(key="mla_norm", name="fused_qk_rmsnorm", kind="pointwise", floor="reduction", op=mla_ops.mla_qkv_a_norm,
+    return Kernel(key="mla_norm", name="fused_qk_rmsnorm", kind="pointwise", family="small",
+                  floor="reduction", op=mla_ops.mla_qkv_a_norm,
                   consts=(("kv_lora", lkv), ("eps", cfg.mla_lora_eps)),
                   reads=(act("mla.qa", M, rq), act("mla.kva", M, lkv + r)),
                   weights=(weight("mla.q_a_norm", rq), weight("mla.kv_a_norm", lkv)),
@@ -72,7 +73,7 @@ def _q(d: Dims, window: tuple[int, int, int] | None = None):
 def mla_q_b(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M = d.cfg, d.M
     n = d.mla_heads_r * cfg.mla_qk_head_dim
-    return Kernel(key="mla_q_b", name="gemm_q_b_proj", kind="gemm", op=lin.linear_heads,
+    return Kernel(key="mla_q_b", name="gemm_q_b_proj", kind="gemm", family="gemm", op=lin.linear_heads,
                   consts=(("heads", d.mla_heads_r),), reads=(act("mla.cq", M, cfg.q_lora_rank),),
                   weights=(weight("mla.w_qb", cfg.q_lora_rank, n, shard="col"),), writes=(_q(d),),
                   flops=lin.gemm_flops(M, cfg.q_lora_rank, n), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
@@ -82,7 +83,7 @@ def mla_q_b(d: Dims, launch: Launch = PLAIN) -> Kernel:
 @context_free
 def mla_absorb(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M, Nh = d.cfg, d.M, d.mla_heads_r
-    return Kernel(key="mla_absorb", name="bmm_absorb_w_uk", kind="gemm", op=mla_ops.mla_absorb_step,
+    return Kernel(key="mla_absorb", name="bmm_absorb_w_uk", kind="gemm", family="gemm", op=mla_ops.mla_absorb_step,
                   consts=(("nope_dim", cfg.qk_nope_dim),), reads=(_q(d),),
                   weights=(weight("mla.w_uk", cfg.kv_lora_rank, Nh * cfg.qk_nope_dim, shard="col"),),
                   writes=(act("mla.qlat", M, Nh, cfg.kv_lora_rank),),
@@ -95,7 +96,7 @@ def mla_cache_insert(d: Dims, launch: Launch = PLAIN) -> Kernel:
     """[RoPE]; q = [q_lat | q_pe] quantized to FP8; c_kv, k_pe appended to the FP8 latent cache."""
     cfg, M, Nh, B, T, ctx = d.cfg, d.M, d.mla_heads_r, d.shape.batch, d.shape.tokens_per_seq, d.shape.context
     lkv, r, dn = cfg.kv_lora_rank, cfg.qk_rope_dim, cfg.qk_nope_dim
-    return Kernel(key="mla_cache_insert", name="fused_concat_fp8_quant_cache_insert", kind="pointwise",
+    return Kernel(key="mla_cache_insert", name="fused_concat_fp8_quant_cache_insert", kind="pointwise", family="small",
                   op=mla_ops.mla_cache_insert_step,
                   consts=(("batch", B), ("context", ctx), ("rope_theta", None if cfg.mla_nope else cfg.rope_theta),
                           ("rope_scaling", cfg.rope_scaling)),
@@ -110,7 +111,8 @@ def mla_cache_insert(d: Dims, launch: Launch = PLAIN) -> Kernel:
 def mla_decode(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M, Nh, B = d.cfg, d.M, d.mla_heads_r, d.shape.batch
     lkv, r, S = cfg.kv_lora_rank, cfg.qk_rope_dim, d.cache_len
-    return Kernel(key="mla_decode", name="trtllm_gen_mla_decode", kind="attention", floor="attention", op=mla_ops.mla_decode_step,
+    return Kernel(key="mla_decode", name="trtllm_gen_mla_decode", kind="attention", family="mla",
+                  floor="attention", op=mla_ops.mla_decode_step,
                   consts=(("batch", B), ("latent", lkv), ("context", d.shape.context),
                           ("scale", cfg.mla_softmax_scale)),
                   reads=(act("mla.qcat", M, Nh, lkv + r, dtype="fp8"), act("mla.cache", B, S, lkv + r, dtype="fp8")),
@@ -123,7 +125,7 @@ def mla_decode(d: Dims, launch: Launch = PLAIN) -> Kernel:
 def mla_w_uv(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M, Nh = d.cfg, d.M, d.mla_heads_r
     out = "mla.o" if cfg.mla_output_gate else "attn.core"
-    return Kernel(key="mla_w_uv", name="bmm_w_uv", kind="gemm", op=mla_ops.mla_uv_step,
+    return Kernel(key="mla_w_uv", name="bmm_w_uv", kind="gemm", family="gemm", op=mla_ops.mla_uv_step,
                   reads=(act("mla.olat", M, Nh, cfg.kv_lora_rank),),
                   weights=(weight("mla.w_uv", cfg.kv_lora_rank, Nh * cfg.v_head_dim, shard="col"),),
                   writes=(act(out, M, Nh * cfg.v_head_dim),),
@@ -134,7 +136,8 @@ def mla_w_uv(d: Dims, launch: Launch = PLAIN) -> Kernel:
 @context_free
 def mla_gate_mul(d: Dims, deps: tuple[str, ...] = ("mla_g_proj",), launch: Launch = PLAIN) -> Kernel:
     M, n = d.M, d.mla_heads_r * d.cfg.v_head_dim
-    return Kernel(key="mla_gate_mul", name="sigmoid_gate_mul", kind="pointwise", op=sigmoid_gate, deps=deps,
+    return Kernel(key="mla_gate_mul", name="sigmoid_gate_mul", kind="pointwise", family="small",
+                  op=sigmoid_gate, deps=deps,
                   reads=(act("mla.o", M, n), act("mla.g", M, n)), writes=(act("attn.core", M, n),),
                   flops=sigmoid_gate_flops(M, n), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
                   note="o * sigmoid(g_proj x), a compiled elementwise kernel (V-MLA)")

@@ -62,7 +62,7 @@ def _experts(d: Dims, parts: tuple[str, ...], pad: bool) -> Tensor:
 @context_free
 def router(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, E = d.M, d.D, d.cfg.num_experts
-    return Kernel(key="router", name="router_gemm_bf16_fp32", kind="gemm", op=lin.linear,
+    return Kernel(key="router", name="router_gemm_bf16_fp32", kind="gemm", family="gemm", op=lin.linear,
                   reads=(act("x2", M, D),), weights=(weight("router.w", D, E),),
                   writes=(act("router.logits", M, E, dtype="fp32"),), flops=lin.gemm_flops(M, D, E),
                   pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
@@ -72,7 +72,7 @@ def router(d: Dims, launch: Launch = PLAIN) -> Kernel:
 @context_free
 def latent_down(d: Dims, deps: tuple[str, ...], launch: Launch = PLAIN) -> Kernel:
     M, D, L = d.M, d.D, d.L
-    return Kernel(key="latent_down", name="gemm_routed_expert_down_proj", kind="gemm", op=lin.linear,
+    return Kernel(key="latent_down", name="gemm_routed_expert_down_proj", kind="gemm", family="gemm", op=lin.linear,
                   stream="aux", deps=deps, reads=(act("x2", M, D),), weights=(weight("latent.w_down", D, L),),
                   writes=(act("latent.z", M, L),), flops=lin.gemm_flops(M, D, L),
                   pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
@@ -82,7 +82,8 @@ def latent_down(d: Dims, deps: tuple[str, ...], launch: Launch = PLAIN) -> Kerne
 @context_free
 def topk(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M, E, k = d.cfg, d.M, d.cfg.num_experts, d.cfg.top_k
-    return Kernel(key="topk", name="moe_routing_topk", kind="router", floor="topk", op=route_fused, consts=(("cfg", cfg),),
+    return Kernel(key="topk", name="moe_routing_topk", kind="router", family="small",
+                  floor="topk", op=route_fused, consts=(("cfg", cfg),),
                   reads=(act("router.logits", M, E, dtype="fp32"),), weights=(weight("router.bias", E, dtype="fp32"),),
                   writes=(act("topk.idx", M, k, dtype="int32"), act("topk.weight", M, k, dtype="fp32")),
                   diagnostics=("margin",), flops=route_flops(M, E), math="fp32",
@@ -101,13 +102,15 @@ def split_router(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     shards = (act("router.logits_shard", M, E // P, dtype="fp32"), act("latent.z_shard", M, L // P))
     w = packed((("router.w", "col"), ("latent.w_down", "col")), D, (E + L) // P)
     return [
-        Kernel(key="router_split", name="skinny_gemm_router_latent_down_shard", kind="gemm", op=lin.linear_split,
+        Kernel(key="router_split", name="skinny_gemm_router_latent_down_shard", kind="gemm", family="gemm",
+               op=lin.linear_split,
                consts=(("widths", (E // P, L // P)),), reads=(act("x2", M, D),), weights=(w,), writes=shards,
                flops=lin.gemm_flops(M, D, (E + L) // P), fusions=("split_router",), replaces=("router", "latent_down"),
                pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
                note="router logits and latent down-projection, both column-sharded over ranks "
                     "(local-inference-lab vllm #343; TokenSpeed #1038 packs them into one projection)"),
-        Kernel(key="router_gather_topk", name="allgather_sigmoid_bias_topk", kind="collective", floor="topk", scope="ranks",
+        Kernel(key="router_gather_topk", name="allgather_sigmoid_bias_topk", kind="collective", family="collective",
+               floor="topk", scope="ranks",
                op=allgather_topk, consts=(("cfg", cfg),), reads=shards,
                weights=(weight("router.bias", E, dtype="fp32"),),
                writes=(act("latent.z", M, L), act("topk.idx", M, k, dtype="int32"), act("topk.weight", M, k, dtype="fp32")),
@@ -134,10 +137,10 @@ def gated_mlp(d: Dims, prefix: str, F: int, what: str, stream: str = "main", dep
     M, D, cfg = d.M, d.D, d.cfg
     on = dict(stream=stream, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes)
     return [
-        Kernel(key=f"{prefix}_gate_up", name=f"gemm_{prefix}_gate_up", kind="gemm", op=lin.linear,
+        Kernel(key=f"{prefix}_gate_up", name=f"gemm_{prefix}_gate_up", kind="gemm", family="gemm", op=lin.linear,
                reads=(act("x2", M, D),), weights=(_gate_up(prefix, D, F),), writes=(act(f"{prefix}.gu", M, 2 * F),),
                flops=lin.gemm_flops(M, D, 2 * F), deps=deps, **on, note=f"{what} gate+up, column shard"),
-        Kernel(key=f"{prefix}_act", name=f"{cfg.hidden_act}_and_mul", kind="pointwise", op=ex.glu_split,
+        Kernel(key=f"{prefix}_act", name=f"{cfg.hidden_act}_and_mul", kind="pointwise", family="small", op=ex.glu_split,
                consts=(("cfg", cfg),), reads=(act(f"{prefix}.gu", M, 2 * F),), writes=(act(f"{prefix}.h", M, F),),
                flops=ex.glu_flops(M, F, cfg.hidden_act), **on,
                note="activation and multiply, a separate elementwise kernel"),
@@ -150,7 +153,7 @@ def gate_up_act(d: Dims, prefix: str, F: int, stream: str = "main", deps: tuple[
                 launch: Launch = PLAIN) -> Kernel:
     """The gate+up GEMM with the activation in its epilogue (glu_epilogue): 2 kernels -> 1."""
     M, D, cfg = d.M, d.D, d.cfg
-    return Kernel(key=f"{prefix}_gate_up_act", name=f"skinny_gemm_{prefix}_gate_up_{cfg.hidden_act}", kind="gemm",
+    return Kernel(key=f"{prefix}_gate_up_act", name=f"skinny_gemm_{prefix}_gate_up_{cfg.hidden_act}", kind="gemm", family="gemm",
                   op=ex.linear_glu, consts=(("cfg", cfg),), reads=(act("x2", M, D),), weights=(_gate_up(prefix, D, F),),
                   writes=(act(f"{prefix}.h", M, F),), stream=stream, deps=deps,
                   flops=lin.gemm_flops(M, D, 2 * F) + ex.glu_flops(M, F, cfg.hidden_act), fusions=("glu_epilogue",),
@@ -162,7 +165,8 @@ def gate_up_act(d: Dims, prefix: str, F: int, stream: str = "main", deps: tuple[
 @context_free
 def down_proj(d: Dims, prefix: str, F: int, note: str, stream: str = "main", launch: Launch = PLAIN) -> Kernel:
     M, D = d.M, d.D
-    return Kernel(key=f"{prefix}_down", name=f"gemm_{prefix}_down", kind="gemm", op=lin.linear, stream=stream,
+    return Kernel(key=f"{prefix}_down", name=f"gemm_{prefix}_down", kind="gemm", family="gemm",
+                  op=lin.linear, stream=stream,
                   reads=(act(f"{prefix}.h", M, F),), weights=(weight(f"{prefix}.w_down", F, D, shard="row"),),
                   writes=(act(f"{prefix}.partial", M, D),), flops=lin.gemm_flops(M, F, D),
                   pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, note=note)
@@ -178,7 +182,8 @@ def fc1(d: Dims, pad: bool = True, deps: tuple[str, ...] = (), fusions: tuple[st
     cfg, M, L, F, k = d.cfg, d.M, d.L, d.F_r, d.cfg.top_k
     Fp, U = expert_shard(d, pad), expected_experts(d)
     src = "latent.z" if cfg.latent_dim else "x2"
-    return Kernel(key="fc1", name="moe_fc1_gate_up_act", kind="moe", op=ex.expert_fc1, consts=(("cfg", cfg),),
+    return Kernel(key="fc1", name="moe_fc1_gate_up_act", kind="moe", family="moe",
+                  op=ex.expert_fc1, consts=(("cfg", cfg),),
                   deps=deps, reads=(act(src, M, L), act("topk.idx", M, k, dtype="int32")),
                   weights=(_experts(d, ("w_gate", "w_up"), pad),), writes=(act("moe.h", M, k, F),),
                   flops=lin.gemm_flops(M * k, L, 2 * F) + ex.glu_flops(M * k, F, cfg.hidden_act), math=expert_math(d),
@@ -190,7 +195,7 @@ def fc1(d: Dims, pad: bool = True, deps: tuple[str, ...] = (), fusions: tuple[st
 @context_free
 def fc2(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
     M, L, F, k = d.M, d.L, d.F_r, d.cfg.top_k
-    return Kernel(key="fc2", name="moe_fc2_down", kind="moe", op=ex.expert_fc2,
+    return Kernel(key="fc2", name="moe_fc2_down", kind="moe", family="moe", op=ex.expert_fc2,
                   reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32")),
                   weights=(_experts(d, ("w_down",), pad),), writes=(act("moe.slots", M, k, L),),
                   flops=lin.gemm_flops(M * k, F, L), math=expert_math(d), group_rows=M * k, group_tokens=M, pdl=launch.pdl,
@@ -201,7 +206,8 @@ def fc2(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
 @context_free
 def finalize(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, L, k = d.M, d.L, d.cfg.top_k
-    return Kernel(key="finalize", name="moe_finalize", kind="pointwise", floor="finalize", op=ex.expert_finalize,
+    return Kernel(key="finalize", name="moe_finalize", kind="pointwise", family="small",
+                  floor="finalize", op=ex.expert_finalize,
                   reads=(act("moe.slots", M, k, L), act("topk.weight", M, k, dtype="fp32")),
                   writes=(act("moe.partial", M, L),), flops=ex.finalize_flops(M, k, L),
                   pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
@@ -212,7 +218,7 @@ def finalize(d: Dims, launch: Launch = PLAIN) -> Kernel:
 def fc2_finalize(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
     """FC2 with the routing weight and scatter-add in its epilogue (moe_finalize): 2 kernels -> 1."""
     M, L, F, k = d.M, d.L, d.F_r, d.cfg.top_k
-    return Kernel(key="fc2_finalize", name="moe_fc2_down_finalize", kind="moe", op=ex.expert_fc2_finalize,
+    return Kernel(key="fc2_finalize", name="moe_fc2_down_finalize", kind="moe", family="moe", op=ex.expert_fc2_finalize,
                   reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32"),
                          act("topk.weight", M, k, dtype="fp32")),
                   weights=(_experts(d, ("w_down",), pad),), writes=(act("moe.partial", M, L),),
@@ -237,24 +243,27 @@ def latent_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     normed = act("latent.normed", M, L)
     on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes)
     norm_kernel = (
-        Kernel(key="latent_norm", name="rmsnorm_latent", kind="pointwise", floor="reduction", op=norm.rms_norm,
+        Kernel(key="latent_norm", name="rmsnorm_latent", kind="pointwise", family="small",
+               floor="reduction", op=norm.rms_norm,
                consts=(("eps", cfg.rms_norm_eps),), reads=(latent,), weights=(weight("latent.norm", L),),
                writes=(normed,), flops=norm.rms_norm_flops(M, L), **on,
                note="RMSNorm of the reduced latent sum; reads the latent slice in place (no split kernel)")
         if cfg.latent_norm else
-        Kernel(key="latent_norm", name="copy_latent", kind="pointwise", op=pointwise.add, reads=(latent,),
+        Kernel(key="latent_norm", name="copy_latent", kind="pointwise", family="small",
+               op=pointwise.add, reads=(latent,),
                writes=(normed,), **on, note="the reduced latent sum, unnormalised (latent_norm off)"))
     return [
-        Kernel(key="tail_concat", name="concat_latent_shared", kind="pointwise", op=pointwise.concat,
+        Kernel(key="tail_concat", name="concat_latent_shared", kind="pointwise", family="small", op=pointwise.concat,
                reads=(act("moe.partial", M, L),) + shared, writes=(act("tail.cat", M, width),), **on,
                note="copy both partial sums into one buffer so one all-reduce carries them (V-LMR tier 2 / TRT-LLM #18505)"),
         all_reduce_kernel(d, "moe_all_reduce", "tail.cat", "tail.sum", width, launch=launch,
                           note="one all-reduce of [M, L + D] (TRT-LLM #18505: 13.2 us at GB300 TEP8, M=8)"),
         norm_kernel,
-        Kernel(key="latent_up", name="gemm_routed_expert_up_proj", kind="gemm", op=lin.linear, reads=(normed,),
+        Kernel(key="latent_up", name="gemm_routed_expert_up_proj", kind="gemm", family="gemm",
+               op=lin.linear, reads=(normed,),
                weights=(weight("latent.w_up", L, D),), writes=(act("latent.up", M, D),), flops=lin.gemm_flops(M, L, D),
                **on, note="replicated up-projection 7168x3584 on every rank (V-LMR tier 1/2)"),
-        Kernel(key="tail_add", name="add_shared_output", kind="pointwise", op=pointwise.add,
+        Kernel(key="tail_add", name="add_shared_output", kind="pointwise", family="small", op=pointwise.add,
                reads=(act("latent.up", M, D),) + ((act("tail.sum", M, D, window=(1, L, L + D)),) if shared else ()),
                writes=(act("moe_out", M, D),), flops=M * D, **on,
                note="add the reduced shared-expert output (unweighted)"),
@@ -267,7 +276,7 @@ def classic_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     M, D = d.M, d.D
     shared = (act("shared.partial", M, D),) if d.cfg.num_shared_experts else ()
     return [
-        Kernel(key="tail_add", name="add_shared_partial", kind="pointwise", op=pointwise.add,
+        Kernel(key="tail_add", name="add_shared_partial", kind="pointwise", family="small", op=pointwise.add,
                reads=(act("moe.partial", M, D),) + shared, writes=(act("moe.sum_partial", M, D),), flops=M * D,
                pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
                note="routed + shared partial sums before the all-reduce"),
@@ -286,14 +295,16 @@ def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     ar_bytes = act("moe.partial", M, L).nbytes + act("shared.partial", M, D // P).nbytes
     on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes)
     return [
-        Kernel(key="tail_ar_norm_rs", name="latent_tail_allreduce_rmsnorm_reducescatter", kind="collective", floor="reduction",
+        Kernel(key="tail_ar_norm_rs", name="latent_tail_allreduce_rmsnorm_reducescatter", kind="collective", family="collective",
+               floor="reduction",
                scope="ranks", op=ex.allreduce_rmsnorm_reducescatter, consts=(("eps", cfg.rms_norm_eps),),
                reads=(act("moe.partial", M, L), act("shared.partial", M, D)), weights=(weight("latent.norm", L),),
                writes=(act("latent.normed", M, L), act("shared.slice", M, D // P)), flops=norm.rms_norm_flops(M, L),
                collective=Collective("all_reduce", ar_bytes, P, in_kernel=True), fusions=("latent_tail",),
                deps=("shared_down",), replaces=("tail_concat", "moe_all_reduce", "latent_norm"), **on,
                note="one collective kernel: AR(latent) + RMSNorm + RS(shared) (V-TAIL tier 0 kernel a)"),
-        Kernel(key="tail_up_add_gather", name="latent_up_shard_add_allgather", kind="gemm_collective", scope="ranks",
+        Kernel(key="tail_up_add_gather", name="latent_up_shard_add_allgather", kind="gemm_collective", family="gemm",
+               scope="ranks",
                op=ex.linear_add_allgather, reads=(act("latent.normed", M, L), act("shared.slice", M, D // P)),
                weights=(weight("latent.w_up", L, D // P, shard="col"),), writes=(act("moe_out", M, D),),
                flops=lin.gemm_flops(M, L, D // P),
