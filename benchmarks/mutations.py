@@ -108,8 +108,16 @@ MUTATIONS = [
     Mutation("collective_phase_unfactored", "simulator/cost/uncertainty.py",
              '    comm = "collective" if kernel.collective is not None else None',
              "    comm = None", "a fused kernel's exchange no longer takes the collective residual factor"),
-    Mutation("kda_l2_doubled", "simulator/cost/validate.py", "max(0, state + extra - hw.l2_bytes)",
-             "max(0, state + extra - 2 * hw.l2_bytes)", "the KDA law lets L2 absorb twice what it holds"),
+    Mutation("kda_l2_doubled", "simulator/cost/laws.py", "max(0, state + extra - l2_bytes)",
+             "max(0, state + extra - 2 * l2_bytes)", "the KDA law lets L2 absorb twice what it holds"),
+    Mutation("law_gap_kept", "simulator/cost/pricing.py", "    duration = np.maximum(law - hw.launch_gap_us, hw.kernel_fixed_us)",
+             "    duration = np.maximum(law, hw.kernel_fixed_us)", "a measured law's launch gap is charged twice"),
+    Mutation("law_ranks_extrapolated", "simulator/cost/laws.py",
+             "    if role is None or (kernel.collective is not None and kernel.collective.ranks not in kset.ranks):",
+             "    if role is None:", "a collective law measured at P = 2 prices P = 8"),
+    Mutation("law_pdl_ignored", "simulator/cost/pricing.py",
+             "    if not kernel.pdl or (hw.kernel_set is not None and not hw.kernel_set.pdl):",
+             "    if not kernel.pdl:", "kernels of a set without PDL still hide their launch gap"),
 ]
 
 

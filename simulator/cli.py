@@ -108,6 +108,9 @@ def check(
 
 
 HardwareOpt = Annotated[str, typer.Option("--hardware", help="GPU profile name (see `moe-sim list hardware`) or path to a .toml profile.")]
+KernelsOpt = Annotated[Optional[str], typer.Option("--kernels", help=(
+    "Kernel implementation set to price with (its measured laws, simulator/hardware/laws/); default: the GPU's "
+    "best-measured set, 'datasheet' where none is measured. 'datasheet' prices every kernel from the profile."))]
 VariantOpt = Annotated[VariantChoice, typer.Option("--variant", help="Which plan(s) to price.")]
 IntervalOpt = Annotated[float, typer.Option("--interval", help=(
     "Probability of the interval printed beside each time (0.9: the 5th to 95th percentile of the draws; "
@@ -324,6 +327,7 @@ def compare_trace(
     patterns: Annotated[Optional[str], typer.Option("--patterns", help="A pattern table of your own (TOML, shaped like simulator/report/kernel_patterns.toml).")] = None,
     plan_keys: Annotated[Optional[str], typer.Option("--plan-keys", help="Compare a partial layer: comma-separated plan keys (default: the engine's, else all).")] = None,
     plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also draw the measured layer under the model's (PNG + SVG) in this folder.")] = None,
+    kernels: KernelsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Compare a measured GPU profile of decode layers with the plan, kernel by kernel.
@@ -340,7 +344,7 @@ def compare_trace(
         check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context)
         if plot_dir is not None:
             output_dir(plot_dir, "--plot")
-        cfg, hw = load_model(model), load_hardware(hardware)
+        cfg, hw = load_model(model), load_hardware(hardware, kernels)
         keys = tuple(k.strip() for k in plan_keys.split(",") if k.strip()) if plan_keys else None
         doc, timeline = run_compare(profile, cfg, hw, tp, DecodeShape(batch, tokens_per_seq, context),
                                     layer_type.value, variant, engine, patterns, keys)
@@ -452,22 +456,38 @@ def validate(
     measurements: Annotated[str, typer.Option("--measurements", help="Folder of GPU measurement CSVs (benchmarks/gpu/suite.py), e.g. calibration/h200.")] = "calibration/h200",
     hardware: HardwareOpt = "h200",
     plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also write predicted-vs-measured charts (PNG + SVG) to this folder.")] = None,
+    fit: Annotated[bool, typer.Option("--fit", help="Fit the kernel set these CSVs measure (their kernel_set.toml) and write it into the GPU's laws file (simulator/hardware/laws/).")] = False,
+    kernels: KernelsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Hold the cost model to GPU measurements: error per kernel family, pre-registered, now and refit.
+    """Hold the cost model to GPU measurements: error per kernel family, pre-registered, model and refit.
 
-    The headline figures are the refit family laws tested on the held-back half of each grid.
+    The headline figures are the profile's kernel laws (what step, layer and run price with) on the held-back
+    half of each grid; refit is the same law fitted afresh on these CSVs. --fit makes them one.
 
     Example: moe-sim validate --measurements calibration/h200
     """
-    from simulator.cost.validate import validate as run_validation
+    from simulator.cost.validate import kernel_set_of, set_default, set_name, validate as run_validation, write_kernel_set
     from simulator.hardware import load_hardware
 
     def body() -> dict:
         if plot_dir is not None:
             output_dir(plot_dir, "--plot")
-        hw = load_hardware(hardware)
+        written = None
+        if fit:
+            base = load_hardware(hardware, "datasheet")
+            kset = kernel_set_of(measurements, base)
+            written = {"set": kset.name, "path": str(write_kernel_set(kset, base, set_default(measurements)))}
+        # the measurements are held to the laws of the set they define (once fitted), unless --kernels names another
+        own = set_name(measurements)
+        try:
+            hw = load_hardware(hardware, kernels or own)
+        except UserError:
+            if kernels or not own:
+                raise
+            hw = load_hardware(hardware)
         doc = run_validation(measurements, hw)
+        doc["written"] = written
         doc["measurements"] = measurements
         from simulator.cost.uncertainty import coverage, derive_residuals, residuals_from
         doc["interval_coverage"] = coverage(residuals_from(derive_residuals(measurements, hw)))

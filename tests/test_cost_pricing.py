@@ -42,12 +42,12 @@ def test_30mb_bf16_gemm_is_memory_bound_and_flat_from_m1_to_m64(name: str) -> No
 
 @pytest.mark.parametrize("m", [1, 2, 8, 16])
 def test_decode_gemm_intensity_is_about_m(m: int) -> None:
-    cost = price_kernel(gemm(m), load_hardware("h200"))
+    cost = price_kernel(gemm(m), load_hardware("h200", "datasheet"))
     assert cost.intensity == pytest.approx(m, rel=0.02)
 
 
 def test_large_batch_gemm_turns_compute_bound_past_the_critical_intensity() -> None:
-    hw = load_hardware("h200")
+    hw = load_hardware("h200", "datasheet")
     assert hw.critical_intensity == pytest.approx(206, rel=0.01)
     assert price_kernel(gemm(128), hw).bound == "memory"
     assert price_kernel(gemm(4096, n=7168), hw).bound == "compute"
@@ -71,7 +71,7 @@ def test_small_kernels_do_not_reach_peak_bandwidth(name: str) -> None:
 
 def test_h200_gemm_times_land_near_the_measured_cublas_table() -> None:
     """sources.md §3.2 (M=1, CUDA graph): 30.3 MB fused_a 13.3 us, 29.4 MB o-proj 10.1 us."""
-    hw = load_hardware("h200")
+    hw = load_hardware("h200", "datasheet")
     cost = price_kernel(gemm(1), hw)
     assert 10.1 * 0.9 < cost.total_us < 13.3 * 1.1
     assert cost.fraction_of_peak < 0.8  # measured 2.3-2.9 TB/s of 4.8
@@ -94,14 +94,14 @@ def test_gemm_collective_is_the_gemm_part_plus_the_collective_part() -> None:
 
 
 def test_pdl_shortens_the_launch_gap_not_the_kernel() -> None:
-    hw = load_hardware("h200")
+    hw = load_hardware("h200", "datasheet")
     plain, pdl = price_kernel(gemm(1), hw), price_kernel(gemm(1, pdl=True), hw)
     assert pdl.launch_us < plain.launch_us and pdl.duration_us == plain.duration_us
 
 
 def test_fp4_math_runs_at_bf16_rate_on_hopper_and_faster_on_blackwell() -> None:
     big = dict(m=8192, n=8192, weight_dtype="mxfp4")
-    h200, gb300 = load_hardware("h200"), load_hardware("gb300")
+    h200, gb300 = load_hardware("h200", "datasheet"), load_hardware("gb300")
     for hw, same in ((h200, True), (gb300, False)):
         fp4, bf16 = price_kernel(gemm(math="fp4", **big), hw), price_kernel(gemm(math="bf16", **big), hw)
         assert (fp4.math_us == bf16.math_us) is same and fp4.math_us <= bf16.math_us
@@ -160,7 +160,7 @@ def test_expected_tiles_matches_random_routing(tokens: int, top_k: int, experts:
 def test_fp4_weights_are_dequantised_on_hopper_not_on_blackwell() -> None:
     """W4A16 on Hopper dequantises every weight in registers (CUDA cores); Blackwell runs FP4 natively."""
     k, n, u = 3584, 768, 128
-    hopper, blackwell = load_hardware("h200"), load_hardware("gb300")
+    hopper, blackwell = load_hardware("h200", "datasheet"), load_hardware("gb300")
     fp4_h, bf16_h = price_kernel(grouped(8, u, k, n), hopper), price_kernel(grouped(8, u, k, n, dtype="bf16"), hopper)
     assert fp4_h.math_us - bf16_h.math_us == pytest.approx(
         2 * u * k * n / (hopper.fp32_flops * hopper.compute_efficiency) * 1e6)
@@ -180,7 +180,7 @@ def test_kimi_k25_gb200_grouped_gemms_are_reproduced() -> None:
 
 
 def test_collective_kinds_must_carry_a_collective() -> None:
-    hw = load_hardware("h200")
+    hw = load_hardware("h200", "datasheet")
     with pytest.raises(ValueError, match="lacks a collective"):
         price_kernel(Kernel("ar", "all_reduce", "collective", family="collective"), hw)
     with pytest.raises(ValueError, match="must not carry"):

@@ -165,7 +165,7 @@ def test_layout_is_what_the_arrays_carry(k3) -> None:
     from simulator.cost.step import build_plan
     from simulator.plans.kernel import DecodeShape
     plan = build_plan(k3, "specialized", 8, DecodeShape(1, 1, 512), "mla")
-    arrays = _arrays(plan, load_hardware("h200"))
+    arrays = _arrays(plan, load_hardware("h200", "datasheet"))
     for got, want in zip(plan_layout(plan), (arrays[0], arrays[1], arrays[6], arrays[8])):
         np.testing.assert_array_equal(got, want)
 

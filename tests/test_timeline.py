@@ -41,11 +41,11 @@ def plan(*kernels: Kernel, tp: int = 8) -> Plan:
 
 
 def run(*kernels: Kernel, hw: str = "h200") -> Timeline:
-    return schedule(plan(*kernels), load_hardware(hw))
+    return schedule(plan(*kernels), load_hardware(hw, "datasheet"))
 
 
 def test_a_single_kernel_pays_one_gap_then_its_duration() -> None:
-    hw = load_hardware("h200")
+    hw = load_hardware("h200", "datasheet")
     kernel = stream_kernel("a", 30)
     span = run(kernel).span("a")
     assert span.start_us == pytest.approx(hw.launch_gap_us)
@@ -54,7 +54,7 @@ def test_a_single_kernel_pays_one_gap_then_its_duration() -> None:
 
 @pytest.mark.parametrize("name", list_hardware())
 def test_a_serial_chain_is_the_sum_of_gaps_and_durations(name: str) -> None:
-    hw = load_hardware(name)
+    hw = load_hardware(name, "datasheet")
     kernels = (stream_kernel("a", 30), all_reduce("b"), stream_kernel("c", 5, kind="pointwise"))
     timeline = run(*kernels, hw=name)
     assert timeline.layer_us == pytest.approx(sum(price_kernel(k, hw).total_us for k in kernels))
@@ -66,7 +66,7 @@ def test_a_serial_chain_is_the_sum_of_gaps_and_durations(name: str) -> None:
 def test_pdl_hides_a_boundary_as_far_as_the_kernel_has_independent_work() -> None:
     """H200 (calibration/h200/pdl): a kernel that waits on its predecessor first hides only
     pdl_dependent_hidden_us of the gap; one that loads its weights first hides all of it."""
-    hw = load_hardware("h200")
+    hw = load_hardware("h200", "datasheet")
     plain = run(stream_kernel("a", 10), stream_kernel("b", 10))
     waits = run(stream_kernel("a", 10, pdl=True), stream_kernel("b", 10, pdl=True))
     loads = run(stream_kernel("a", 10, pdl=True, prefetch_bytes=ALL), stream_kernel("b", 10, pdl=True, prefetch_bytes=ALL))
@@ -90,7 +90,7 @@ def test_prefetch_under_a_collective_shortens_the_layer() -> None:
 def test_prefetch_behind_a_memory_bound_kernel_buys_only_its_idle_latency() -> None:
     """Behind a streaming predecessor, HBM is busy except during its fixed latency; under a collective
     it is idle throughout, so the same prefetch hides more."""
-    hw = load_hardware("h200")
+    hw = load_hardware("h200", "datasheet")
     a, c = stream_kernel("a", 20), stream_kernel("c", 20)
     c_early = stream_kernel("c", 20, prefetch_bytes=20_000_000)
     saved_mem = run(a, c).layer_us - run(a, c_early).layer_us
@@ -114,7 +114,7 @@ def test_a_collective_on_another_stream_does_not_slow_memory_work() -> None:
 
 
 def test_a_cross_stream_dependency_waits_for_its_kernel_plus_a_gap() -> None:
-    hw = load_hardware("h200")
+    hw = load_hardware("h200", "datasheet")
     timeline = run(stream_kernel("a", 10), stream_kernel("s", 5, stream="aux", deps=("a",)))
     assert timeline.span("s").start_us == pytest.approx(timeline.span("a").end_us + hw.launch_gap_us)
 
@@ -195,7 +195,7 @@ def test_jitted_event_loop_matches_its_python_original(case: tuple[Plan, str]) -
     from simulator.cost.fastsim import run, simulate
     from simulator.cost.timeline import _arrays, makespan_us
     plan_, hw_name = case
-    hw = load_hardware(hw_name)
+    hw = load_hardware(hw_name, "datasheet")
     arrays = _arrays(plan_, hw)
     assert run.py_func is events.run  # the plain loop that `schedule` runs is what Numba compiles
     for fast, slow in zip(simulate(*arrays), events.simulate(*arrays)):

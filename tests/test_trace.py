@@ -26,7 +26,7 @@ def _timeline(variant: str = "standard") -> Timeline:
         _kernel("c", deps=("s",)),
     )
     plan = Plan(variant, "kda", 8, DecodeShape(), kernels)
-    return schedule(plan, load_hardware("h200"))
+    return schedule(plan, load_hardware("h200", "datasheet"))
 
 
 def _slices(trace: dict) -> list[dict]:

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from simulator.cost import collectives as coll
 from simulator.cost.pricing import price_kernel
 from simulator.hardware import HardwareProfile
-from simulator.plans.kernel import DecodeShape, Kernel, Tensor
+from simulator.plans.kernel import Collective, DecodeShape, Kernel, Tensor
 
 INT_FIELDS = ("tp", "M", "K", "N", "U", "B", "heads", "T", "S", "n_src", "P", "n_bytes")
 COLLECTIVE_ALGORITHM = {"nccl_all_reduce": "ring", "symm_one_shot": "one_shot", "symm_two_shot": "two_shot",
@@ -57,7 +57,8 @@ def _act(name: str, *shape: int, dtype: str = "bf16") -> Tensor:
 def point_kernel(row: Mapping[str, Any]) -> Kernel:
     """The kernel the cost model prices for one measured point (module docstring)."""
     r = normalise(row)
-    builder = {"ceiling": _ceiling, "gemm": _gemm, "moe": _moe, "small": _small, "kda": _kda, "mla": _mla}
+    builder = {"ceiling": _ceiling, "gemm": _gemm, "moe": _moe, "small": _small, "kda": _kda, "mla": _mla,
+               "collective": _collective}
     if r["family"] not in builder:
         raise ValueError(f"no kernel for family {r['family']!r}")
     return replace(builder[r["family"]](r), pdl=False, prefetch_bytes=0)
@@ -99,14 +100,15 @@ def _moe(r: dict) -> Kernel:
 
 def _small(r: dict) -> Kernel:
     if r["variant"] == "launch_floor":
-        return Kernel("empty", "empty_kernel", "pointwise", family="small")
+        return Kernel("empty_kernel", "empty_kernel", "pointwise", family="small")
     return _plan(r["model"], "standard", r["tp"], r["M"], 1, 512, r["layer"]).kernel(r["plan_key"])
 
 
 def _kda(r: dict) -> Kernel:
     """A split-V row is vLLM's fused_recurrent (the standard fallback's recurrence, 16 one-warp programs per
-    head, a round trip per token, the state stored per token in a verify); the one-program-per-head rows
-    are the fused KDA decode kernel of the specialized plan (one CTA per head)."""
+    head, a round trip per token); the one-program-per-head rows are the fused KDA decode kernel of the
+    specialized plan (one CTA per head). Each stores the states the row's variant says: the final one, or
+    one per token of a verify ([B, T - 1, heads, H, H] beside the final state)."""
     if r["impl"] == "triton_split_v":
         from simulator.config import load_model
         from simulator.cost.step import representative_layer
@@ -114,8 +116,14 @@ def _kda(r: dict) -> Kernel:
         from simulator.plans.common import Dims
         cfg = load_model(r["model"])
         d = Dims(cfg, r["tp"], DecodeShape(r["B"], r["T"], 512), representative_layer(cfg, "kda"))
-        return kda_kernels.kda_recurrent(d)
-    return _plan(r["model"], "specialized", r["tp"], r["B"], r["T"], 512, "kda").kernel("kda_decode")
+        kernel = kda_kernels.kda_recurrent(d)
+    else:
+        kernel = _plan(r["model"], "specialized", r["tp"], r["B"], r["T"], 512, "kda").kernel("kda_decode")
+    final = tuple(t for t in kernel.writes if len(t.shape) != 5)
+    state = next(t for t in kernel.reads if len(t.shape) == 4)
+    b, heads, h, _ = state.shape
+    per_token = (Tensor("kda.state_tokens", (b, r["T"] - 1, heads, h, h), "fp32"),)
+    return replace(kernel, writes=final + (per_token if r["variant"] == "per_token" and r["T"] > 1 else ()))
 
 
 def _mla(r: dict) -> Kernel:
@@ -123,6 +131,17 @@ def _mla(r: dict) -> Kernel:
     kernel = _plan(r["model"], "standard", r["tp"], r["B"], r["T"], r["S"] - r["T"], "mla").kernel("mla_decode")
     reads = tuple(Tensor(t.name, t.shape, r["fmt"]) if t.name in ("mla.cache", "mla.qcat") else t for t in kernel.reads)
     return replace(kernel, reads=reads)
+
+
+COLLECTIVE_OP = {"nccl_all_reduce": "all_reduce", "symm_one_shot": "all_reduce", "symm_two_shot": "all_reduce",
+                 "nccl_reduce_scatter": "reduce_scatter", "nccl_all_gather": "all_gather"}
+
+
+def _collective(r: dict) -> Kernel:
+    """A standalone exchange of n_bytes per rank over P ranks (the op the implementation runs)."""
+    op = COLLECTIVE_OP[r["impl"]]
+    return Kernel(r["plan_key"] or op, r["impl"], "collective", family="collective",
+                  collective=Collective(op, r["n_bytes"], r["P"]))
 
 
 def price_row(row: Mapping[str, Any], hw: HardwareProfile) -> dict[str, Any]:

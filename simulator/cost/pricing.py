@@ -38,14 +38,13 @@ A GPU without FP4 tensor cores prices FP4 math at its `fp4_runs_as` format's rat
 
 from __future__ import annotations
 
-import functools
-import math
 
 import numpy as np
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from simulator.cost.collectives import collective_cost, collective_time_us
+from simulator.cost.laws import expected_tiles, law_us
 from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import TENSOR_CORE_FAMILIES, Kernel
 
@@ -73,6 +72,7 @@ class KernelCost:
     comm_bytes: int
     peak_bandwidth: float  # B/s, datasheet HBM
     stream_bandwidth: float  # B/s, eta BW: what this kernel's byte phase reaches alone
+    measured: bool = False  # priced by a measured law of the profile's kernel set (cost/laws.py)
 
     @property
     def duration_us(self) -> float:
@@ -126,41 +126,6 @@ def _fixed(family: str, floor: str, hw: HardwareProfile) -> float:
     return hw.floor_us(floor) + (hw.gemm_fixed_us if family in TENSOR_CORE_FAMILIES else 0.0)
 
 
-@functools.lru_cache(maxsize=4096)
-def expected_tiles(tokens: int, rows: int, experts: int) -> tuple[float, int]:
-    """(expected BLOCK_M-row tiles, BLOCK_M) of a grouped GEMM whose `tokens` x top-k = `rows` routed rows
-    touch `experts` = U experts.
-
-    vLLM's moe_align_block_size pads each expert's rows to whole tiles of BLOCK_M = 16 rows (64 once
-    experts average more than 16). Routing is random, so experts do not get rows / U each: a touched
-    expert holds n ~ Binomial(tokens, q) rows given n >= 1 (each token picks it or not), q set so that
-    the mean is rows / U (uniform routing over E experts gives q = k / E exactly; q = 1 when every token
-    picks every expert). The grid runs U E[ceil(n / BLOCK_M) | n >= 1] tiles: at 16 rows per expert on
-    average ~1.45 U, not U (the H200 W4A16 runs at U = 64 and 128 launch 94 and 184 tiles:
-    benchmarks/gpu/fam_moe.align_blocks)."""
-    u = max(int(experts), 1)
-    m = max(int(tokens), 1)
-    mean = max(rows / u, 1.0)
-    block = 64 if mean > 16 else 16
-    if mean >= m or m == 1:  # every token routes to every touched expert: no spread
-        return float(u * math.ceil(min(mean, m) / block)), block
-    lo, hi = 0.0, 1.0  # conditional mean m q / (1 - (1 - q)^m) rises from 1 to m with q
-    for _ in range(60):
-        q = 0.5 * (lo + hi)
-        lo, hi = (q, hi) if m * q / -math.expm1(m * math.log1p(-q)) < mean else (lo, q)
-    q = 0.5 * (lo + hi)
-    sd = math.sqrt(m * q * (1.0 - q))
-    n = np.arange(max(1, int(m * q - 12 * sd - 1)), min(m, int(m * q + 12 * sd + 2)) + 1, dtype=np.float64)
-    log_pmf = (math.lgamma(m + 1) - _lgamma(n + 1) - _lgamma(m - n + 1)
-               + n * math.log(q) + (m - n) * math.log1p(-q))
-    touched = -math.expm1(m * math.log1p(-q))
-    return u * float(np.sum(np.exp(log_pmf) * np.ceil(n / block))) / touched, block
-
-
-def _lgamma(x: np.ndarray) -> np.ndarray:
-    return np.vectorize(math.lgamma, otypes=[np.float64])(x)
-
-
 def padded_grouped_flops(tokens: int, rows: int, experts: int, k_dim: int, n_dim: int) -> float:
     """2 x K x N over the whole BLOCK_M-row tiles the grid runs (expected_tiles)."""
     tiles, block = expected_tiles(tokens, rows, experts)
@@ -190,7 +155,7 @@ def launch_gap_us(kernel: Kernel, hw: HardwareProfile) -> float:
     boundary, one that waits first only `pdl_dependent_hidden_us`, 0.34 µs; calibration/h200/pdl):
 
         gap_pdl = max(launch_gap_pdl, gap - pdl_dependent_hidden - W_prefetch / (eta BW))"""
-    if not kernel.pdl:
+    if not kernel.pdl or (hw.kernel_set is not None and not hw.kernel_set.pdl):
         return hw.launch_gap_us
     independent = min(kernel.prefetch_bytes, kernel.weight_bytes)
     if kernel.kind == "attention" and kernel.prefetch_bytes:  # its KV cache / recurrent state is no input either
@@ -224,9 +189,35 @@ def serial_us(kernel: Kernel, hw: HardwareProfile) -> float:
     return kernel.serial_steps * hw.serial_step_us * waves
 
 
+def measured_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[Any, Any, Any, Any] | None:
+    """(fixed µs, mem µs, comm µs, stream B/s) of a kernel the profile's kernel set has a measured law for
+    (cost/laws.py), None otherwise. The law gives the time per launch in back-to-back graph replay, the launch
+    gap included; the kernel's own duration is that less the gap, its bytes stream at eta BW (or as fast as
+    that duration needs) and the rest is latency, or the exchange of a collective:
+
+        duration = law - gap;  mem = min(duration, S / (eta BW));  fixed (or comm) = duration - mem"""
+    if hw.kernel_set is None:
+        return None
+    law = law_us(kernel, hw.kernel_set, hw.sm_count, hw.l2_bytes)
+    if law is None:
+        return None
+    duration = np.maximum(law - hw.launch_gap_us, hw.kernel_fixed_us)
+    stream = hw.hbm_efficiency * hw.hbm_bandwidth
+    mem = np.minimum(duration, kernel.hbm_bytes / stream * 1e6)
+    stream = np.where(mem > 0, kernel.hbm_bytes / np.maximum(mem, 1e-12) * 1e6, stream)
+    rest = duration - mem
+    if kernel.family == "collective":
+        return 0.0, mem, rest, stream
+    return rest, mem, 0.0, stream
+
+
 def kernel_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float, float, float, float]:
     """(launch µs, fixed + serial µs, math µs, comm µs, stream B/s): what the timeline needs, without a record."""
     _check_collective(kernel)
+    measured = measured_terms(kernel, hw)
+    if measured is not None:
+        fixed, _, comm, stream = measured
+        return launch_gap_us(kernel, hw), fixed, 0.0, comm, stream
     comm = collective_time_us(kernel.collective, hw) if kernel.collective else 0.0
     experts_us, math_us = grouped_gemm_terms(kernel, hw)
     return (launch_gap_us(kernel, hw), fixed_us(kernel, hw) + experts_us + serial_us(kernel, hw),
@@ -234,7 +225,17 @@ def kernel_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float, flo
 
 
 def price_kernel(kernel: Kernel, hw: HardwareProfile) -> KernelCost:
-    """The cost of `kernel` alone on `hw` (formulas in the module docstring)."""
+    """The cost of `kernel` alone on `hw` (formulas in the module docstring; a kernel the profile's kernel set
+    measured: its law, measured_terms)."""
+    _check_collective(kernel)
+    measured = measured_terms(kernel, hw)
+    if measured is not None:
+        fixed, mem, comm, stream = (float(v) for v in measured)
+        return KernelCost(
+            key=kernel.key, name=kernel.name, kind=kernel.kind, launch_us=launch_gap_us(kernel, hw), fixed_us=fixed,
+            serial_us=0.0, mem_us=mem, math_us=0.0, comm_us=comm, comm_alpha_us=comm if mem == 0 else 0.0,
+            algorithm="measured" if comm else "", bytes=kernel.hbm_bytes, flops=kernel.flops,
+            comm_bytes=kernel.comm_bytes, peak_bandwidth=hw.hbm_bandwidth, stream_bandwidth=stream, measured=True)
     launch, fixed, math_us, _, stream = kernel_terms(kernel, hw)
     serial = serial_us(kernel, hw)
     comm = collective_cost(kernel.collective, hw) if kernel.collective else None

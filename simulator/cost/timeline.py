@@ -148,7 +148,7 @@ def _inputs(arrays: tuple, i: int) -> list[int]:
 
 def _arrays(plan: Plan, hw: HardwareProfile) -> tuple:
     """Price every kernel and lay the plan out as the arrays `events.simulate` reads."""
-    pred, deps, nbytes, can_pf = plan_layout(plan)
+    pred, deps, nbytes, can_pf = launch_layout(plan, hw)
     priced = _priced(hw)
     terms = np.array([remember(priced, k, kernel_terms, k, hw, limit=KERNELS_PRICED_KEPT) for k in plan],
                      dtype=np.float64).reshape(len(plan), 5)
@@ -194,6 +194,15 @@ def plan_layout(plan: Plan) -> tuple:
         index[k.key] = last[k.stream] = i
     return (np.array(pred, dtype=np.int64), np.array(deps, dtype=np.int64).reshape(n, width),
             np.array(nbytes, dtype=np.float64), np.array(can_pf, dtype=np.float64))
+
+
+def launch_layout(plan: Plan, hw: HardwareProfile) -> tuple:
+    """`plan_layout` as the profile's kernels launch it: kernels of a set without PDL cannot start loading
+    their weights before their predecessor ends, so nothing is prefetched."""
+    pred, deps, nbytes, can_pf = plan_layout(plan)
+    if hw.kernel_set is not None and not hw.kernel_set.pdl:
+        can_pf = np.zeros_like(can_pf)
+    return pred, deps, nbytes, can_pf
 
 
 def plan_scalars(hw: HardwareProfile) -> tuple:

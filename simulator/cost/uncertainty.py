@@ -50,7 +50,7 @@ import numpy.typing as npt
 
 from simulator.cost import lockstep
 from simulator.cost.pricing import kernel_terms
-from simulator.cost.timeline import plan_layout, plan_scalars
+from simulator.cost.timeline import launch_layout, plan_scalars
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.memo import remember
@@ -93,7 +93,7 @@ def derive_residuals(folder: str | Path, hw: HardwareProfile) -> dict[str, Any]:
     fitted: dict[str, list[float]] = {}
     held: dict[str, list[float]] = {}
     for p in points:
-        fam, fit = p.row["family"], fits[v.group_of(p.row)]
+        fam, fit = p.row["family"], fits[p.group]
         free = sum(1 for regime in fit.regimes for c in regime if c > 0)
         r = math.log(p.measured / p.refit)
         if p.held_back:
@@ -306,7 +306,7 @@ def schedule_plans(plans: list[Plan], sample: Sample, simulate: Callable = locks
 def _draw_arrays(plan: Plan, sample: Sample) -> tuple:
     """The plan's `events.simulate` arrays under every draw: phases [N, n] re-priced on the drawn constants and
     scaled by the kernels' family factors; the layout (deps, bytes, prefetch targets) is the same in all."""
-    pred, deps, nbytes, can_pf = plan_layout(plan)
+    pred, deps, nbytes, can_pf = launch_layout(plan, sample.stacked)
     launch, fixed, math_us, comm, bw = np.stack([_scaled_draws(k, sample) for k in plan], axis=2)  # [N, n] each
     return pred, deps, launch, fixed, math_us, comm, nbytes, bw, can_pf
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -36,6 +36,8 @@ from typing import Any, Mapping
 from simulator.errors import UserError
 
 PROFILES_DIR = Path(__file__).resolve().parent
+DATASHEET = "datasheet"  # the kernel set of no measured kernels: every kernel priced from the profile's constants
+# (kernel_sets.DATASHEET is the same word; this module stays importable without it)
 MATH_FORMATS = ("fp4", "fp8", "bf16", "fp32")
 RUNS_AS = ("fp8", "bf16")  # what FP4 math may fall back to on a GPU without FP4 tensor cores
 
@@ -92,6 +94,8 @@ class HardwareProfile:
     beta_nvls: float  # B/s of the payload through the switch, each direction
     alpha_growth_per_doubling: float  # fraction an alpha grows per doubling of ranks (P = 8 reference)
     fp4_runs_as: str = "fp4"  # "fp4" where native, else "bf16" or "fp8"
+    kernels: str = DATASHEET  # the implementation set an answer prices (kernel_sets.py); "datasheet": none measured
+    kernel_set: Any = None  # that set's measured laws (a kernel_sets.KernelSet), None for the datasheet law
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     fits: Mapping[str, Fit] = field(default_factory=dict, compare=False, repr=False)
 
@@ -132,8 +136,9 @@ def list_hardware() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in PROFILES_DIR.glob("*.toml")))
 
 
-def load_hardware(name_or_path: str | Path) -> HardwareProfile:
-    """A bundled profile by name (case-insensitive, e.g. "gb300") or a user's TOML file by path."""
+def load_hardware(name_or_path: str | Path, kernels: str | None = None) -> HardwareProfile:
+    """A bundled profile by name (case-insensitive, e.g. "gb300") or a user's TOML file by path, pricing with
+    the kernel set `kernels` (case-insensitive; None: the GPU's default set, the best-measured one)."""
     text = str(name_or_path)
     path = Path(text)
     if not (text.endswith(".toml") or path.is_file()):
@@ -141,7 +146,26 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
         if not path.is_file():
             names = ", ".join(list_hardware())
             raise UserError(f"Unknown hardware {text!r}; choose one of {names} or give a path to a .toml file.")
-    return _parse(_read_toml(path), path.name)
+    hw = _parse(_read_toml(path), path.name)
+    return _with_kernels(hw, measured_sets(path.stem if path.parent == PROFILES_DIR else None), kernels)
+
+
+def measured_sets(stem: str | None) -> tuple[str, dict[str, Any]]:
+    """(default set, {name: KernelSet}) measured for a bundled GPU; ("datasheet", {}) where none is."""
+    from simulator.hardware.kernel_sets import laws_path, load_sets
+    path = laws_path(stem) if stem else None
+    return load_sets(path) if path is not None and path.is_file() else (DATASHEET, {})
+
+
+def _with_kernels(hw: HardwareProfile, found: tuple[str, dict[str, Any]], kernels: str | None) -> HardwareProfile:
+    default, sets = found
+    name = default if kernels is None else kernels.lower()
+    if name == DATASHEET:
+        return replace(hw, kernels=DATASHEET, kernel_set=None)
+    if name not in sets:
+        known = ", ".join(sorted(sets) + [DATASHEET])
+        raise UserError(f"Unknown kernel set {kernels!r} for {hw.name}; choose one of {known}.")
+    return replace(hw, kernels=name, kernel_set=sets[name])
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

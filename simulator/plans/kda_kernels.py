@@ -66,7 +66,7 @@ def kda_recurrent(d: Dims, launch: Launch = PLAIN) -> Kernel:
     rollback."""
     M, C, Nh, H, B, T = d.M, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim, d.shape.batch, d.shape.tokens_per_seq
     checkpoints = (act("kda.state_tokens", B, T - 1, Nh, H, H, dtype="fp32"),) if T > 1 else ()
-    return Kernel(key="kda_recurrent", name="fused_recurrent_kda", kind="attention", family="kda",
+    return Kernel(key="kda_recurrent", name="fused_recurrent_kda", kind="attention", family="kda", impl="split_v",
                   op=kda_ops.kda_recurrent_step,
                   consts=(("batch", B), ("lower_bound", d.cfg.gate_lower_bound), ("checkpoints", T > 1)),
                   reads=(act("kda.qkv_conv", M, 3 * C), act("kda.z", M, C), act("kda.b", M, Nh), _state(d)),
@@ -92,7 +92,8 @@ def kda_gated_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
 def kda_decode(d: Dims, name: str, launch: Launch = PLAIN, fusions: tuple[str, ...] = ()) -> Kernel:
     """conv update + SiLU + L2 norm + gate + beta + delta rule + per-head RMSNorm + output gate."""
     M, C, Nh, H, B, W = d.M, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim, d.shape.batch, d.cfg.conv_size
-    return Kernel(key="kda_decode", name=name, kind="attention", family="kda", op=kda_ops.kda_decode_step,
+    return Kernel(key="kda_decode", name=name, kind="attention", family="kda", impl="per_head",
+                  op=kda_ops.kda_decode_step,
                   consts=(("batch", B), ("lower_bound", d.cfg.gate_lower_bound), ("eps", d.cfg.rms_norm_eps)),
                   reads=(act("kda.qkv", M, 3 * C), act("kda.z", M, C), act("kda.b", M, Nh), act("kda.g", M, C),
                          _state(d), _conv_hist(d)),

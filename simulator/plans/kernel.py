@@ -108,6 +108,7 @@ class Kernel:
     name: str  # as a profiler would show it
     kind: KernelKind
     family: Family | Literal[""] = ""  # required: one of FAMILIES (checked on build)
+    impl: str = ""  # the algorithm, where the family has several (KDA: "split_v" grid or "per_head"); cost/laws.py
     reads: tuple[Tensor, ...] = ()
     writes: tuple[Tensor, ...] = ()
     weights: tuple[Tensor, ...] = ()
@@ -156,7 +157,7 @@ class Kernel:
         bytes, notes) share a hash and equality tells them apart."""
         cached = self.__dict__.get("_hash")
         if cached is None:
-            cached = hash((self.key, self.name, self.kind, self.family, self.flops, self.math, self.stream, self.deps,
+            cached = hash((self.key, self.name, self.kind, self.family, self.impl, self.flops, self.math, self.stream, self.deps,
                            self.collective, self.prefetch_bytes, self.pdl, self.ctas, self.ctas_per_sm,
                            self.serial_steps, self.group_rows, self.floor, self.group_tokens, self.fusions,
                            self.replaces, self.scope, self.weight_bytes, self.read_bytes, self.write_bytes,

@@ -28,14 +28,23 @@ def print_validation(doc: Mapping[str, Any]) -> None:
     con = _console()
     con.print(f"{doc['measured_points']} measured points on {doc['hardware']} ({doc['measurements']})")
     con.print(f"metric: {doc['metric']}")
-    table = Table("family", "pre-registered: median / worst %", "model now: median / worst %",
-                  "refit, held back: median / worst %")
+    table = Table("family", "pre-registered", f"model ({doc['kernels']}), held back", "model, all points",
+                  "refit, held back", title="median / worst % error (n points)")
     for fam, s in doc["by_family"].items():
-        table.add_row(fam, _cell(s["preregistered"]), _cell(s["model"]), _cell(s))
-    table.add_row("all", _cell(doc["preregistered"]), _cell(doc["model"]),
-                  _cell({"n": doc["kernels"], "median_abs_pct_error": doc["median_abs_pct_error"],
-                         "worst_abs_pct_error": doc["worst_abs_pct_error"]}))
+        table.add_row(fam, _cell(s["preregistered"]), _cell(s), _cell(s["model_all_points"]), _cell(s["refit"]))
+    table.add_row("all", _cell(doc["preregistered"]),
+                  _cell({"n": doc["held_back_points"], "median_abs_pct_error": doc["median_abs_pct_error"],
+                         "worst_abs_pct_error": doc["worst_abs_pct_error"]}),
+                  _cell(doc["model_all_points"]), _cell(doc["refit"]))
     con.print(table)
+    if doc["profile_is_the_fit"]:
+        con.print(f"the {doc['hardware']} profile's kernel set {doc['kernels']!r} is the fit of these CSVs: "
+                  "model and refit are one law")
+    else:
+        con.print(f"the {doc['hardware']} profile's kernel set {doc['kernels']!r} is not the fit of these CSVs: "
+                  "`moe-sim validate --fit` writes it")
+    if doc.get("written"):
+        con.print(f"wrote kernel set {doc['written']['set']!r} to {doc['written']['path']}")
     for fam, s in doc.get("probes", {}).items():
         con.print(f"{fam} probe (shapes off the grid, never fitted; the grid's laws): median / worst % {_cell(s)}")
     fits = Table("group", "points fitted", "constants of the family law (µs, GB/s, TFLOP/s)")
@@ -77,7 +86,7 @@ def _figure_validation(doc: Mapping[str, Any]) -> Figure:
     for ax, fam in zip(axes.flat, fams):
         pts = [p for p in doc["points"] if p["family"] == fam]
         meas = [p["measured_us"] for p in pts]
-        ax.scatter(meas, [p["model_us"] for p in pts], s=9, marker="x", color="#AAAAAA", label="model now")
+        ax.scatter(meas, [p["model_us"] for p in pts], s=9, marker="x", color="#AAAAAA", label="model")
         held = [p for p in pts if p["held_back"]]
         ax.scatter([p["measured_us"] for p in held], [p["refit_us"] for p in held], s=10, color=COLOURS.get(fam, "k"),
                    label="refit, held back")

@@ -1,0 +1,300 @@
+"""The measured law of each kernel family: one set of term functions, read by pricing and fitted by validate.
+
+A GPU whose kernels the project has measured (calibration/h200) carries, beside its profile, a table of
+kernel *laws* per implementation set (`simulator/hardware/laws/<gpu>.toml`, written by
+`moe-sim validate --fit`). A law is linear in a few physical constants apart from one max of two roofs:
+
+    t = t0 + max(sum of one roof's terms, sum of the other's) + every other term     (per launch, in µs)
+
+where each term is a constant times a regressor that `features` computes from the `Kernel` alone: its
+declared tensors, grid, FLOPs and collective. Pricing a plan kernel and fitting a measured point therefore
+read the same function: `moe-sim validate` rebuilds the kernel a CSV row measured (cost/measured.py) and
+calls `features` on it, exactly as pricing calls it on a plan's kernel. Family by family:
+
+  gemm        t0 + max(W + X bytes c_b, tiled flops c_f) + out bytes c_o + K c_narrow [N <= 1024]
+              (tiled: 64 x 128 output tiles in waves over the SMs, tiled_gemm_flops; a narrow output splits K
+              and reduces the partial sums in a second pass). Short K (<= 1024) and long K fit apart.
+  moe         t0 + max(bytes c_b, padded flops c_f) + U c_U           (padded: whole BLOCK_M-row tiles)
+  moe W4A16   t0 + bytes c_b + tiles K N c_dq + rows K ceil(N / BLOCK_N) c_a + U c_U   (a tile dequantises its
+              slab; each N-program re-reads the routed rows). fc1 and fc2 fit apart (fc2's K is short).
+  small       t0[kernel] + bytes c_b                (a floor per kernel: a top-k is not a copy)
+  kda         t0 + max(waves T c_T + state bytes c_s + per-token state bytes c_L2,
+                       bytes beyond L2 c_d + state bytes c_r)   (waves of the declared grid; the states a
+              verify stores per token land in L2 and what it cannot hold drains to HBM meanwhile)
+  mla         t0 + waves x tiles per split c_tile + splits c_combine      (split-KV flash decoding)
+  collective  t0 + wire bytes c_w, per algorithm; NCCL's two protocols are two lines, the cheaper wins
+
+t0 holds the launch gap of back-to-back CUDA-graph replay (how the suite measures); pricing takes
+`hw.launch_gap_us` back out and lets the timeline charge the gap (PDL shortens it).
+
+An implementation set maps each kernel *role* to the measured implementations that stand for it (a W4A16
+MoE to the suite's Triton kernel or to vLLM's Marlin, an all-reduce to NCCL or the symmetric-memory
+one- and two-shot kernels, an engine picking the fastest). A kernel with no law in the set (a fused
+kernel nobody measured, a small kernel of its own) is priced by the datasheet law in pricing.py, and
+a law is never extrapolated to rank counts it was not measured at.
+
+Dimension legend: M tokens, K x N a weight, U touched experts, B sequences, T tokens per sequence, S cached
+tokens, P ranks, n collective payload per rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from dataclasses import dataclass
+
+from simulator.hardware.kernel_sets import ROLES, KernelSet
+from simulator.plans.kernel import Kernel
+
+MLA_TILE = 64  # cache slots per tile of a split-KV decode kernel
+SHORT_K = 1024  # reduction depth at or below which a GEMM tile runs <= 8 K-steps of 128
+W4A16_BLOCK_N = {16: 32, 64: 64}  # the suite's W4A16 tile config: BLOCK_M -> BLOCK_N (fam_moe.TILE_CONFIG)
+NARROW_N = 1024  # output width at or below which cuBLAS splits K (two launches in calibration/h200/gemm.csv)
+GEMM_TILE = (64, 128)  # output rows x columns of one CTA's tile, as assumed for cuBLAS on Hopper
+SPLIT_K = (1, 2, 3, 4, 6, 8)  # K splits a library may choose; each split keeps >= MIN_SPLIT_DEPTH of K
+MIN_SPLIT_DEPTH = 512
+COLLECTIVE_ALGORITHM = {"nccl_all_reduce": "ring", "symm_one_shot": "one_shot", "symm_two_shot": "two_shot",
+                        "nccl_reduce_scatter": "reduce_scatter", "nccl_all_gather": "all_gather"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# the terms
+# ---------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=4096)
+def tiled_gemm_flops(m: int, k: int, n: int, sms: int) -> float:
+    """FLOPs of a dense [m, k] x [k, n] GEMM as the SMs spend them: whole 64 x 128 output tiles, in waves
+    of one tile per SM, with the split of K that makes the fewest waves of work.
+
+        tiles = ceil(m / 64) ceil(n / 128);  waves(s) = ceil(tiles s / SMs)
+        F_tiled = min over s of  waves(s) x SMs x 2 x 64 x 128 x k / s
+
+    Every SM runs as long as the busiest one: a grid smaller than the GPU leaves SMs idle and a partial tile
+    computes its padding. At decode m the 64-row tile is mostly padding, so a narrow GEMM costs about as
+    much at n = 256 as at n = 896 (the H200 router at m <= 64 takes 8.6-10.5 µs across that range). The
+    tile and the cheapest split are assumptions: cuBLAS chooses otherwise (calibration/h200/gemm_kernels.csv;
+    the n = 560 router at m = 2048 runs 128 x 80 tiles unsplit, one wave, and this law misses it by ~20 %).
+    Large GEMMs approach the useful FLOPs."""
+    bm, bn = GEMM_TILE
+    tiles = -(-m // bm) * -(-n // bn)
+    best = math.inf
+    for s in SPLIT_K:
+        if s > 1 and k / s < MIN_SPLIT_DEPTH:
+            break
+        best = min(best, -(-tiles * s // sms) * sms * 2.0 * bm * bn * k / s)
+    return best
+
+
+def mla_splits(batch: int, cached: int, sms: int, tile: int = MLA_TILE) -> tuple[int, int]:
+    """(splits, chunk) of a flash-decoding grid: B x splits >= 2 x SMs where the cache has enough tiles."""
+    want = max(1, min(-(-2 * sms // batch), -(-cached // tile)))
+    chunk = -(-(-(-cached // want)) // tile) * tile
+    return -(-cached // chunk), chunk
+
+
+def wire_bytes(nbytes: int, ranks: int, algorithm: str) -> float:
+    """Bytes each rank sends over NVLink for the collective's algorithm (collectives.py)."""
+    n, p = nbytes, max(ranks, 1)
+    return {"one_shot": (p - 1) * n, "all_gather": (p - 1) * n, "reduce_scatter": (p - 1) / p * n}.get(
+        algorithm, 2 * (p - 1) / p * n)
+
+
+def gemm_shape(kernel: Kernel) -> tuple[int, int, int]:
+    """(M, K, N) of a dense GEMM kernel: K x N its one 2-D weight buffer, M from its FLOPs (2 M K N, plus any
+    epilogue work too small to reach another row)."""
+    k, n = kernel.weights[0].shape
+    return kernel.flops // (2 * k * n), k, n
+
+
+def moe_shape(kernel: Kernel) -> tuple[int, int, int, int, int]:
+    """(tokens M, routed rows M k, touched experts U, K, N) of a grouped GEMM over the experts in weights[0]."""
+    w = kernel.weights[0]
+    tokens = kernel.group_tokens or kernel.group_rows
+    return tokens, kernel.group_rows, w.shape[0], w.shape[-2], w.shape[-1]
+
+
+@functools.lru_cache(maxsize=4096)
+def expected_tiles(tokens: int, rows: int, experts: int) -> tuple[float, int]:
+    """(expected BLOCK_M-row tiles, BLOCK_M) of a grouped GEMM whose `tokens` x top-k = `rows` routed rows
+    touch `experts` = U experts.
+
+    vLLM's moe_align_block_size pads each expert's rows to whole tiles of BLOCK_M = 16 rows (64 once
+    experts average more than 16). Routing is random, so experts do not get rows / U each: a touched
+    expert holds n ~ Binomial(tokens, q) rows given n >= 1 (each token picks it or not), q set so that
+    the mean is rows / U (uniform routing over E experts gives q = k / E exactly; q = 1 when every token
+    picks every expert). The grid runs U E[ceil(n / BLOCK_M) | n >= 1] tiles: at 16 rows per expert on
+    average ~1.45 U, not U (the H200 W4A16 runs at U = 64 and 128 launch 94 and 184 tiles:
+    benchmarks/gpu/fam_moe.align_blocks)."""
+    u = max(int(experts), 1)
+    m = max(int(tokens), 1)
+    mean = max(rows / u, 1.0)
+    block = 64 if mean > 16 else 16
+    if mean >= m or m == 1:  # every token routes to every touched expert: no spread
+        return float(u * math.ceil(min(mean, m) / block)), block
+    lo, hi = 0.0, 1.0  # conditional mean m q / (1 - (1 - q)^m) rises from 1 to m with q
+    for _ in range(60):
+        q = 0.5 * (lo + hi)
+        lo, hi = (q, hi) if m * q / -math.expm1(m * math.log1p(-q)) < mean else (lo, q)
+    q = 0.5 * (lo + hi)
+    sd = math.sqrt(m * q * (1.0 - q))
+    n = np.arange(max(1, int(m * q - 12 * sd - 1)), min(m, int(m * q + 12 * sd + 2)) + 1, dtype=np.float64)
+    log_pmf = (math.lgamma(m + 1) - _lgamma(n + 1) - _lgamma(m - n + 1)
+               + n * math.log(q) + (m - n) * math.log1p(-q))
+    touched = -math.expm1(m * math.log1p(-q))
+    return u * float(np.sum(np.exp(log_pmf) * np.ceil(n / block))) / touched, block
+
+
+def _lgamma(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.lgamma, otypes=[np.float64])(x)
+
+
+def moe_tiles(kernel: Kernel) -> tuple[float, int]:
+    """(expected row tiles, BLOCK_M) of the grouped GEMM (expected_tiles)."""
+    tokens, rows, experts, _, _ = moe_shape(kernel)
+    return expected_tiles(tokens, rows, experts)
+
+
+def kda_shape(kernel: Kernel) -> tuple[int, int, int, int, int]:
+    """(B sequences, heads, head dim H, T tokens per sequence, bytes of the states stored per token) of a KDA
+    kernel: the state it reads is its one [B, heads, H, H] fp32 tensor; a verify that keeps each token's
+    state writes one more [B, T - 1, heads, H, H] tensor."""
+    state = next(t for t in kernel.reads if len(t.shape) == 4 and t.shape[-1] == t.shape[-2])
+    b, heads, h, _ = state.shape
+    per_token = sum(t.nbytes for t in kernel.writes if len(t.shape) == 5)
+    return b, heads, h, max(1, kernel.reads[0].shape[0] // b), per_token
+
+
+def mla_shape(kernel: Kernel) -> tuple[int, int, int, int]:
+    """(B sequences, S cached tokens, heads, T tokens per sequence) of a latent decode: its query is the first
+    read [M, heads, L + R], its cache the [B, S, L + R] read."""
+    q = kernel.reads[0]
+    cache = next(t for t in kernel.reads[1:] if len(t.shape) == 3)
+    return cache.shape[0], cache.shape[1], q.shape[1], max(1, q.shape[0] // cache.shape[0])
+
+
+def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float) -> dict[str, float]:
+    """Named regressors of the law of `law.family` for `kernel`: each multiplies one constant (module docstring)."""
+    fam = law.family
+    if fam == "collective":
+        c = kernel.collective
+        return {"t0": 1.0, "wire_bytes": wire_bytes(c.nbytes, c.ranks, COLLECTIVE_ALGORITHM[law.impl])}
+    if fam == "kda":
+        b, heads, h, t, extra = kda_shape(kernel)
+        state = b * heads * h * h * 4
+        waves = -(-(kernel.ctas or b * heads) // (sms * kernel.ctas_per_sm))
+        return {"t0": 1.0, "serial": float(waves * t), "state_bytes": 2.0 * state,
+                "token_state_bytes": float(extra), "drain_bytes": float(max(0, state + extra - l2_bytes)),
+                "drain_state_bytes": float(state)}
+    if fam == "mla":
+        b, s, heads, t = mla_shape(kernel)
+        splits, chunk = mla_splits(b, s, sms)
+        programs = b * splits * -(-t * heads // 16)
+        return {"t0": 1.0, "tile_steps": float(-(-programs // sms) * -(-chunk // MLA_TILE)), "splits": float(splits)}
+    f = {"t0": 1.0, "bytes": float(kernel.hbm_bytes), "flops": float(kernel.flops)}
+    if fam == "gemm":
+        m, k, n = gemm_shape(kernel)
+        out = kernel.write_bytes
+        f["bytes"] -= out
+        f["out_bytes"] = float(out)
+        f["narrow_k"] = k / 1000.0 if n <= NARROW_N else 0.0
+        f["flops"] = tiled_gemm_flops(m, k, n, sms)  # whole tiles, in waves
+    if fam == "moe":  # padded tile math: every BLOCK_M-row block of an expert runs a full tile
+        tiles, block = moe_tiles(kernel)
+        _, rows, experts, k, n = moe_shape(kernel)
+        f["experts"] = float(experts)
+        if kernel.weights[0].dtype in ("mxfp4", "nvfp4"):  # W4A16: CUDA-core work per tile, not tensor-core math
+            del f["flops"]
+            f["dequant"] = tiles * k * n / 1e6
+            f["a_rereads"] = rows * k * 2 * -(-n // W4A16_BLOCK_N[block]) / 1e6
+        else:
+            f["flops"] = 2.0 * tiles * block * k * n
+    if fam == "small":  # each kernel its own floor, one bandwidth for all
+        del f["flops"], f["t0"]
+        f[f"t0_{law.role}"] = 1.0
+    return f
+
+
+@dataclass(frozen=True)
+class LawKey:
+    """Which law prices a kernel: its family, the measured implementation, and the role within the family
+    (a small kernel's own floor, fc1 or fc2 of the experts; "" where the family has one law)."""
+
+    family: str
+    impl: str
+    role: str = ""
+
+    def group(self, kernel: Kernel) -> str:
+        """The group whose constants the law shares: one implementation of one family; short- and long-K
+        GEMMs apart, fc1 and fc2 apart, the suite's W4A16 per tile config, all small kernels together
+        (each with its own floor)."""
+        if self.family in ("ceiling", "small"):
+            return self.family
+        g = f"{self.family}/{self.impl}"
+        if self.family == "gemm":  # a short K cannot hide its prologue / epilogue behind the K loop
+            return g + ("/short_k" if gemm_shape(kernel)[1] <= SHORT_K else "/long_k")
+        if self.family != "moe":
+            return g
+        g += f"/{self.role}"
+        return g + f"/block_m{moe_tiles(kernel)[1]}" if self.impl == "triton_w4a16" else g
+
+
+# ---------------------------------------------------------------------------------------------------
+# implementation sets
+# ---------------------------------------------------------------------------------------------------
+
+def role_of(kernel: Kernel) -> tuple[str | None, str]:
+    """(role, role key) of a plan kernel, or (None, "") where no measured law can stand for it: a kernel
+    that fuses an exchange into its work, an exchange that also computes, a batched GEMM."""
+    fam, c = kernel.family, kernel.collective
+    if fam == "collective":
+        ok = c is not None and not c.in_kernel and not kernel.floor and c.ranks > 1
+        return (c.op, "") if ok else (None, "")
+    if c is not None:
+        return None, ""
+    if fam == "gemm":
+        ok = len(kernel.weights) == 1 and len(kernel.weights[0].shape) == 2 and kernel.flops > 0
+        return ("gemm", "") if ok else (None, "")
+    if fam == "moe":
+        if not (kernel.weights and len(kernel.weights[0].shape) == 3 and kernel.group_rows):
+            return None, ""
+        role = "fc1" if kernel.key == "fc1" else "fc2"  # a fused fc2 + finalize is a down projection first
+        dtype = kernel.weights[0].dtype
+        return (f"moe.{dtype}", role) if f"moe.{dtype}" in ROLES else (None, "")
+    if fam == "kda":  # the declared algorithm: vLLM's split-V recurrence or one program per head
+        has_state = any(len(t.shape) == 4 and t.shape[-1] == t.shape[-2] for t in kernel.reads)
+        ok = has_state and f"kda.{kernel.impl}" in ROLES
+        return (f"kda.{kernel.impl}", "") if ok else (None, "")
+    if fam == "mla":  # a query [M, heads, L + R] and a cache [B, S, L + R]
+        ok = len(kernel.reads) > 1 and len(kernel.reads[0].shape) == 3 and any(
+            len(t.shape) == 3 for t in kernel.reads[1:])
+        return ("mla", "") if ok else (None, "")
+    return "small", kernel.key
+
+
+def law_keys(kernel: Kernel, kset: KernelSet) -> tuple[LawKey, ...]:
+    """The measured laws of the set that may price `kernel` (an engine takes the fastest of several)."""
+    role, key = role_of(kernel)
+    if role is None or (kernel.collective is not None and kernel.collective.ranks not in kset.ranks):
+        return ()
+    fam = "collective" if role in ("all_reduce", "reduce_scatter", "all_gather") else role.split(".")[0]
+    return tuple(LawKey(fam, impl, key) for impl in kset.impls_of(role))
+
+
+def law_us(kernel: Kernel, kset: KernelSet, sms: int, l2_bytes: float) -> float | None:
+    """Per-launch µs (launch gap of back-to-back graph replay included) of `kernel` under the set's fastest
+    measured implementation, or None when no law of the set covers it."""
+    best = None
+    for key in law_keys(kernel, kset):
+        fit = kset.fit(key.group(kernel))
+        if fit is None:
+            continue
+        feats = features(kernel, key, sms, l2_bytes)
+        if not fit.covers(feats):
+            continue
+        t = fit.predict(feats)
+        best = t if best is None else min(best, t)
+    return best
+
+

@@ -1,0 +1,184 @@
+"""One model of GPU time: the measured laws pricing reads are the laws validate fits, from one function.
+
+The H200 profile's kernel set (simulator/hardware/laws/h200.toml) must be the fit of the committed CSVs;
+a plan kernel and the kernel a CSV row measured must get the same regressors; pricing must use the law
+where the set has one and the datasheet law where it has none; a bad table is one sentence.
+"""
+
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from simulator.cli import app
+from simulator.config import load_model
+from simulator.cost import laws
+from simulator.cost.measured import _plan, point_kernel
+from simulator.cost.pricing import kernel_terms, launch_gap_us, price_kernel
+from simulator.cost.timeline import schedule
+from simulator.cost.validate import kernel_set_of, law_key, read_measurements, row_law
+from simulator.errors import UserError
+from simulator.hardware import DATASHEET, load_hardware
+from simulator.hardware.kernel_sets import dump_sets, laws_path, load_sets
+from simulator.plans.kernel import Collective, DecodeShape, Kernel
+
+ROOT = Path(__file__).resolve().parent.parent
+MEASURED = ROOT / "calibration" / "h200"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return load_hardware("h200", "gpu-suite")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return read_measurements(MEASURED)
+
+
+def test_the_committed_laws_are_the_fit_of_the_committed_csvs():
+    """`moe-sim validate --measurements calibration/h200 --fit` writes exactly the committed table."""
+    base = load_hardware("h200", DATASHEET)
+    fresh = kernel_set_of(MEASURED, base)
+    _, committed = load_sets(laws_path("h200"))
+    assert committed[fresh.name] == fresh
+    default, _ = load_sets(laws_path("h200"))
+    assert dump_sets(base.name, default, committed.values()) == laws_path("h200").read_text(encoding="utf-8")
+
+
+def test_an_answer_prices_with_the_set_it_names(h200):
+    assert h200.kernels == "gpu-suite" and h200.kernel_set is not None
+    assert load_hardware("H200", "GPU-Suite").kernel_set == h200.kernel_set  # names are case-insensitive
+    default, _ = load_sets(laws_path("h200"))
+    assert load_hardware("h200").kernels == default
+    assert load_hardware("gb300").kernels == DATASHEET  # nothing measured on Blackwell: the datasheet law
+    with pytest.raises(UserError, match="Unknown kernel set 'vllm'"):
+        load_hardware("h200", "vllm")
+
+
+def test_a_plan_kernel_gets_the_regressors_of_the_kernel_its_row_measured(rows, h200):
+    """The law is written once: the row's rebuilt kernel and the plan's own kernel give the same terms."""
+    checked = 0
+    for r in rows:
+        if r["family"] not in ("moe", "small", "kda", "mla") or r["variant"].endswith("sweep"):
+            continue
+        group, feats = row_law(r, h200)
+        kernel = point_kernel(r)
+        key = law_key(r)
+        assert key.group(kernel) == group
+        got = laws.features(kernel, key, h200.sm_count, h200.l2_bytes)
+        assert got == feats, r["id"]
+        checked += 1
+    assert checked > 300
+
+
+def test_pricing_uses_the_set_law_and_the_datasheet_law_elsewhere(rows, h200):
+    row = next(r for r in rows if r["plan_key"] == "fc1" and r["impl"] == "triton_w4a16" and r["M"] == 1)
+    fc1 = _plan(row["model"], "standard", row["tp"], 1, 1, 512, row["layer"]).kernel("fc1")
+    group, feats = row_law(row, h200)
+    law = h200.kernel_set.fit(group).predict(laws.features(fc1, law_key(row), h200.sm_count, h200.l2_bytes))
+    cost = price_kernel(fc1, h200)
+    assert cost.measured and cost.launch_us + cost.duration_us == pytest.approx(law)
+    assert law == pytest.approx(row["measured_us"], rel=0.1)  # the suite's W4A16 kernel, measured at ~59 µs
+    datasheet = price_kernel(fc1, load_hardware("h200", DATASHEET))
+    assert not datasheet.measured and abs(datasheet.duration_us - cost.duration_us) > 10
+    launch, fixed, math_us, comm, _ = kernel_terms(fc1, h200)
+    assert launch + fixed + cost.mem_us == pytest.approx(law) and math_us == comm == 0.0
+
+
+def test_a_set_without_pdl_pays_every_gap_and_prefetches_nothing(h200):
+    cfg = load_model("kimi-k3")
+    from simulator.cost.step import build_plan
+    plan = build_plan(cfg, "specialized", 8, DecodeShape(1, 1, 512), "kda")
+    assert any(k.pdl for k in plan) and any(k.prefetch_bytes for k in plan)
+    assert all(launch_gap_us(k, h200) == h200.launch_gap_us for k in plan)
+    assert all(s.prefetched_bytes == 0 for s in schedule(plan, h200).spans)
+    with_pdl = replace(h200, kernel_set=replace(h200.kernel_set, pdl=True))
+    assert any(s.prefetched_bytes > 0 for s in schedule(plan, with_pdl).spans)
+
+
+def test_a_law_is_not_extrapolated_to_rank_counts_it_never_saw(h200):
+    def all_reduce(ranks):
+        return Kernel("ar", "allreduce", "collective", family="collective",
+                      collective=Collective("all_reduce", 7168 * 2, ranks))
+    assert h200.kernel_set.ranks == (2,)
+    assert price_kernel(all_reduce(2), h200).measured
+    assert not price_kernel(all_reduce(8), h200).measured  # P = 8: the datasheet alpha-beta law
+
+
+def test_an_engine_takes_the_fastest_measured_all_reduce(h200):
+    ar = Kernel("ar", "allreduce", "collective", family="collective", collective=Collective("all_reduce", 1 << 20, 2))
+    keys = laws.law_keys(ar, h200.kernel_set)
+    each = [h200.kernel_set.fit(k.group(ar)).predict(laws.features(ar, k, h200.sm_count, h200.l2_bytes))
+            for k in keys]
+    assert len(keys) == 3 and laws.law_us(ar, h200.kernel_set, h200.sm_count, h200.l2_bytes) == min(each)
+
+
+def test_kernels_no_set_measured_fall_back_to_the_datasheet_law(h200):
+    cfg = load_model("kimi-k3")
+    from simulator.cost.step import build_plan
+    plan = build_plan(cfg, "specialized", 8, DecodeShape(1, 1, 512), "kda")
+    fused = plan.kernel("oproj_ar_norm")  # a GEMM with an in-kernel all-reduce: nobody measured it
+    assert laws.role_of(fused) == (None, "") and not price_kernel(fused, h200).measured
+    conv = build_plan(cfg, "standard", 8, DecodeShape(1, 2, 512), "kda").kernel("kda_conv")
+    assert laws.law_us(conv, h200.kernel_set, h200.sm_count, h200.l2_bytes) is None  # no floor of its own
+
+
+BAD_TABLES = [  # (pattern, replacement, words of the one sentence)
+    (r"regimes = \[\[[-+0-9.e]+", 'regimes = [["x"', "must be a finite number"),
+    (r'(collective/symm_one_shot"\]\nn = \d+\nterms = \["t0", "wire_bytes"\]\nregimes = \[\[)[-+0-9.e]+', r"\g<1>999.0",
+     "outside its range"),
+    (r'laws\."mla/triton_split_kv"\]', 'laws."attention/triton_split_kv"]', "unknown family 'attention'"),
+    (r'laws\."mla/triton_split_kv"\]', 'laws."mla/flashmla"]', "implementation 'flashmla' is not in"),
+    (r'"small" = \["triton"\]', '"tiny" = ["triton"]', "unknown role 'tiny'"),
+    (r"pdl = false", "pdl = 0", "'pdl' must be true or false"),
+    (r'default = "\w+"', 'default = "vllm"', "names no set"),
+    (r'hardware = "H200"', 'hardware = "H200', "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize("pattern,new,words", BAD_TABLES)
+def test_a_bad_laws_table_is_one_sentence_and_exit_2(tmp_path, monkeypatch, pattern, new, words):
+    from simulator.hardware import kernel_sets
+    laws_dir = tmp_path / "laws"
+    shutil.copytree(laws_path("h200").parent, laws_dir)
+    text = (laws_dir / "h200.toml").read_text(encoding="utf-8")
+    bad, n = re.subn(pattern, new, text, count=1)
+    assert n == 1
+    (laws_dir / "h200.toml").write_text(bad, encoding="utf-8")
+    monkeypatch.setattr(kernel_sets, "LAWS_DIR", laws_dir)
+    with pytest.raises(UserError, match=words):
+        load_hardware("h200")
+    result = runner.invoke(app, ["step", "--hardware", "h200", "--tp", "8", "--no-interval"])
+    assert result.exit_code == 2 and words.split("'")[0] in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_table_missing_a_constant_is_refused(tmp_path, monkeypatch):
+    from simulator.hardware import kernel_sets
+    laws_dir = tmp_path / "laws"
+    shutil.copytree(laws_path("h200").parent, laws_dir)
+    path = laws_dir / "h200.toml"
+    text = path.read_text(encoding="utf-8")
+    start = text.index('[sets.gpu-suite.laws."mla/triton_split_kv"]')
+    line = re.search(r"regimes = \[\[(.*)\]\]", text[start:])
+    shorter = line.group(0).replace(line.group(1), line.group(1).rsplit(",", 1)[0])
+    path.write_text(text[:start] + text[start:].replace(line.group(0), shorter, 1), encoding="utf-8")
+    monkeypatch.setattr(kernel_sets, "LAWS_DIR", laws_dir)
+    with pytest.raises(UserError, match="one constant per term"):
+        load_hardware("h200")
+
+
+def test_validate_fit_writes_the_set_and_says_where(tmp_path, monkeypatch):
+    from simulator.hardware import kernel_sets
+    monkeypatch.setattr(kernel_sets, "LAWS_DIR", tmp_path / "laws")
+    result = runner.invoke(app, ["validate", "--measurements", str(MEASURED), "--fit"])
+    assert result.exit_code == 0, result.output
+    written = tmp_path / "laws" / "h200.toml"
+    assert f"to {written}" in result.output.replace("\n", "")
+    assert written.read_text(encoding="utf-8") == laws_path("h200").read_text(encoding="utf-8")
+    assert "model and refit are one law" in result.output
