@@ -21,7 +21,8 @@ calls `features` on it, exactly as pricing calls it on a plan's kernel. Family b
   kda         t0 + max(waves T c_T + state bytes c_s + per-token state bytes c_L2,
                        bytes beyond L2 c_d + state bytes c_r)   (waves of the declared grid; the states a
               verify stores per token land in L2 and what it cannot hold drains to HBM meanwhile)
-  mla         t0 + waves x tiles per split c_tile + splits c_combine      (split-KV flash decoding)
+  mla         t0 + max(waves x tiles per split c_tile, cache bytes c_b) + splits c_combine   (split-KV flash
+              decoding: the grid's serial tile steps, or streaming the cache where the kernel keeps HBM busy)
   collective  t0 + wire bytes c_w, per algorithm; NCCL's two protocols are two lines, the cheaper wins
 
 t0 holds the launch gap of back-to-back CUDA-graph replay (how the suite measures); pricing takes
@@ -191,7 +192,8 @@ def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float) -> dict[s
         b, s, heads, t = mla_shape(kernel)
         splits, chunk = mla_splits(b, s, sms)
         programs = b * splits * -(-t * heads // 16)
-        return {"t0": 1.0, "tile_steps": float(-(-programs // sms) * -(-chunk // MLA_TILE)), "splits": float(splits)}
+        return {"t0": 1.0, "tile_steps": float(-(-programs // sms) * -(-chunk // MLA_TILE)), "splits": float(splits),
+                "cache_bytes": float(kernel.hbm_bytes)}
     f = {"t0": 1.0, "bytes": float(kernel.hbm_bytes), "flops": float(kernel.flops)}
     if fam == "gemm":
         m, k, n = gemm_shape(kernel)
