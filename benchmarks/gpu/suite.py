@@ -26,21 +26,11 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent.parent)]  # points/harness/fam_* and the simulator package
 
 import points as pts  # noqa: E402
-from harness import say_no_gpu  # noqa: E402
+from harness import say_no_gpu, warm_up  # noqa: E402
 from rows import ENV_FIELDS, measured_ids, write_row  # noqa: E402
 
 FAMILY_MODULE = {"ceiling": "fam_dense", "gemm": "fam_dense", "moe": "fam_moe", "small": "fam_small",
                  "kda": "fam_attention", "mla": "fam_attention", "collective": "fam_collective"}
-def warm_up(torch, seconds: float = 3.0) -> None:
-    """Bring the clocks up before the first timed point (an idle H200 sits at 345 MHz SM clock)."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    end = time.time() + seconds
-    while time.time() < end:
-        for _ in range(20):
-            a @ a
-        torch.cuda.synchronize()
-
-
 def measure_points(points: list, out: Path, env: dict, budget_s: float) -> None:
     import torch
     warm_up(torch)

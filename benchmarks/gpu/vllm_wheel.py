@@ -1,0 +1,121 @@
+"""vLLM's production kernels, loaded at measurement time from its released wheel (never from this repository).
+
+    python benchmarks/gpu/vllm_wheel.py --wheel vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl --out DIR
+
+unpacks the few members the production measurements need (three compiled extensions, stripped of symbols
+they do not need to load, and two pure-Python sources) into DIR, to be carried to the GPU machine.
+`load(DIR, torch)` there registers the extensions' ops with torch.ops.load_library and imports the K3 Triton
+KDA source with its four `vllm` helper imports answered by the small stand-in modules below (a platform
+that reports PDL on compute capability >= 9 as vLLM's CUDA platform does, Triton's exp / log as FLA's
+default ops, Triton itself, cdiv and next_power_of_2), so no other vLLM code runs.
+
+The 92 MB `_C_stable_libtorch` (norms, activation, gptq_marlin_repack, fused_kda_decode) is not unpacked:
+79 MB stripped, 63 MB compressed, past what one GPU call may carry; production.py names its stand-ins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shutil
+import subprocess
+import sys
+import types
+import zipfile
+from pathlib import Path
+
+VERSION = "0.33.0"
+LIBRARIES = ("vllm/_moe_C_stable_libtorch.abi3.so", "vllm/_flashmla_C.abi3.so", "vllm/_flashmla_extension_C.abi3.so")
+SOURCES = ("vllm/scalar_type.py", "vllm/models/kimi_k3/nvidia/ops/third_party/kda/fused_recurrent.py")
+
+
+def unpack(wheel: Path, out: Path) -> list[Path]:
+    """Extract LIBRARIES and SOURCES from the wheel into out (flat), strip the libraries; the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        for member in LIBRARIES + SOURCES:
+            if member not in names:
+                raise SystemExit(f"{wheel}: no member {member} (is this the vLLM {VERSION} wheel?)")
+            dest = out / Path(member).name
+            with z.open(member) as src, dest.open("wb") as dst:
+                shutil.copyfileobj(src, dst)
+            if dest.suffix == ".so" and shutil.which("strip"):
+                subprocess.run(["strip", "--strip-unneeded", str(dest)], check=True)
+            written.append(dest)
+    (out / "VERSION").write_text(f"vllm=={VERSION} from {wheel.name}\n")
+    return written
+
+
+def _module(name: str, **attrs) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    sys.modules[name] = mod
+    return mod
+
+
+def _helper_modules(torch) -> None:
+    """The four `vllm` modules fused_recurrent.py imports from, as small stand-ins (module docstring)."""
+    import triton
+    import triton.language as tl
+
+    class Platform:
+        @staticmethod
+        def is_arch_support_pdl() -> bool:
+            return torch.cuda.get_device_capability()[0] >= 9
+
+    for name in ("vllm", "vllm.third_party", "vllm.third_party.flash_linear_attention",
+                 "vllm.third_party.flash_linear_attention.ops", "vllm.utils"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    _module("vllm.platforms", current_platform=Platform())
+    _module("vllm.triton_utils", tl=tl, triton=triton)
+    _module("vllm.third_party.flash_linear_attention.ops.op", exp=tl.exp, log=tl.log)
+    _module("vllm.utils.math_utils", cdiv=lambda a, b: -(a // -b),
+            next_power_of_2=lambda n: 1 << (n - 1).bit_length() if n > 0 else 1)
+
+
+def _source(path: Path, name: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Wheel:
+    """The loaded kernels: `ops` per extension (torch.ops namespaces), `kda` (the K3 Triton recurrent KDA
+    module), `float4_e2m1f` (the scalar-type id Marlin takes for MXFP4 weights), `version`."""
+
+    def __init__(self, folder: Path, torch) -> None:
+        folder = Path(folder)
+        missing = [n for n in map(lambda m: Path(m).name, LIBRARIES + SOURCES) if not (folder / n).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{folder}: missing {', '.join(missing)} (run vllm_wheel.py --wheel ... --out)")
+        for lib in LIBRARIES:
+            torch.ops.load_library(str(folder / Path(lib).name))
+        self.moe = torch.ops._moe_C
+        self.flashmla = torch.ops._flashmla_C
+        self.flashmla_ext = torch.ops._flashmla_extension_C
+        _helper_modules(torch)
+        self.kda = _source(folder / "fused_recurrent.py", "vllm_k3_fused_recurrent")
+        self.float4_e2m1f = _source(folder / "scalar_type.py", "vllm_scalar_type").scalar_types.float4_e2m1f.id
+        self.version = f"vllm=={VERSION}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--wheel", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    if not args.wheel.is_file():
+        print(f"--wheel {args.wheel}: no such file.", file=sys.stderr)
+        return 2
+    written = unpack(args.wheel, args.out)
+    print(f"unpacked {len(written)} members into {args.out}: "
+          f"{sum(p.stat().st_size for p in written) / 2**20:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
