@@ -184,9 +184,8 @@ def _mla_calls(torch, wheel, p: Any, slots: int, fp8_query: bool):
     else:
         _, _, md, splits = wheel.flashmla.dense_decode_fwd(q, cache, MLA_DV, seqlens, tables[0], scale, True, None,
                                                           None, None)
-        out = torch.empty(p.B, p.T, p.heads, MLA_DV, device="cuda", dtype=torch.bfloat16)
         calls = [lambda tb=tb: wheel.flashmla.dense_decode_fwd(q, cache, MLA_DV, seqlens, tb, scale, True, md, splits,
-                                                               out) for tb in tables]
+                                                               None) for tb in tables]  # vLLM passes no out
     return calls, (q, cache, tables, seqlens, scale)
 
 
