@@ -1,6 +1,11 @@
 """The production kernels vLLM 0.33.0 launches on Hopper, called as vLLM calls them, at the plans' shapes.
 
 impl                  kernel (vllm_wheel.Wheel)                           arguments as vLLM passes them
+vllm_triton_moe_bf16  fused_moe.py's Triton fused_moe_kernel (cut out of the  fused_experts_impl: the same two launches, bf16
+                      wheel's source at run time, vllm_wheel.py)           weights; vLLM's tuned H200 tile config or its
+                                                                           default rules; one-token blocks when M k 4 <= E
+vllm_triton_moe_fp8   the same kernel, FP8 weights in 128 x 128 blocks     A pre-quantised per (row, 128) group, as
+                                                                           vLLM's separate quantisation launch leaves it
 vllm_marlin_moe       _moe_C.moe_wna16_marlin_gemm                         experts/marlin_moe.py: fc1 [M, L] -> [M k, 2F]
                                                                            top_k k; fc2 [M k, F] -> [M k, L] top_k 1,
                                                                            router weights applied; block_m as vLLM picks
@@ -62,14 +67,14 @@ def _marlin_weights(torch, e: int, k: int, n: int, fill: int | None = None):
     return w, s.view(torch.float8_e8m0fnu)
 
 
-def _align(wheel, torch, ids, block: int):
+def _align(wheel, torch, ids, block: int, experts: int = EXPERTS):
     """moe_align_block_size as vLLM sizes its outputs (fused_moe/moe_align_block_size.py)."""
-    padded = ids.numel() + EXPERTS * (block - 1)
+    padded = ids.numel() + experts * (block - 1)
     padded = min(ids.numel() * block, padded)
     sorted_ids = torch.empty(padded, dtype=torch.int32, device="cuda")
     expert_ids = torch.empty(-(-padded // block), dtype=torch.int32, device="cuda")
     n_post = torch.empty(1, dtype=torch.int32, device="cuda")
-    wheel.moe.moe_align_block_size(ids, EXPERTS, block, sorted_ids, expert_ids, n_post, None, None)
+    wheel.moe.moe_align_block_size(ids, experts, block, sorted_ids, expert_ids, n_post, None, None)
     return sorted_ids, expert_ids, n_post
 
 
@@ -83,9 +88,9 @@ def _marlin_call(wheel, torch, key: str, a, out, w, s, routed, m: int, k: int, n
         -1, -1, -1)
 
 
-def _routing(torch, m: int, u: int, window: np.ndarray, seed: int):
+def _routing(torch, m: int, u: int, window: np.ndarray, seed: int, top_k: int = TOP_K):
     from fam_moe import routing
-    local = routing(m, TOP_K, u, seed)
+    local = routing(m, top_k, u, seed)
     return torch.tensor(window[local], dtype=torch.int32, device="cuda")
 
 
@@ -133,6 +138,128 @@ def check_marlin(torch, wheel, key: str = "fc1", m: int = 8, u: int = 32, k: int
     want = (row_sum.repeat_interleave(TOP_K) if key == "fc1" else row_sum * weights.flatten())[:, None].expand(-1, n)
     print(f"check marlin {key}: output / exact answer, median {float((out.float() / want).median()):.4f}", flush=True)
     return float((out.float() - want).norm() / want.norm())
+
+
+# ===================================================================== routed experts: vLLM's Triton fused_moe
+TRITON_MOE_BLOCK = {"vllm_triton_moe_bf16": None, "vllm_triton_moe_fp8": (128, 128)}  # impl -> weight scale block
+
+
+def triton_moe_config(wheel, m: int, e: int, inter: int, hidden: int, top_k: int, block) -> tuple[dict, str]:
+    """(tile config, its source) as try_get_optimal_moe_config picks it: vLLM's tuned H200 file for (E, N =
+    per-rank intermediate size, dtype, block) at the nearest M, else vLLM's default rules (get_default_config)."""
+    dtype = "fp8_w8a8" if block else None
+    name = (f"E={e},N={inter},device_name=NVIDIA_H200" + (f",dtype={dtype}" if dtype else "")
+            + (f",block_shape=[{block[0]},{block[1]}]" if block else "") + ".json")
+    path = wheel.moe_configs / name
+    if path.is_file():
+        import json
+        tuned = {int(k): v for k, v in json.loads(path.read_text()).items() if k != "triton_version"}
+        return dict(tuned[min(tuned, key=lambda x: abs(x - m))]), name
+    return wheel.fused_moe.get_default_config(m, e, inter, hidden, top_k, dtype, list(block) if block else None), "default"
+
+
+def _triton_moe_call(torch, wheel, p: Any, w, w_scale, ids, weights, cfg: dict, e: int, top_k: int):
+    """One fused_moe_kernel launch as invoke_fused_moe_triton_kernel makes it: (call, a, a_scale, c)."""
+    import triton
+    import triton.language as tl
+    block = TRITON_MOE_BLOCK[p.impl]
+    fc1 = p.plan_key == "fc1"
+    m, k, n = p.M, p.K, p.N
+    rows, launch_k = (m, top_k) if fc1 else (m * top_k, 1)
+    a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    a_scale = None
+    if block:
+        a_scale = torch.rand(rows, -(-k // block[1]), device="cuda", dtype=torch.float32) / 64 + 1 / 256
+        a = a.to(torch.float8_e4m3fn)
+    c = torch.empty(m, top_k, n, device="cuda", dtype=torch.bfloat16)
+    tokens = rows * launch_k
+    naive = m * top_k * 4 <= e  # _prepare_expert_assignment: one token per block, no alignment pass
+    if naive:
+        sorted_ids, expert_ids = None, ids.view(-1)
+        n_post = torch.full((1,), ids.numel() * cfg["BLOCK_SIZE_M"], dtype=torch.int32, device="cuda")
+        em = tokens * cfg["BLOCK_SIZE_M"]
+    else:
+        sorted_ids, expert_ids, n_post = _align(wheel, torch, ids, cfg["BLOCK_SIZE_M"], experts=e)
+        em = sorted_ids.size(0) if rows >= cfg["BLOCK_SIZE_M"] else min(sorted_ids.size(0),
+                                                                          rows * launch_k * cfg["BLOCK_SIZE_M"])
+    meta = {key: v for key, v in cfg.items() if key != "BLOCK_SIZE_K"}
+    meta["SPLIT_K"] = 1
+    block_k = min(cfg["BLOCK_SIZE_K"], min(block)) if block else cfg["BLOCK_SIZE_K"]
+    swap = bool(block) and cfg["BLOCK_SIZE_M"] < 64 and cfg["BLOCK_SIZE_N"] >= 64  # enable_swap_ab on SM90
+    grid = (triton.cdiv(em, cfg["BLOCK_SIZE_M"]) * triton.cdiv(w.size(1), cfg["BLOCK_SIZE_N"]),)
+    scale_strides = (a_scale.stride(0), a_scale.stride(1), w_scale.stride(0), w_scale.stride(2),
+                     w_scale.stride(1) if w_scale.size(1) > 1 else 0) if block else (0, 0, 0, 0, 0)
+    kernel = wheel.fused_moe.fused_moe_kernel[grid]
+    return (lambda: kernel(
+        a, w, c, None, a_scale, w_scale, weights, sorted_ids, expert_ids, n_post, w.size(1), w.size(2), em, tokens,
+        a.stride(0), a.stride(1), w.stride(0), w.stride(2), w.stride(1), c.stride(1), c.stride(2), *scale_strides,
+        0, 0, block[0] if block else 0, block[1] if block else 0, MUL_ROUTED_WEIGHT=not fc1, top_k=launch_k,
+        compute_type=tl.bfloat16, use_fp8_w8a8=bool(block), use_int8_w8a8=False, use_int8_w8a16=False,
+        per_channel_quant=False, naive_block_assignment=naive, HAS_BIAS=False, BLOCK_SIZE_K=block_k, SWAP_AB=swap,
+        USE_TD=False, **meta)), a, a_scale, c
+
+
+def _triton_moe_weights(torch, p: Any, e: int):
+    block = TRITON_MOE_BLOCK[p.impl]
+    w = torch.randn(e, p.N, p.K, device="cuda", dtype=torch.bfloat16) * p.K ** -0.5
+    if not block:
+        return w, None
+    scale = torch.rand(e, -(-p.N // block[0]), -(-p.K // block[1]), device="cuda", dtype=torch.float32) + 0.5
+    return (w * 16).to(torch.float8_e4m3fn), scale / 16
+
+
+def _triton_moe_setup(torch, wheel, p: Any):
+    from fam_moe import model_dims
+    e, top_k = model_dims(p.model)
+    inter, hidden = (p.N // 2, p.K) if p.plan_key == "fc1" else (p.K, p.N)
+    cfg, source = triton_moe_config(wheel, p.M, e, inter, hidden, top_k, TRITON_MOE_BLOCK[p.impl])
+    return e, top_k, cfg, source
+
+
+def triton_moe(p: Any, torch: Any, wheel) -> dict:
+    e, top_k, cfg, source = _triton_moe_setup(torch, wheel, p)
+    w, w_scale = _triton_moe_weights(torch, p, e)
+    per_expert = p.K * p.N * (1 if w_scale is not None else 2)
+    slots = max(1, min(slots_for(p.U * per_expert), e // p.U))
+    perm = np.random.default_rng(1).permutation(e)
+    calls = []
+    for i in range(slots):
+        ids = _routing(torch, p.M, p.U, perm[i * p.U:(i + 1) * p.U], seed=i, top_k=top_k)
+        weights = torch.rand(p.M, top_k, device="cuda", dtype=torch.float32)
+        calls.append(_triton_moe_call(torch, wheel, p, w, w_scale, ids, weights, cfg, e, top_k)[0])
+    res = time_graph(torch, calls, reps=max(32, len(calls)), replays=20)
+    res["kernel_names"] = kernel_names(torch, calls[0])
+    res["tile_config"] = f"{source}: " + ",".join(f"{k}={v}" for k, v in cfg.items())
+    res["block_m"] = cfg["BLOCK_SIZE_M"]
+    return res
+
+
+def check_triton_moe(torch, wheel, impl: str, key: str, m: int) -> float:
+    """Relative error of one launch against float32 expert GEMMs over the same (dequantised) operands."""
+    from points import Point
+    model, (k, n) = ("kimi-k3", (3584, 768)) if impl.endswith("bf16") else ("deepseek-v3", (7168, 512))
+    if key == "fc2":
+        k, n = n // 2, k
+    p = Point("moe", impl, key, model, "", 8, M=m, K=k, N=n, fmt="bf16")
+    e, top_k, cfg, _ = _triton_moe_setup(torch, wheel, p)
+    w, w_scale = _triton_moe_weights(torch, p, e)
+    ids = _routing(torch, m, min(64, m * top_k), np.arange(e), seed=3, top_k=top_k)
+    weights = torch.rand(m, top_k, device="cuda", dtype=torch.float32)
+    call, a, a_scale, c = _triton_moe_call(torch, wheel, p, w, w_scale, ids, weights, cfg, e, top_k)
+    call()
+    torch.cuda.synchronize()
+    block = TRITON_MOE_BLOCK[impl]
+    wf, af = w.float(), a.float()
+    if block:  # undo the block scales: weights per (128 x 128) tile, activations per (row, 128) group
+        wf = wf * w_scale.repeat_interleave(block[0], 1).repeat_interleave(block[1], 2)[:, :n, :k]
+        af = af * a_scale.repeat_interleave(block[1], 1)[:, :k]
+    flat = ids.view(-1).long()
+    rows = af[torch.arange(m * top_k, device="cuda") // top_k] if key == "fc1" else af
+    want = torch.einsum("rk,rnk->rn", rows, wf[flat])
+    if key == "fc2":
+        want = want * weights.view(-1, 1)
+    got = c.view(m * top_k, n).float()
+    return float((got - want).norm() / want.norm())
 
 
 # ===================================================================== MLA decode: FlashMLA
@@ -369,7 +496,7 @@ def _gemm(p: Any, torch: Any, wheel) -> dict:
     return res
 
 
-MEASURE = {"moe": marlin, "mla": mla, "kda": kda, "small": small, "gemm": _gemm}
+MEASURE = {"moe": lambda p, torch, wheel: (triton_moe if p.impl in TRITON_MOE_BLOCK else marlin)(p, torch, wheel), "mla": mla, "kda": kda, "small": small, "gemm": _gemm}
 
 
 def measure(p: Any, torch: Any, wheel) -> dict:
@@ -381,7 +508,9 @@ def measure(p: Any, torch: Any, wheel) -> dict:
 def checks(torch, wheel, family: str) -> list[tuple[str, float, float]]:
     """(label, error, bound) of the family's correctness checks (module docstring)."""
     if family == "moe":
-        return [(f"marlin {key}", check_marlin(torch, wheel, key), 2e-2) for key in ("fc1", "fc2")]
+        return [(f"marlin {key}", check_marlin(torch, wheel, key), 2e-2) for key in ("fc1", "fc2")] + [
+            (f"{impl} {key} M={m}", check_triton_moe(torch, wheel, impl, key, m), 2e-2)
+            for impl in TRITON_MOE_BLOCK for key in ("fc1", "fc2") for m in (2, 24)]  # one-token blocks, aligned
     if family == "mla":
         return [(impl, check_mla(torch, wheel, impl), 3e-2 if impl == "flashmla_fp8" else 1e-2)
                 for impl in ("flashmla_bf16", "flashmla_fp8")]

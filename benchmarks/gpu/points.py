@@ -256,6 +256,8 @@ PROD_M = tuple(sorted({b * t for b in PROD_BATCH for t in PROD_TOKENS}))  # 1, 4
 PROD_MLA_S = (2048, 8192, 32768, 131072)
 # impl -> (package, production kernel, what stands in for what): the docs page and each CSV row name these
 PRODUCTION_IMPLS = {
+    "vllm_triton_moe_bf16": (VLLM, "Triton fused_moe_kernel (fused_moe.py), bf16 experts", ""),
+    "vllm_triton_moe_fp8": (VLLM, "Triton fused_moe_kernel (fused_moe.py), FP8 experts in 128 x 128 blocks", ""),
     "vllm_marlin_moe": (VLLM, "_moe_C::moe_wna16_marlin_gemm (Marlin MoE, MXFP4 weights, bf16 activations)", ""),
     "flashmla_fp8": (VLLM, "_flashmla_extension_C::fwd_kvcache_mla_fp8 (FlashMLA decode, FP8 latent cache)", ""),
     "flashmla_bf16": (VLLM, "_flashmla_C::dense_decode_fwd (FlashMLA decode, bf16 latent cache)", ""),
@@ -281,6 +283,13 @@ def production_points() -> list[Point]:
             u = _expected_u("kimi-k3", m)
             pts.append(Point("moe", "vllm_marlin_moe", "fc1", "kimi-k3", "kda", tp, M=m, K=L, N=2 * F, U=u, fmt="mxfp4"))
             pts.append(Point("moe", "vllm_marlin_moe", "fc2", "kimi-k3", "kda", tp, M=m, K=F, N=L, U=u, fmt="mxfp4"))
+    for impl, model, fmt in (("vllm_triton_moe_bf16", "kimi-k3", "bf16"), ("vllm_triton_moe_fp8", "deepseek-v3", "fp8")):
+        L, F = _expert_dims(model, 8)  # Triton is vLLM's Hopper choice for bf16 and block-FP8 experts under TP
+        layer = "kda" if model == "kimi-k3" else "mla"
+        for m in PROD_M:
+            u = _expected_u(model, m)
+            pts.append(Point("moe", impl, "fc1", model, layer, 8, M=m, K=L, N=2 * F, U=u, fmt=fmt))
+            pts.append(Point("moe", impl, "fc2", model, layer, 8, M=m, K=F, N=L, U=u, fmt=fmt))
     for impl, fmt in (("flashmla_fp8", "fp8"), ("flashmla_bf16", "bf16")):
         for model, tp, heads in (("kimi-k3", 8, 12), ("kimi-k3", 16, 6), ("deepseek-v3", 8, 16)):
             for b in PROD_BATCH:

@@ -4,10 +4,12 @@
 
 unpacks the few members the production measurements need (three compiled extensions, stripped of symbols
 they do not need to load, and two pure-Python sources) into DIR, to be carried to the GPU machine.
-`load(DIR, torch)` there registers the extensions' ops with torch.ops.load_library and imports the K3 Triton
+`Wheel(DIR, torch)` there registers the extensions' ops with torch.ops.load_library, imports the K3 Triton
 KDA source with its four `vllm` helper imports answered by the small stand-in modules below (a platform
 that reports PDL on compute capability >= 9 as vLLM's CUDA platform does, Triton's exp / log as FLA's
-default ops, Triton itself, cdiv and next_power_of_2), so no other vLLM code runs.
+default ops, Triton itself, cdiv and next_power_of_2), and cuts the Triton MoE kernel and vLLM's default
+tile rules out of fused_moe.py into a module of their own (with vLLM's tuned H200 tile configs beside), so
+no other vLLM code runs.
 
 The 92 MB `_C_stable_libtorch` (norms, activation, gptq_marlin_repack, fused_kda_decode) is not unpacked:
 79 MB stripped, 63 MB compressed, past what one GPU call may carry; production.py names its stand-ins.
@@ -26,7 +28,11 @@ from pathlib import Path
 
 VERSION = "0.33.0"
 LIBRARIES = ("vllm/_moe_C_stable_libtorch.abi3.so", "vllm/_flashmla_C.abi3.so", "vllm/_flashmla_extension_C.abi3.so")
-SOURCES = ("vllm/scalar_type.py", "vllm/models/kimi_k3/nvidia/ops/third_party/kda/fused_recurrent.py")
+SOURCES = ("vllm/scalar_type.py", "vllm/models/kimi_k3/nvidia/ops/third_party/kda/fused_recurrent.py",
+           "vllm/model_executor/layers/fused_moe/fused_moe.py")
+MOE_CONFIGS = "vllm/model_executor/layers/fused_moe/configs/"  # tuned Triton MoE tile configs, H200 ones unpacked
+# from fused_moe.py only these functions run (the Triton kernel, its helper, vLLM's default tile rules)
+FUSED_MOE_FUNCTIONS = ("write_zeros_to_output", "fused_moe_kernel", "get_default_config")
 
 
 def unpack(wheel: Path, out: Path) -> list[Path]:
@@ -43,6 +49,11 @@ def unpack(wheel: Path, out: Path) -> list[Path]:
                 shutil.copyfileobj(src, dst)
             if dest.suffix == ".so" and shutil.which("strip"):
                 subprocess.run(["strip", "--strip-unneeded", str(dest)], check=True)
+            written.append(dest)
+        for member in sorted(n for n in names if n.startswith(MOE_CONFIGS) and "device_name=NVIDIA_H200" in n):
+            dest = out / "configs" / Path(member).name
+            dest.parent.mkdir(exist_ok=True)
+            dest.write_bytes(z.read(member))
             written.append(dest)
     (out / "VERSION").write_text(f"vllm=={VERSION} from {wheel.name}\n")
     return written
@@ -83,6 +94,45 @@ def _source(path: Path, name: str) -> types.ModuleType:
     return mod
 
 
+FUSED_MOE_HEADER = """# generated at measurement time from vLLM's fused_moe.py: its Triton kernel and default tile rules only
+import triton
+import triton.language as tl
+from types import SimpleNamespace
+
+envs = SimpleNamespace(VLLM_BATCH_INVARIANT=False)
+current_platform = SimpleNamespace(is_rocm=lambda: False)
+
+
+def next_power_of_2(n):
+    return 1 << (n - 1).bit_length() if n > 0 else 1
+
+
+def should_moe_wna16_use_cuda(*args):
+    return False
+
+
+"""
+
+
+def _fused_moe_module(folder: Path) -> types.ModuleType:
+    """FUSED_MOE_FUNCTIONS cut out of fused_moe.py (with their decorators) into a module file of their own,
+    beside FUSED_MOE_HEADER's stand-ins for the few names they use, and imported (Triton reads the source)."""
+    import ast
+    import tempfile
+    source = (folder / "fused_moe.py").read_text()
+    lines = source.splitlines()
+    parts = [FUSED_MOE_HEADER]
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name in FUSED_MOE_FUNCTIONS:
+            start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            parts.append("\n".join(lines[start - 1:node.end_lineno]) + "\n\n\n")
+    if len(parts) != 1 + len(FUSED_MOE_FUNCTIONS):
+        raise RuntimeError(f"{folder / 'fused_moe.py'}: not all of {FUSED_MOE_FUNCTIONS} found")
+    path = Path(tempfile.mkdtemp(prefix="vllm_fused_moe_")) / "vllm_fused_moe_kernel.py"
+    path.write_text("".join(parts))
+    return _source(path, "vllm_fused_moe_kernel")
+
+
 class Wheel:
     """The loaded kernels: `ops` per extension (torch.ops namespaces), `kda` (the K3 Triton recurrent KDA
     module), `float4_e2m1f` (the scalar-type id Marlin takes for MXFP4 weights), `version`."""
@@ -100,6 +150,8 @@ class Wheel:
         _helper_modules(torch)
         self.kda = _source(folder / "fused_recurrent.py", "vllm_k3_fused_recurrent")
         self.float4_e2m1f = _source(folder / "scalar_type.py", "vllm_scalar_type").scalar_types.float4_e2m1f.id
+        self.fused_moe = _fused_moe_module(folder)
+        self.moe_configs = folder / "configs"
         self.version = f"vllm=={VERSION}"
 
 
