@@ -37,13 +37,14 @@ FUSED_MOE_FUNCTIONS = ("write_zeros_to_output", "fused_moe_kernel", "get_default
 
 def unpack(wheel: Path, out: Path) -> list[Path]:
     """Extract LIBRARIES and SOURCES from the wheel into out (flat), strip the libraries; the paths written."""
-    out.mkdir(parents=True, exist_ok=True)
     written = []
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
+        missing = [m for m in LIBRARIES + SOURCES if m not in names]
+        if missing:  # checked before anything is written
+            raise ValueError(f"{wheel}: no member {missing[0]} (is this the vLLM {VERSION} wheel?)")
+        out.mkdir(parents=True, exist_ok=True)
         for member in LIBRARIES + SOURCES:
-            if member not in names:
-                raise SystemExit(f"{wheel}: no member {member} (is this the vLLM {VERSION} wheel?)")
             dest = out / Path(member).name
             with z.open(member) as src, dest.open("wb") as dst:
                 shutil.copyfileobj(src, dst)
@@ -160,10 +161,14 @@ def main() -> int:
     ap.add_argument("--wheel", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    if not args.wheel.is_file():
-        print(f"--wheel {args.wheel}: no such file.", file=sys.stderr)
+    if not zipfile.is_zipfile(args.wheel):
+        print(f"--wheel {args.wheel}: not a wheel (no such file, or not a zip archive).", file=sys.stderr)
         return 2
-    written = unpack(args.wheel, args.out)
+    try:
+        written = unpack(args.wheel, args.out)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     print(f"unpacked {len(written)} members into {args.out}: "
           f"{sum(p.stat().st_size for p in written) / 2**20:.1f} MiB")
     return 0
