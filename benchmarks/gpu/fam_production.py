@@ -1,34 +1,31 @@
 """The production kernels vLLM 0.33.0 launches on Hopper, called as vLLM calls them, at the plans' shapes.
 
-impl                  kernel (vllm_wheel.Wheel)                           arguments as vLLM passes them
-vllm_triton_moe_bf16  fused_moe.py's Triton fused_moe_kernel (cut out of the  fused_experts_impl: the same two launches, bf16
-                      wheel's source at run time, vllm_wheel.py)           weights; vLLM's tuned H200 tile config or its
-                                                                           default rules; one-token blocks when M k 4 <= E
-vllm_triton_moe_fp8   the same kernel, FP8 weights in 128 x 128 blocks     A pre-quantised per (row, 128) group, as
-                                                                           vLLM's separate quantisation launch leaves it
-vllm_marlin_moe       _moe_C.moe_wna16_marlin_gemm                         experts/marlin_moe.py: fc1 [M, L] -> [M k, 2F]
-                                                                           top_k k; fc2 [M k, F] -> [M k, L] top_k 1,
-                                                                           router weights applied; block_m as vLLM picks
-                                                                           it from M k / E; fp32 reduce, no atomics
-flashmla_fp8          _flashmla_extension_C.fwd_kvcache_mla_fp8            v1/attention/backends/mla/flashmla.py: q and
-                                                                           cache [blocks, 64, 1, 576] FP8, causal,
-                                                                           descales, scheduler metadata made once per
-                                                                           step (outside the timed launches)
-flashmla_bf16         _flashmla_C.dense_decode_fwd                         the same with a bf16 cache
-vllm_fused_recurrent  K3 Triton fused_recurrent_kda (gate fused)           kda.py's verify: T tokens per sequence,
-                                                                           one state slot per token (per-token stores)
-vllm_packed_decode    K3 Triton fused_recurrent_kda_packed_decode          kda.py's one-token decode (triton backend)
-vllm_topk_sigmoid     _moe_C.topk_sigmoid                                  fp32 router logits, bias, renormalise
-vllm_grouped_topk     _moe_C.grouped_topk                                  one group (K3's config), sigmoid scoring
-vllm_moe_sum          _moe_C.moe_sum                                       [M, k, L] -> [M, L]
-torch_rms_norm        torch.nn.functional.rms_norm                         stand-in: vLLM's is in _C (not carried)
-torch_matmul          cuBLAS (fam_dense)                                   as the suite measures dense GEMMs
+impl                  kernel (from vllm_wheel.Wheel), and the arguments as vLLM passes them
+vllm_marlin_moe       _moe_C.moe_wna16_marlin_gemm (experts/marlin_moe.py): fc1 [M, L] -> [M k, 2F] with top_k k;
+                      fc2 [M k, F] -> [M k, L] with top_k 1 and the router weights applied; block_m as vLLM picks it
+                      from M k / E; fp32 reduce, no atomics
+vllm_triton_moe_bf16  the Triton fused_moe_kernel cut out of fused_moe.py (fused_experts_impl's two launches): bf16
+                      weights, vLLM's tuned H200 tile config or its default rules, one-token blocks when M k 4 <= E
+vllm_triton_moe_fp8   the same kernel with FP8 weights in 128 x 128 blocks; activations already quantised per
+                      (row, 128) group, as vLLM's separate quantisation launch leaves them
+flashmla_fp8          _flashmla_extension_C.fwd_kvcache_mla_fp8 (v1/attention/backends/mla/flashmla.py): FP8 query
+                      and cache [blocks, 64, 1, 576], causal, descales; the scheduler metadata is made once per step,
+                      outside the timed launches
+flashmla_bf16         _flashmla_C.dense_decode_fwd: the same with a bf16 query and cache
+vllm_fused_recurrent  K3 Triton fused_recurrent_kda, gate fused (kda.py's verify: T tokens per sequence, one state
+                      slot per token, the per-token stores)
+vllm_packed_decode    K3 Triton fused_recurrent_kda_packed_decode (kda.py's one-token decode, triton backend)
+vllm_topk_sigmoid     _moe_C.topk_sigmoid: fp32 router logits, bias, renormalise
+vllm_grouped_topk     _moe_C.grouped_topk: one group (K3's configuration), sigmoid scoring
+vllm_moe_sum          _moe_C.moe_sum: [M, k, L] -> [M, L]
+torch_rms_norm        torch.nn.functional.rms_norm: stand-in, vLLM's is in _C (not carried)
+torch_matmul          cuBLAS (fam_dense), as the suite measures dense GEMMs
 
 Timing: harness.time_graph (CUDA graph of back-to-back launches, inputs rotating over >= 4 x L2 where a
 call reads less). Marlin's weights are random bits in Marlin's tiled layout (the repacking kernel is in
 _C): every nibble is a valid E2M1 value, so the time is a real weight stream; `check_marlin` proves the call
-is wired right with weights whose every element is 1.0 (a layout-free answer). MLA and KDA are checked
-against float32 references on small shapes (`checks`).
+is wired right with weights whose every element is 1.0 (a layout-free answer). The Triton MoE, MLA, KDA and
+small kernels are checked against float32 references on small shapes (`checks`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
     python benchmarks/gpu/vllm_wheel.py --wheel vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl --out DIR
 
 unpacks the few members the production measurements need (three compiled extensions, stripped of symbols
-they do not need to load, and two pure-Python sources) into DIR, to be carried to the GPU machine.
+they do not need to load, three Python sources and vLLM's tuned H200 MoE tile files) into DIR, to be
+carried to the GPU machine.
 `Wheel(DIR, torch)` there registers the extensions' ops with torch.ops.load_library, imports the K3 Triton
 KDA source with its four `vllm` helper imports answered by the small stand-in modules below (a platform
 that reports PDL on compute capability >= 9 as vLLM's CUDA platform does, Triton's exp / log as FLA's
@@ -12,7 +13,8 @@ tile rules out of fused_moe.py into a module of their own (with vLLM's tuned H20
 no other vLLM code runs.
 
 The 92 MB `_C_stable_libtorch` (norms, activation, gptq_marlin_repack, fused_kda_decode) is not unpacked:
-79 MB stripped, 63 MB compressed, past what one GPU call may carry; production.py names its stand-ins.
+79 MB stripped, 63 MB compressed, past what one GPU call may carry; points.PRODUCTION_IMPLS names the
+stand-ins.
 """
 
 from __future__ import annotations
