@@ -14,7 +14,7 @@ Method: per point each rank captures `reps` (32) back-to-back ops in one CUDA gr
 Each rank's median / p10 / p90 are all-gathered; the row carries the MAX over ranks (the collective is
 as slow as its slowest rank) and DIR/collective_skew.csv the rank skew (max - min of the per-rank
 medians) with the per-rank medians. Rank 0 appends each row to DIR/collective.csv as soon as the point
-is done (suite.write_row, same columns as the other families), so a hung teardown loses nothing.
+is done (rows.write_row, same columns as the other families), so a hung teardown loses nothing.
 
 NVLink multicast (NVLS) stays OFF: the environment variables below are set at import, before
 torch.distributed initialises, and no multimem op is ever called. Symmetric-memory ops that do not
@@ -217,7 +217,7 @@ def run_distributed(points: list, out_dir: Path, budget_s: float, *, backend: st
     """Measure `points` (family collective) on WORLD_SIZE ranks; rank 0 writes the rows. Returns 0."""
     import torch
     import torch.distributed as dist
-    from suite import ENV_FIELDS, write_row
+    from rows import ENV_FIELDS, write_row
     out_dir = Path(out_dir)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", str(rank)))

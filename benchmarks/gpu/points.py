@@ -181,16 +181,17 @@ def moe_points() -> list[Point]:
 
 
 def small_points() -> list[Point]:
-    pts = [Point("small", "empty_kernel", variant="launch_floor")]
-    for m in SMALL_M:
-        plan = _plan("kimi-k3", "standard", 8, m, 1, 512, "kda")
-        for key in SMALL_KEYS:
-            k = plan.kernel(key)
-            n_src = next((t.shape[0] + 1 for t in k.reads if t.name == "blocks"), 0)  # snapshots + prefix
-            width = k.reads[0].shape[-1] if key == "topk" else k.writes[0].shape[-1]  # topk: E scores in
-            top_k = k.reads[0].shape[1] if key == "finalize" else (k.writes[0].shape[-1] if key == "topk" else 0)
-            pts.append(Point("small", "triton", key, "kimi-k3", "kda", 8, M=m, K=top_k, N=width, n_src=n_src))
-    return pts
+    return [Point("small", "empty_kernel", variant="launch_floor")] + [
+        _small("triton", key, m) for m in SMALL_M for key in SMALL_KEYS]
+
+
+def _small(impl: str, key: str, m: int) -> Point:
+    """The Kimi K3 TP8 plan's small kernel `key` at M tokens: width N, top_k K, AttnRes sources n_src."""
+    k = _plan("kimi-k3", "standard", 8, m, 1, 512, "kda").kernel(key)
+    n_src = next((t.shape[0] + 1 for t in k.reads if t.name == "blocks"), 0)  # snapshots + prefix
+    width = k.reads[0].shape[-1] if key == "topk" else k.writes[0].shape[-1]  # topk: E scores in
+    top_k = k.reads[0].shape[1] if key == "finalize" else (k.writes[0].shape[-1] if key == "topk" else 0)
+    return Point("small", impl, key, "kimi-k3", "kda", 8, M=m, K=top_k, N=width, n_src=n_src)
 
 
 def ceiling_points() -> list[Point]:
@@ -244,15 +245,84 @@ def collective_points(ranks: int = 2) -> list[Point]:
     return pts
 
 
-@lru_cache(maxsize=1)
-def all_points() -> tuple[Point, ...]:
-    pts = (ceiling_points() + gemm_points() + moe_points() + small_points() + kda_points() + mla_points()
-           + collective_points())
+# ---------------------------------------------------------------------------------------------------
+# production kernels: what vLLM 0.33.0 launches on Hopper (benchmarks/gpu/production.py measures them)
+# ---------------------------------------------------------------------------------------------------
+
+VLLM = "vllm==0.33.0"
+PROD_BATCH = (1, 8, 64)
+PROD_TOKENS = (1, 4, 8)  # one token, and a verify of 1 + 3 or 1 + 7 drafts
+PROD_M = tuple(sorted({b * t for b in PROD_BATCH for t in PROD_TOKENS}))  # 1, 4, 8, 32, 64, 256, 512
+PROD_MLA_S = (2048, 8192, 32768, 131072)
+# impl -> (package, production kernel, what stands in for what): the docs page and each CSV row name these
+PRODUCTION_IMPLS = {
+    "vllm_triton_moe_bf16": (VLLM, "Triton fused_moe_kernel (fused_moe.py), bf16 experts", ""),
+    "vllm_triton_moe_fp8": (VLLM, "Triton fused_moe_kernel (fused_moe.py), FP8 experts in 128 x 128 blocks", ""),
+    "vllm_marlin_moe": (VLLM, "_moe_C::moe_wna16_marlin_gemm (Marlin MoE, MXFP4 weights, bf16 activations)", ""),
+    "flashmla_fp8": (VLLM, "_flashmla_extension_C::fwd_kvcache_mla_fp8 (FlashMLA decode, FP8 latent cache)", ""),
+    "flashmla_bf16": (VLLM, "_flashmla_C::dense_decode_fwd (FlashMLA decode, bf16 latent cache)", ""),
+    "vllm_fused_recurrent": (VLLM, "Triton fused_recurrent_kda_fwd_kernel (K3 third_party/kda)", ""),
+    "vllm_packed_decode": (VLLM, "Triton fused_recurrent_kda_packed_decode_kernel (K3 third_party/kda)",
+                           "stand-in for _C::fused_kda_decode (in the 92 MB _C_stable_libtorch, not carried)"),
+    "vllm_topk_sigmoid": (VLLM, "_moe_C::topk_sigmoid (sigmoid scores, bias-corrected top-k, renormalise)", ""),
+    "vllm_grouped_topk": (VLLM, "_moe_C::grouped_topk (one group: the K3 router's configuration)", ""),
+    "vllm_moe_sum": (VLLM, "_moe_C::moe_sum (sum of the top-k expert outputs per token)", ""),
+    "torch_rms_norm": ("torch", "torch.nn.functional.rms_norm",
+                       "stand-in for _C::rms_norm (in the 92 MB _C_stable_libtorch, not carried)"),
+    "torch_matmul": ("torch", "cuBLAS through torch.matmul", ""),
+}
+
+
+def production_points() -> list[Point]:
+    """The production kernels at the plans' per-rank shapes: Kimi K3 at TP8 and TP16 (DeepSeek-V3 TP8 for
+    MLA), batches 1, 8, 64, one token and a 1 + 3 / 1 + 7 verify. Not part of all_points (another impl set)."""
+    pts = []
+    for tp in (8, 16):
+        L, F = _expert_dims("kimi-k3", tp)
+        for m in PROD_M:
+            u = _expected_u("kimi-k3", m)
+            pts.append(Point("moe", "vllm_marlin_moe", "fc1", "kimi-k3", "kda", tp, M=m, K=L, N=2 * F, U=u, fmt="mxfp4"))
+            pts.append(Point("moe", "vllm_marlin_moe", "fc2", "kimi-k3", "kda", tp, M=m, K=F, N=L, U=u, fmt="mxfp4"))
+    for impl, model, fmt in (("vllm_triton_moe_bf16", "kimi-k3", "bf16"), ("vllm_triton_moe_fp8", "deepseek-v3", "fp8")):
+        L, F = _expert_dims(model, 8)  # Triton is vLLM's Hopper choice for bf16 and block-FP8 experts under TP
+        layer = "kda" if model == "kimi-k3" else "mla"
+        for m in PROD_M:
+            u = _expected_u(model, m)
+            pts.append(Point("moe", impl, "fc1", model, layer, 8, M=m, K=L, N=2 * F, U=u, fmt=fmt))
+            pts.append(Point("moe", impl, "fc2", model, layer, 8, M=m, K=F, N=L, U=u, fmt=fmt))
+    for impl, fmt in (("flashmla_fp8", "fp8"), ("flashmla_bf16", "bf16")):
+        for model, tp, heads in (("kimi-k3", 8, 12), ("kimi-k3", 16, 6), ("deepseek-v3", 8, 16)):
+            for b in PROD_BATCH:
+                pts += [Point("mla", impl, "mla_decode", model, "mla", tp, M=b, B=b, heads=heads, S=s, fmt=fmt)
+                        for s in PROD_MLA_S if b * s <= MLA_MAX_TOKENS]
+                pts += [Point("mla", impl, "mla_decode", model, "mla", tp, M=b * t, B=b, heads=heads, T=t, S=8192,
+                              fmt=fmt) for t in PROD_TOKENS[1:]]
+    for tp in (8, 16):
+        pts += _kda("vllm_packed_decode", {tp: PROD_BATCH}, ((1, "final"),))
+        pts += _kda("vllm_fused_recurrent", {tp: PROD_BATCH}, ((1, "final"), (4, "per_token"), (8, "per_token")))
+    for m in PROD_M:
+        pts += [_small(impl, key, m) for impl, key in (("vllm_topk_sigmoid", "topk"), ("vllm_grouped_topk", "topk"),
+                                                        ("vllm_moe_sum", "finalize"), ("torch_rms_norm", "latent_norm"))]
+    shapes = [s for s in _dense_gemm_shapes() if s[3] == 8]
+    pts += [Point("gemm", "torch_matmul", key, model, layer, tp, M=m, K=K, N=N, fmt="bf16",
+                  variant="out_fp32" if out == "fp32" else "")
+            for key, model, layer, tp, K, N, out in shapes for m in PROD_BATCH]
+    return _unique(pts)
+
+
+def _unique(pts: list[Point]) -> list[Point]:
     ids = [p.id for p in pts]
     dup = {i for i in ids if ids.count(i) > 1}
     if dup:
         raise AssertionError(f"duplicate point ids: {sorted(dup)[:5]}")
-    return tuple(pts)
+    return pts
+
+
+@lru_cache(maxsize=1)
+def all_points() -> tuple[Point, ...]:
+    pts = (ceiling_points() + gemm_points() + moe_points() + small_points() + kda_points() + mla_points()
+           + collective_points())
+    return tuple(_unique(pts))
 
 
 def points_of(part: str | None = None, family: str | None = None) -> list[Point]:

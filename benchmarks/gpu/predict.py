@@ -1,6 +1,7 @@
 """Pre-register the cost model's predictions for every point of the GPU suite, before measuring.
 
     python benchmarks/gpu/predict.py [--hardware h200] [--out calibration/h200/predictions.csv]
+    python benchmarks/gpu/predict.py --set production --out calibration/h200/production/predictions.csv
 
 Prices each point of points.py with the named hardware profile *as it stands* (no refit) through
 simulator.cost.measured.price_row, the same function `moe-sim validate` uses, and writes one row per
@@ -39,6 +40,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hardware", default="h200")
     ap.add_argument("--out", type=Path, default=ROOT / "calibration" / "h200" / "predictions.csv")
+    ap.add_argument("--set", choices=("suite", "production"), default="suite",
+                    help="the points to price: the suite's (points.all_points) or the production kernels' "
+                         "(points.production_points, measured by production.py)")
     ap.add_argument("--add-new", action="store_true",
                     help="keep every row already in --out (its predictions were registered before their run) "
                          "and price only the points it lacks")
@@ -51,7 +55,7 @@ def main() -> int:
         with args.out.open(newline="") as f:
             kept = {r["id"]: r for r in csv.DictReader(f)}
     rows = []
-    for p in pts.all_points():
+    for p in (pts.production_points() if args.set == "production" else pts.all_points()):
         if p.id in kept:
             rows.append(kept[p.id])
             continue

@@ -21,7 +21,7 @@ ROOT = HERE.parent.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
 import points as pts  # noqa: E402
-from suite import measured_ids  # noqa: E402
+from rows import measured_ids  # noqa: E402
 from simulator.cost import validate as V  # noqa: E402
 from simulator.cost.measured import normalise  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402

@@ -15,7 +15,6 @@ Method: harness.py. Points and their shapes: points.py. Predictions of the same 
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib
 import json
 import sys
@@ -27,45 +26,11 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent.parent)]  # points/harness/fam_* and the simulator package
 
 import points as pts  # noqa: E402
-from harness import say_no_gpu  # noqa: E402
+from harness import say_no_gpu, warm_up  # noqa: E402
+from rows import ENV_FIELDS, measured_ids, write_row  # noqa: E402
 
 FAMILY_MODULE = {"ceiling": "fam_dense", "gemm": "fam_dense", "moe": "fam_moe", "small": "fam_small",
                  "kda": "fam_attention", "mla": "fam_attention", "collective": "fam_collective"}
-RESULT_FIELDS = ["median_us", "p10_us", "p90_us", "reps", "replays", "launches", "max_err", "skew_us", "status"]
-ENV_FIELDS = ["gpu", "driver", "torch", "triton"]
-
-
-def write_row(path: Path, row: dict) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=pts.FIELDS + ENV_FIELDS + RESULT_FIELDS, extrasaction="ignore")
-        if new:
-            w.writeheader()
-        w.writerow(row)
-
-
-def measured_ids(folder: Path) -> set[str]:
-    """Ids of the ok rows in a folder's measurement CSVs (any with a median_us column: the family CSVs and
-    side sets such as gemm_probe.csv; predictions and pre-registrations have none)."""
-    ids = set()
-    for path in folder.glob("*.csv"):
-        with path.open(newline="") as f:
-            rows = csv.DictReader(f)
-            if "median_us" in (rows.fieldnames or ()):
-                ids |= {r["id"] for r in rows if r.get("status", "ok") == "ok"}
-    return ids
-
-
-def warm_up(torch, seconds: float = 3.0) -> None:
-    """Bring the clocks up before the first timed point (an idle H200 sits at 345 MHz SM clock)."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    end = time.time() + seconds
-    while time.time() < end:
-        for _ in range(20):
-            a @ a
-        torch.cuda.synchronize()
-
-
 def measure_points(points: list, out: Path, env: dict, budget_s: float) -> None:
     import torch
     warm_up(torch)

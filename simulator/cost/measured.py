@@ -27,6 +27,9 @@ from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import Collective, DecodeShape, Kernel, Tensor
 
 INT_FIELDS = ("tp", "M", "K", "N", "U", "B", "heads", "T", "S", "n_src", "P", "n_bytes")
+# KDA implementations priced as vLLM's split-V recurrence (the suite's copy of its grid, and vLLM's own
+# Triton kernels: the verify's fused_recurrent and the one-token packed decode)
+SPLIT_V_IMPLS = ("triton_split_v", "vllm_fused_recurrent", "vllm_packed_decode")
 COLLECTIVE_ALGORITHM = {"nccl_all_reduce": "ring", "symm_one_shot": "one_shot", "symm_two_shot": "two_shot",
                         "nccl_reduce_scatter": "reduce_scatter", "nccl_all_gather": "all_gather"}
 
@@ -106,10 +109,11 @@ def _small(r: dict) -> Kernel:
 
 def _kda(r: dict) -> Kernel:
     """A split-V row is vLLM's fused_recurrent (the standard fallback's recurrence, 16 one-warp programs per
-    head, a round trip per token); the one-program-per-head rows are the fused KDA decode kernel of the
-    specialized plan (one CTA per head). Each stores the states the row's variant says: the final one, or
-    one per token of a verify ([B, T - 1, heads, H, H] beside the final state)."""
-    if r["impl"] == "triton_split_v":
+    head, a round trip per token: the suite's copy of its grid and vLLM's own Triton kernels); the
+    one-program-per-head rows are the fused KDA decode kernel of the specialized plan (one CTA per head).
+    Each stores the states the row's variant says: the final one, or one per token of a verify
+    ([B, T - 1, heads, H, H] beside the final state)."""
+    if r["impl"] in SPLIT_V_IMPLS:
         from simulator.config import load_model
         from simulator.cost.step import representative_layer
         from simulator.plans import kda_kernels

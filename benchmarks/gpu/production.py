@@ -1,0 +1,116 @@
+"""Measure the production kernels (points.production_points) on a GPU: vLLM 0.33.0's, loaded from its wheel.
+
+    python benchmarks/gpu/vllm_wheel.py --wheel vllm-0.33.0-...whl --out WHEEL_DIR     # here: unpack
+    python benchmarks/gpu/production.py --wheel-dir WHEEL_DIR --family moe --out DIR    # on the GPU machine
+    python benchmarks/gpu/production.py --wheel-dir WHEEL_DIR --family moe --out DIR --probe
+
+Per family (moe, mla, kda, small, gemm; run each in its own process, so a kernel that faults the CUDA
+context costs one family only): the correctness checks of fam_production first, then every point, each
+row appended to DIR/<family>.csv as it finishes (the suite's columns, rows.py, plus the package, the
+production kernel, what it stands in for, the kernels launched, and the seconds the point took).
+DIR/runs.json gets the family's checks, wall time, GPU name and points measured. --probe: the checks and
+the first point of each implementation, plan kernel and token count only. Commit predict.py --set production's file before the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
+
+import points as pts  # noqa: E402
+from harness import say_no_gpu, warm_up  # noqa: E402
+from rows import ENV_FIELDS, write_row  # noqa: E402
+
+FAMILIES = ("moe", "mla", "kda", "small", "gemm")
+EXTRA = ("package", "kernel", "stands_in_for", "kernel_names", "block_m", "tile_config", "point_s")
+
+
+def chosen(family: str, impls: list[str] | None, probe: bool) -> list:
+    todo = [p for p in pts.production_points() if p.family == family and (not impls or p.impl in impls)]
+    if probe:
+        todo = list({(p.impl, p.plan_key, p.T): p for p in reversed(todo)}.values())[::-1]  # first of each kind
+    return todo
+
+
+def record_run(out: Path, family: str, doc: dict) -> None:
+    path = out / "runs.json"
+    runs = json.loads(path.read_text()) if path.exists() else {}
+    runs[family + ("_probe" if doc.get("probe") else "")] = doc
+    path.write_text(json.dumps(runs, indent=2))
+
+
+def run_family(family: str, wheel, torch, out: Path, env: dict, probe: bool, budget_s: float,
+               impls: list[str] | None) -> dict:
+    import fam_production as fp
+    t0 = time.time()
+    doc = {"probe": probe, "package": wheel.version, "gpu": env.get("gpu", ""), "checks": []}
+    for label, err, bound in fp.checks(torch, wheel, family):
+        ok = fp.within(err, bound)
+        doc["checks"].append({"check": label, "error": err, "bound": bound, "ok": ok})
+        print(f"{'ok  ' if ok else 'FAIL'} {family} check {label}: error {err:.3g} (bound {bound:g})", flush=True)
+    warm_up(torch)
+    done = failed = 0
+    for i, p in enumerate(todo := chosen(family, impls, probe)):
+        if time.time() - t0 > budget_s:
+            print(f"budget of {budget_s:.0f} s spent: stopping before point {i} of {len(todo)}", flush=True)
+            break
+        t1 = time.time()
+        try:
+            res = {"status": "ok", **fp.measure(p, torch, wheel)}
+            done += 1
+        except Exception as exc:  # one bad point must not cost the rest of the run
+            traceback.print_exc()
+            res = {"status": f"error: {type(exc).__name__}: {exc}"[:300]}
+            failed += 1
+            torch.cuda.empty_cache()
+        package, kernel, standin = pts.PRODUCTION_IMPLS[p.impl]
+        names = res.pop("kernel_names", [])
+        row = {**p.row(), **{k: env.get(k, "") for k in ENV_FIELDS}, **res, "package": package, "kernel": kernel,
+               "stands_in_for": standin, "kernel_names": ";".join(n[:80] for n in names)[:400],
+               "launches": len(names) or "", "point_s": round(time.time() - t1, 2)}
+        write_row(out / f"{family}.csv", row, EXTRA)
+        print(f"[{time.time() - t0:6.1f}s] {p.id}: {res.get('median_us', '-')} us {res['status']}", flush=True)
+    doc.update(wall_s=round(time.time() - t0, 1), points_ok=done, points_failed=failed, points_planned=len(todo))
+    return doc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--wheel-dir", type=Path, required=True, help="what vllm_wheel.py unpacked")
+    ap.add_argument("--family", choices=FAMILIES, required=True)
+    ap.add_argument("--impl", action="append", help="only these implementations (repeatable)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--probe", action="store_true", help="checks and one point per implementation")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="stop starting new points after this long")
+    args = ap.parse_args()
+    if say_no_gpu("moe-sim production kernels", "nothing measured (run it on a machine with an NVIDIA GPU)"):
+        return 0
+    import torch
+    from harness import environment
+    from vllm_wheel import Wheel
+    try:
+        wheel = Wheel(args.wheel_dir, torch)
+    except (FileNotFoundError, OSError, RuntimeError) as exc:
+        print(f"--wheel-dir {args.wheel_dir}: cannot load vLLM's kernels ({exc}).", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = environment(torch)
+    env_path = args.out / "env.json"
+    doc = json.loads(env_path.read_text()) if env_path.exists() else {}
+    doc["production"] = {**env, "package": wheel.version}
+    env_path.write_text(json.dumps(doc, indent=2))
+    run = run_family(args.family, wheel, torch, args.out, env, args.probe, args.budget_s, args.impl)
+    record_run(args.out, args.family, run)
+    print(json.dumps({args.family: {k: v for k, v in run.items() if k != "checks"}}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

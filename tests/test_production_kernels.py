@@ -1,0 +1,137 @@
+"""The production-kernel measurements (issue 30): vLLM 0.33.0's Hopper kernels at the plans' shapes.
+
+calibration/h200/production/ was measured with benchmarks/gpu/production.py on an H200 from the released
+vLLM wheel; its predictions.csv was written by predict.py --set production before the runs. What runs
+here needs no GPU and no vLLM: the points, the join to the predictions, validate over the folder, the
+measuring scripts' answers to bad input, and the host-side rules copied from vLLM's call sites.
+"""
+
+import csv
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from simulator.cli import app
+from simulator.cost.measured import price_row
+from simulator.hardware import load_hardware
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU = ROOT / "benchmarks" / "gpu"
+DATA = ROOT / "calibration" / "h200" / "production"
+sys.path[:0] = [str(GPU)]
+
+import fam_production  # noqa: E402
+import points as pts  # noqa: E402
+import vllm_wheel  # noqa: E402
+
+FAMILY_CSVS = ("moe", "mla", "kda", "small", "gemm")
+
+
+def _rows(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_production_points_cover_the_grid_and_name_known_kernels():
+    points = pts.production_points()
+    assert len({p.id for p in points}) == len(points)
+    assert {p.impl for p in points} == set(pts.PRODUCTION_IMPLS)
+    kda = [p for p in points if p.impl == "vllm_fused_recurrent"]
+    assert {(p.B, p.T) for p in kda} == {(b, t) for b in pts.PROD_BATCH for t in pts.PROD_TOKENS}
+    marlin = {(p.tp, p.plan_key, p.M): p for p in points if p.impl == "vllm_marlin_moe"}
+    assert {m for _, _, m in marlin} == set(pts.PROD_M)
+    fc1, fc2 = marlin[(8, "fc1", 1)], marlin[(8, "fc2", 1)]
+    assert (fc1.K, fc1.N) == (fc2.N, 2 * fc2.K)  # fc1 [L -> 2F], fc2 [F -> L] of one expert shard
+    top_k = {"kimi-k3": 16, "deepseek-v3": 8}
+    assert all(top_k[p.model] <= p.U <= p.M * top_k[p.model] for p in points if p.family == "moe")
+
+
+def test_every_measured_row_was_predicted_before_and_names_its_package():
+    predicted = {r["id"] for r in _rows(DATA / "predictions.csv")}
+    assert predicted == {p.id for p in pts.production_points()}
+    measured = [r for name in FAMILY_CSVS + ("small_topk_sigmoid",) for r in _rows(DATA / f"{name}.csv")]
+    assert len(measured) == len(predicted) and all(r["status"] == "ok" for r in measured)
+    assert {r["id"] for r in measured} <= predicted
+    for r in measured:
+        package, kernel, _ = pts.PRODUCTION_IMPLS[r["impl"]]
+        assert (r["package"], r["kernel"]) == (package, kernel) and float(r["median_us"]) > 0
+        assert r["kernel_names"], r["id"]  # the profiler saw what ran
+
+
+def test_repeat_run_agrees_within_ten_percent():
+    first = {r["id"]: float(r["median_us"]) for name in FAMILY_CSVS + ("small_topk_sigmoid",)
+             for r in _rows(DATA / f"{name}.csv")}
+    again = [(r["id"], float(r["median_us"])) for name in FAMILY_CSVS for r in _rows(DATA / "repeat" / f"{name}.csv")]
+    assert len(again) >= 240
+    assert max(abs(us / first[i] - 1) for i, us in again) < 0.10
+
+
+def test_validate_reads_every_production_family():
+    r = CliRunner().invoke(app, ["validate", "--measurements", str(DATA), "--json"])
+    assert r.exit_code == 0, r.output[-500:]
+    import json
+    doc = json.loads(r.output)
+    assert set(doc["by_family"]) == set(FAMILY_CSVS)
+    assert doc["measured_points"] == sum(len(_rows(DATA / f"{f}.csv")) for f in FAMILY_CSVS)
+
+
+def test_vllm_kda_kernels_are_priced_as_the_split_v_recurrence():
+    hw = load_hardware("h200")
+    p = next(p for p in pts.production_points() if p.impl == "vllm_fused_recurrent" and p.T == 8 and p.B == 8)
+    row = p.row()
+    split_v = price_row({**row, "impl": "triton_split_v"}, hw)["model_us"]
+    one_program = price_row({**row, "impl": "triton"}, hw)["model_us"]
+    assert price_row(row, hw)["model_us"] == split_v != one_program
+
+
+@pytest.mark.parametrize("m, block", [(1, 8), (8, 8), (256, 8), (512, 16), (4096, 64)])
+def test_marlin_row_block_follows_vllms_rule(m, block):
+    """fused_marlin_moe: the first of 8, 16, 32, 48, 64 with M top_k / E / block < 0.9 (K3: E 896, top-16)."""
+    assert fam_production.marlin_block_m(m) == block
+
+
+def test_production_script_says_one_sentence_without_a_gpu(tmp_path):
+    r = subprocess.run([sys.executable, str(GPU / "production.py"), "--wheel-dir", str(tmp_path), "--family", "moe",
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and len(r.stdout.strip().splitlines()) == 1 and "nothing measured" in r.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_unpacking_a_zip_that_is_not_the_wheel_fails_cleanly(tmp_path):
+    fake = tmp_path / "fake.whl"
+    with zipfile.ZipFile(fake, "w") as z:
+        z.writestr("vllm/scalar_type.py", "")
+    for wheel in (fake, tmp_path / "missing.whl"):
+        r = subprocess.run([sys.executable, str(GPU / "vllm_wheel.py"), "--wheel", str(wheel), "--out",
+                            str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_fused_moe_cut_keeps_only_the_named_functions(tmp_path, monkeypatch):
+    """The module cut out of fused_moe.py holds the kernel, its helper and the tile rules, with decorators,
+    and nothing else of the file (its imports of vLLM would not resolve on the GPU machine)."""
+    (tmp_path / "fused_moe.py").write_text(
+        "import vllm.envs as envs\n\n\n@triton.jit\ndef write_zeros_to_output(c):\n    pass\n\n\n"
+        "@triton.jit\ndef fused_moe_kernel(a):\n    write_zeros_to_output(a)\n\n\n"
+        "def get_default_config(M):\n    return {'BLOCK_SIZE_M': 16}\n\n\ndef fused_experts(x):\n    return x\n")
+    monkeypatch.setattr(vllm_wheel, "_source", lambda path, name: path)
+    text = vllm_wheel._fused_moe_module(tmp_path).read_text()
+    compile(text, "cut", "exec")
+    assert text.count("@triton.jit") == 2 and "def get_default_config" in text
+    assert "fused_experts" not in text and "import vllm" not in text
+    (tmp_path / "fused_moe.py").write_text("def fused_moe_kernel(a):\n    pass\n")
+    with pytest.raises(RuntimeError, match="not all of"):
+        vllm_wheel._fused_moe_module(tmp_path)
+
+
+def test_production_table_lists_every_measured_kernel():
+    r = subprocess.run([sys.executable, str(GPU / "production_table.py")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    listed = {line.split("`")[1] for line in r.stdout.splitlines() if line.startswith("| `")}
+    assert listed == set(pts.PRODUCTION_IMPLS)
