@@ -56,8 +56,8 @@ def test_an_answer_prices_with_the_set_it_names(h200):
     default, _ = load_sets(laws_path("h200"))
     assert load_hardware("h200").kernels == default
     assert load_hardware("gb300").kernels == DATASHEET  # nothing measured on Blackwell: the datasheet law
-    with pytest.raises(UserError, match="Unknown kernel set 'vllm'"):
-        load_hardware("h200", "vllm")
+    with pytest.raises(UserError, match="Unknown kernel set 'sglang'"):
+        load_hardware("h200", "sglang")
 
 
 def test_a_plan_kernel_gets_the_regressors_of_the_kernel_its_row_measured(rows, h200):
@@ -136,7 +136,7 @@ BAD_TABLES = [  # (pattern, replacement, words of the one sentence)
     (r'laws\."mla/triton_split_kv"\]', 'laws."mla/flashmla"]', "implementation 'flashmla' is not in"),
     (r'"small" = \["triton"\]', '"tiny" = ["triton"]', "unknown role 'tiny'"),
     (r"pdl = false", "pdl = 0", "'pdl' must be true or false"),
-    (r'default = "\w+"', 'default = "vllm"', "names no set"),
+    (r'default = "\w+"', 'default = "sglang"', "names no set"),
     (r'hardware = "H200"', 'hardware = "H200', "not valid TOML"),
 ]
 
@@ -182,3 +182,18 @@ def test_validate_fit_writes_the_set_and_says_where(tmp_path, monkeypatch):
     assert f"to {written}" in result.output.replace("\n", "")
     assert written.read_text(encoding="utf-8") == laws_path("h200").read_text(encoding="utf-8")
     assert "model and refit are one law" in result.output
+
+
+def test_intervals_draw_from_the_residuals_of_the_law_that_prices():
+    """An answer priced with a measured set takes its interval's family factors from that set's own
+    residuals (the held-back errors of those very laws); families it did not measure, and GPUs without a
+    set, keep the gpu-suite laws' residuals."""
+    from simulator.cost.uncertainty import load_residuals, residuals_of
+    base = load_residuals()
+    vllm = load_hardware("h200", "vllm")
+    own = {fam: fitted for fam, fitted, _ in vllm.kernel_set.residuals}
+    res = residuals_of(vllm)
+    assert own["mla"] and res.fitted["mla"] == own["mla"] != base.fitted["mla"]
+    assert "collective" not in own and res.fitted["collective"] == base.fitted["collective"]
+    assert residuals_of(load_hardware("gb300")) == base
+    assert residuals_of(load_hardware("h200", DATASHEET)) == base

@@ -90,20 +90,24 @@ def derive_residuals(folder: str | Path, hw: HardwareProfile) -> dict[str, Any]:
     """The residuals document from the measurements, exactly as `moe-sim validate` splits and refits them."""
     from simulator.cost import validate as v
     points, fits = v.fitted_points(folder, hw)
-    fitted: dict[str, list[float]] = {}
-    held: dict[str, list[float]] = {}
-    for p in points:
-        fam, fit = p.row["family"], fits[p.group]
-        free = sum(1 for regime in fit.regimes for c in regime if c > 0)
-        r = math.log(p.measured / p.refit)
-        if p.held_back:
-            held.setdefault(fam, []).append(round(r, 5))
-        elif fit.n > free:  # a group with no degree of freedom left says nothing about its scatter
-            fitted.setdefault(fam, []).append(round(r * math.sqrt(fit.n / (fit.n - free)), 5))
+    fitted, held = v.family_residuals(points, fits)
     return {"source": f"moe-sim validate --measurements {folder} --hardware {hw.name.lower()}",
             "metric": "log(measured / refit law) per launch; fitted half widened by sqrt(n / (n - p)) per group",
-            "fitted": {f: sorted(r) for f, r in sorted(fitted.items())},
-            "held_back": {f: r for f, r in sorted(held.items())}}
+            "fitted": fitted, "held_back": held}
+
+
+def residuals_of(hw: HardwareProfile) -> Residuals:
+    """The family residuals of the law `hw` prices with: its kernel set's own (written by validate --fit with
+    its constants), and for a family the set did not measure (its kernels keep the datasheet law) or on a
+    GPU with no set, the H200 gpu-suite laws' (residuals_h200.json: how well a law of the model's form
+    predicts a kernel once its constants are known)."""
+    base, kset = load_residuals(), hw.kernel_set
+    if kset is None or not kset.residuals:
+        return base
+    fitted, held = dict(base.fitted), dict(base.held_back)
+    fitted.update({f: fit for f, fit, _ in kset.residuals})
+    held.update({f: h for f, _, h in kset.residuals})
+    return Residuals(f"kernel set {kset.name} ({kset.source}); other families: {base.source}", fitted, held)
 
 
 def residuals_from(doc: Mapping[str, Any]) -> Residuals:
@@ -542,7 +546,7 @@ def uncertainty(hw: HardwareProfile, spec: IntervalSpec, res: Residuals | None =
     published figures where the profile was fitted to them), then each variant's structural error."""
     from simulator.config import load_model
     from simulator.cost.calibrate import FITTED, fitted_names
-    res = res or load_residuals()
+    res = res or residuals_of(hw)
     kimi = load_model("kimi-k3")
     params = parameters(hw, res, fitted_names(hw))
     structure = structure_parameters(published_sd(kimi))

@@ -292,6 +292,22 @@ def refit(points: list[Point], hw: HardwareProfile | None = None) -> dict[str, F
     return fits
 
 
+def family_residuals(points: list[Point], fits: Mapping[str, Fit]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """log(measured / refit law) per family: the fitted half (sorted, each group's widened by sqrt(n / (n - p))
+    for the p constants it spent) and the held-back half in grid order."""
+    fitted: dict[str, list[float]] = {}
+    held: dict[str, list[float]] = {}
+    for p in points:
+        fam, fit = p.row["family"], fits[p.group]
+        free = sum(1 for regime in fit.regimes for c in regime if c > 0)
+        r = math.log(p.measured / p.refit)
+        if p.held_back:
+            held.setdefault(fam, []).append(round(r, 5))
+        elif fit.n > free:  # a group with no degree of freedom left says nothing about its scatter
+            fitted.setdefault(fam, []).append(round(r * math.sqrt(fit.n / (fit.n - free)), 5))
+    return {f: sorted(r) for f, r in sorted(fitted.items())}, {f: r for f, r in sorted(held.items())}
+
+
 def report(points: list[Point], fits: dict[str, Fit], hw: HardwareProfile) -> dict[str, Any]:
     held = [p for p in points if p.held_back]
     by_family = {}
@@ -343,7 +359,12 @@ def kernel_set_of(folder: str | Path, hw: HardwareProfile) -> KernelSet:
     points, fits = fitted_points(folder, hw)
     label = f"{root.resolve().parent.name}/{root.resolve().name}"  # calibration/h200, from wherever it is read
     ranks = sorted({p.row["P"] for p in points if p.row["family"] == "collective" and p.row["P"] > 1})
+    fitted_res, held = family_residuals(points, fits)
+    mapped = {n for names in (meta.get("impls") or {}).values() for n in names}
+    unmapped = sorted({p.row["impl"] for p in points if p.group.count("/") and p.row["impl"] not in mapped})
     body = {"description": meta.get("description"), "impls": meta.get("impls"), "ranks": ranks, "pdl": meta.get("pdl"),
+            "unmapped": unmapped, "residuals": {f: {"fitted": r, "held_back": held.get(f, [])}
+                                                for f, r in fitted_res.items()},
             "source": f"{label}: {len(points)} rows, each law fitted on the even half of its grid "
                       f"(moe-sim validate --measurements {label} --fit)",
             "laws": {g: {"n": f.n, "terms": list(f.names), "regimes": [list(c) for c in f.regimes]}

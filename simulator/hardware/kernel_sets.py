@@ -105,6 +105,10 @@ class KernelSet:
     ranks: tuple[int, ...]
     fits: tuple[tuple[str, Fit], ...]
     pdl: bool = True  # its kernels support programmatic dependent launch (and so a plan's prefetch before the wait)
+    unmapped: tuple[str, ...] = ()  # implementations measured and fitted that stand for no role of the plans
+    # per family: (log(measured / law) on the fitted half, widened and sorted; on the held-back half): what the
+    # intervals of an answer priced with this set draw from (cost/uncertainty.py)
+    residuals: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...] = ()
 
     @functools.cached_property
     def _fits(self) -> dict[str, Fit]:
@@ -166,13 +170,26 @@ def parse_set(name: str, body: Any, where: str) -> KernelSet:
     ranks = body.get("ranks", [])
     if not isinstance(ranks, list) or not all(isinstance(r, int) and r > 1 for r in ranks):
         raise UserError(f"{at}: 'ranks' must list the rank counts its collectives were measured at.")
-    measured = {n for names in impls.values() for n in names}
+    unmapped = body.get("unmapped", [])
+    if not isinstance(unmapped, list) or not all(isinstance(n, str) and n for n in unmapped):
+        raise UserError(f"{at}: 'unmapped' must list implementation names.")
+    measured = {n for names in impls.values() for n in names} | set(unmapped)
     laws = body.get("laws")
     if not isinstance(laws, dict) or not laws:
         raise UserError(f"{at}: needs [laws.GROUP] tables.")
     fits = tuple((group, _parse_fit(group, law, measured, f"{at}, law {group!r}")) for group, law in laws.items())
+    residuals = body.get("residuals", {})
+    ok = isinstance(residuals, dict) and all(
+        isinstance(r, dict) and set(r) == {"fitted", "held_back"} and all(
+            isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                        for x in v) for v in r.values()) for r in residuals.values())
+    if not ok or not set(residuals) <= set(LAW_FAMILIES):
+        raise UserError(f"{at}: [residuals.FAMILY] tables need fitted = [...] and held_back = [...] of finite numbers.")
+    res = tuple((f, tuple(float(x) for x in r["fitted"]), tuple(float(x) for x in r["held_back"]))
+                for f, r in residuals.items())
     return KernelSet(name, body["description"], body["source"],
-                     tuple((r, tuple(n)) for r, n in impls.items()), tuple(ranks), fits, body["pdl"])
+                     tuple((r, tuple(n)) for r, n in impls.items()), tuple(ranks), fits, body["pdl"], tuple(unmapped),
+                     res)
 
 
 def _parse_fit(group: str, law: Any, measured: set[str], at: str) -> Fit:
@@ -180,7 +197,7 @@ def _parse_fit(group: str, law: Any, measured: set[str], at: str) -> Fit:
     if parts[0] not in LAW_FAMILIES:
         raise UserError(f"{at}: unknown family {parts[0]!r} (known: {', '.join(LAW_FAMILIES)}).")
     if len(parts) > 1 and parts[1] not in measured:
-        raise UserError(f"{at}: implementation {parts[1]!r} is not in the set's [impls].")
+        raise UserError(f"{at}: implementation {parts[1]!r} is not in the set's [impls] nor its unmapped list.")
     if not isinstance(law, dict) or not isinstance(law.get("n"), int) or not isinstance(law.get("terms"), list):
         raise UserError(f"{at}: needs n = points fitted and terms = [names].")
     names = tuple(law["terms"])
@@ -207,13 +224,17 @@ def dump_sets(hardware: str, default: str, sets: Iterable[KernelSet]) -> str:
              f'hardware = "{hardware}"', f'default = "{default}"']
     for s in sets:
         lines += ["", f'[sets.{s.name}]', f"description = {_q(s.description)}", f"source = {_q(s.source)}",
-                  f"pdl = {str(s.pdl).lower()}", f"ranks = {list(s.ranks)}", "", f"[sets.{s.name}.impls]"]
+                  f"pdl = {str(s.pdl).lower()}", f"ranks = {list(s.ranks)}",
+                  f"unmapped = [{', '.join(_q(n) for n in s.unmapped)}]", "", f"[sets.{s.name}.impls]"]
         lines += [f'"{role}" = [{", ".join(_q(n) for n in names)}]' for role, names in s.impls]
         for group, fit in s.fits:
             lines += ["", f'[sets.{s.name}.laws."{group}"]', f"n = {fit.n}",
                       f"terms = [{', '.join(_q(n) for n in fit.names)}]",
                       "regimes = [" + ", ".join("[" + ", ".join(repr(float(c)) for c in coef) + "]"
                                                for coef in fit.regimes) + "]"]
+        for fam, fitted, held in s.residuals:
+            lines += ["", f"[sets.{s.name}.residuals.{fam}]", f"fitted = [{', '.join(repr(x) for x in fitted)}]",
+                      f"held_back = [{', '.join(repr(x) for x in held)}]"]
     return "\n".join(lines) + "\n"
 
 
