@@ -24,12 +24,13 @@ def _installed_folder(package: str) -> Path:
 def test_every_subpackage_is_listed():
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
     on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "simulator").rglob("__init__.py")}
-    assert on_disk | {"simulator.models", "simulator.scenarios"} == listed
+    assert on_disk | {"simulator.models", "simulator.scenarios", "simulator.calibration"} == listed
 
 
 def test_every_data_file_is_package_data():
     globs = PYPROJECT["tool"]["setuptools"]["package-data"]
-    for folder, pattern in (("models", "*.json"), ("scenarios", "*.toml"), ("simulator/hardware", "*.toml")):
+    for folder, pattern in (("models", "*.json"), ("scenarios", "*.toml"), ("simulator/hardware", "*.toml"),
+                            ("calibration", "h200/*.csv")):
         package = "simulator." + Path(folder).name
         assert pattern in globs[package] and _installed_folder(package) == ROOT / folder
         assert list((ROOT / folder).glob(pattern))
