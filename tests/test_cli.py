@@ -1,5 +1,6 @@
 """CLI contract: exit codes, key output, JSON shape, one-sentence errors without traceback."""
 
+import inspect
 import json
 
 import pytest
@@ -139,3 +140,56 @@ def test_check_help_example_is_a_small_run():
     assert "Exit 0 when" in text and "Example: moe-sim check --tp 2" in text and "kimi-k3" not in text.split("Options:")[0]
     example = next(line for line in text.splitlines() if "Example:" in line)
     assert "Exit 0" not in example
+
+
+# ------------------------------------------------------------------ one set of defaults, names in any case
+
+
+def test_every_command_defaults_to_one_token_per_sequence():
+    from simulator.cli import ablation, compare_trace, layer, trace
+    for command in (layer, ablation, trace, compare_trace):
+        assert inspect.signature(command).parameters["tokens_per_seq"].default == 1, command.__name__
+    assert json.loads(run("layer", "--json", "--no-interval").output)["tokens_per_seq"] == 1
+    assert json.loads(run("step", "--json", "--no-interval").output)["speculation"]["draft_tokens"] == 0
+
+
+def test_layer_type_defaults_to_the_model_s_own():
+    assert json.loads(run("layer", "--model", "deepseek-v3", "--json", "--no-interval").output)["layer"] == "mla"
+    assert json.loads(run("layer", "--json", "--no-interval").output)["layer"] == "kda"
+    assert json.loads(run("ablation", "--model", "deepseek-v3", "--json").output)["layer"] == "mla"
+
+
+def test_names_are_case_insensitive():
+    upper = run("layer", "--model", "Kimi-K3", "--hardware", "H200", "--tp", "8", "--layer", "KDA", "--variant",
+                "Standard", "--json", "--no-interval")
+    lower = run("layer", "--model", "kimi-k3", "--hardware", "h200", "--tp", "8", "--layer", "kda", "--variant",
+                "standard", "--json", "--no-interval")
+    assert upper.exit_code == 0 and json.loads(upper.output) == json.loads(lower.output)
+    assert run("list", "Models").output == run("list", "models").output
+    assert run("step", "--drafter", "DSpark-K3", "--draft-tokens", "3", "--json", "--no-interval").exit_code == 0
+
+
+def test_speculation_states_its_acceptance_assumption():
+    assumed = json.loads(run("step", "--draft-tokens", "3", "--json", "--no-interval").output)
+    assert assumed["acceptance_length"] == pytest.approx((1 - 0.85 ** 4) / 0.15, abs=1e-4)
+    assert assumed["speculation"]["assumption"].startswith("assumed: each draft accepted with probability 0.85")
+    given = json.loads(run("step", "--draft-tokens", "3", "--acceptance-length", "2.5", "--json", "--no-interval").output)
+    assert given["acceptance_length"] == 2.5 and given["speculation"]["assumption"] == "given with --acceptance-length"
+    for doc in (assumed, given):
+        for v in doc["variants"].values():
+            assert v["ms_per_token"] == pytest.approx(v["step_ms"] / doc["acceptance_length"], rel=1e-3)
+    bracket = json.loads(run("step", "--batch", "8", "--draft-tokens", "7", "--routing-bracket", "--json",
+                             "--no-interval").output)
+    assert bracket["acceptance_length"] < 8, "not every draft accepted unless the user says so"
+
+
+@pytest.mark.parametrize("args, charts", [
+    (["layer", "--no-interval"], 6), (["ablation"], 4), (["step", "--sensitivity", "--draws", "50"], 2)])
+def test_plot_prints_where_it_wrote(tmp_path, monkeypatch, args, charts):
+    monkeypatch.setenv("COLUMNS", "200")
+    r = run(*args, "--plot", str(tmp_path / "p"))
+    assert r.exit_code == 0, r.output
+    words = r.output.split()  # long paths wrap onto more lines, at the spaces between them
+    written = sorted((tmp_path / "p").iterdir())
+    assert len(written) == charts and f"wrote {charts} chart file(s): " in " ".join(words)
+    assert all(str(p) in words or f"{p}," in words for p in written)

@@ -31,7 +31,7 @@ def test_exactly_two_set_up_commands():
 def test_ci_builds_installs_and_runs_the_wheel_outside_the_clone():
     ci = (ROOT / ".ci" / "run").read_text()
     for step in ("pip wheel", 'python3 -m venv "$scratch/venv"', 'cd "$scratch"', "moe-sim\" list models",
-                 "moe-sim\" run batch-sweep"):
+                 "moe-sim\" run batch-sweep", "moe-sim\" validate", "COLUMNS=80 \"$scratch/venv/bin/moe-sim\" step"):
         assert step in ci, step
 
 
