@@ -193,3 +193,10 @@ def test_plot_prints_where_it_wrote(tmp_path, monkeypatch, args, charts):
     written = sorted((tmp_path / "p").iterdir())
     assert len(written) == charts and f"wrote {charts} chart file(s): " in " ".join(words)
     assert all(str(p) in words or f"{p}," in words for p in written)
+
+
+def test_step_help_quotes_the_default_acceptance_the_code_uses():
+    from simulator.report.summary import DRAFT_ACCEPTANCE, acceptance
+    text = " ".join(run("step", "--help").output.split())
+    assert f"probability {DRAFT_ACCEPTANCE:g} given the one before" in text
+    assert f"{acceptance(3, None)[0]:.2f} at 3 drafts, {acceptance(7, None)[0]:.2f} at 7" in text

@@ -57,7 +57,7 @@ def default_layer(cfg: ModelConfig) -> str:
 # Speculative decoding's default acceptance. A chain of d drafts, each accepted with probability ALPHA
 # given its predecessor was, emits a = (1 - ALPHA^(d+1)) / (1 - ALPHA) tokens per verify step, the bonus
 # token included (Leviathan et al. 2023, eq. 1). ALPHA = 0.85 is the low end of the 85-90 % at which
-# DeepSeek-V3's MTP draft token is accepted (DeepSeek-V3 report, section 5.4.3); docs/sources.md §10.
+# DeepSeek-V3's MTP draft token is accepted (DeepSeek-V3 report, section 5.4.3); docs/sources.md §7.6.
 DRAFT_ACCEPTANCE = 0.85
 ACCEPTANCE_SOURCE = ("assumed: each draft accepted with probability 0.85 given the one before (DeepSeek-V3's "
                      "measured 85-90 %; docs/sources.md); --acceptance-length, or a scenario's acceptance_length, "
