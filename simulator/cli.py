@@ -453,6 +453,10 @@ def run_cmd(
                          interval=not no_interval)
 
     result = _guard(body)
+    s = result["summary"]
+    if s["kind"] == "step" and s["base"].get("acceptance_length") is None and "acceptance_length" not in s["sweep"]:
+        from simulator.report.summary import ACCEPTANCE_SOURCE
+        s["acceptance_assumption"] = ACCEPTANCE_SOURCE  # what each row's acceptance_length is, where drafts verify
     if as_json:
         typer.echo(json.dumps({"summary": result["summary"], "rows": result["rows"]}, indent=2, default=str,
                               allow_nan=False))

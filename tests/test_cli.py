@@ -200,3 +200,23 @@ def test_step_help_quotes_the_default_acceptance_the_code_uses():
     text = " ".join(run("step", "--help").output.split())
     assert f"probability {DRAFT_ACCEPTANCE:g} given the one before" in text
     assert f"{acceptance(3, None)[0]:.2f} at 3 drafts, {acceptance(7, None)[0]:.2f} at 7" in text
+
+
+def test_scenario_names_are_case_insensitive_too(tmp_path):
+    toml = 'question = "q"\nkind = "Layer"\n[base]\nmodel = "Kimi-K3"\nhardware = "GB300"\nlayer = "{}"\n[sweep]\nbatch = [1, 2]\n'
+    (tmp_path / "upper.toml").write_text(toml.format("MLA"))
+    (tmp_path / "lower.toml").write_text(toml.format("mla").replace('"Layer"', '"layer"'))
+    docs = [json.loads(run("run", str(tmp_path / f"{name}.toml"), "--no-interval", "--json").output)
+            for name in ("upper", "lower")]
+    assert docs[0]["rows"] == docs[1]["rows"] and docs[0]["rows"][0]["status"] == "ok"
+
+
+def test_a_sweep_states_the_acceptance_it_assumed(tmp_path):
+    (tmp_path / "d.toml").write_text('question = "q"\n[base]\ndraft_tokens = 3\n[sweep]\nbatch = [1, 2]\n')
+    doc = json.loads(run("run", str(tmp_path / "d.toml"), "--no-interval", "--json").output)
+    assert doc["summary"]["acceptance_assumption"].startswith("assumed: each draft accepted with probability 0.85")
+    assert {r["acceptance_length"] for r in doc["rows"]} == {round((1 - 0.85 ** 4) / 0.15, 4)}
+    table = " ".join(run("run", str(tmp_path / "d.toml"), "--no-interval").output.split())
+    assert "acceptance length where drafts are verified: assumed:" in table
+    given = json.loads(run("run", "speculative", "--quick", "--no-interval", "--json").output)
+    assert "acceptance_assumption" not in given["summary"], "a swept acceptance length is the user's"

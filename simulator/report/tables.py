@@ -212,10 +212,8 @@ def print_run(result: dict[str, Any], max_rows: int = 60, wide: bool = False) ->
     con.print(f"scenario {s['scenario']} ({s['kind']}): {s['question']}")
     base = ", ".join(f"{k}={v}" for k, v in s["base"].items() if k not in s["sweep"] and v is not None)
     con.print(f"conditions: {base}")
-    if s["kind"] == "step" and s["base"].get("acceptance_length") is None and "acceptance_length" not in s["sweep"]:
-        from simulator.report.summary import ACCEPTANCE_SOURCE
-        con.print(f"acceptance length where the scenario gives none and drafts are verified: {ACCEPTANCE_SOURCE}",
-                  markup=False)
+    if "acceptance_assumption" in s:
+        con.print(f"acceptance length where drafts are verified: {s['acceptance_assumption']}", markup=False)
     axes = [a for a in s["sweep"] if a != "variant"] + ["variant"]
     metrics = [m for m in RUN_METRICS[s["kind"]] if m not in axes]
     rows = [[*[_fmt(row.get(a)) for a in axes], *[_fmt(row.get(m)) for m in metrics],
