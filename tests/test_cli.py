@@ -184,7 +184,8 @@ def test_speculation_states_its_acceptance_assumption():
 
 
 @pytest.mark.parametrize("args, charts", [
-    (["layer", "--no-interval"], 6), (["ablation"], 4), (["step", "--sensitivity", "--draws", "50"], 2)])
+    (["layer", "--no-interval"], 6), (["ablation"], 4), (["step", "--sensitivity", "--draws", "50"], 2),
+    (["validate"], 2)])
 def test_plot_prints_where_it_wrote(tmp_path, monkeypatch, args, charts):
     monkeypatch.setenv("COLUMNS", "200")
     r = run(*args, "--plot", str(tmp_path / "p"))

@@ -70,7 +70,8 @@ def _speculation(doc: dict[str, Any]) -> str:
             f"{spec['acceptance_length']:.2f} tokens per verify step, {spec['assumption']}")
 
 
-def _plots(con: Console, doc: dict[str, Any]) -> None:
+def print_plots(con: Console, doc: dict[str, Any]) -> None:
+    """Where --plot wrote its charts, when it did."""
     if doc.get("plots"):
         con.print(f"wrote {len(doc['plots'])} chart file(s): " + ", ".join(doc["plots"]), markup=False)
 
@@ -96,7 +97,7 @@ def print_layer(doc: dict[str, Any], wide: bool = False) -> None:
     if "speedup" in doc:
         con.print(f"speedup (standard / specialized layer time): {doc['speedup']:.2f}x" + _speedup_interval(doc))
     _interval_note(con, doc)
-    _plots(con, doc)
+    print_plots(con, doc)
 
 
 def _interval_header(doc: dict[str, Any]) -> list[str]:
@@ -150,7 +151,7 @@ def print_step(doc: dict[str, Any], wide: bool = False) -> None:
         _print_sensitivity(con, doc["sensitivity"])
     if "routing_bracket" in doc:
         _print_routing_bracket(con, doc)
-    _plots(con, doc)
+    print_plots(con, doc)
 
 
 def _print_sensitivity(con: Console, sens: dict[str, Any]) -> None:
@@ -195,7 +196,7 @@ def print_ablation(doc: dict[str, Any], wide: bool = False) -> None:
              title=f"{_misfit(doc)}{level} time saved ({unit})")
     con.print("add one: the fusion alone added to standard; remove one: it alone removed from specialized; "
               "waterfall: added in turn, adding up to standard - specialized. Positive = time saved.")
-    _plots(con, doc)
+    print_plots(con, doc)
 
 
 RUN_METRICS = {

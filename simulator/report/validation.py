@@ -40,6 +40,8 @@ def print_validation(doc: Mapping[str, Any], wide: bool = False) -> None:
          title="the family laws, refit on the fitted half of each grid")
     if "interval_coverage" in doc:
         _print_coverage(con, doc["interval_coverage"])
+    from simulator.report.tables import print_plots
+    print_plots(con, doc)
 
 
 def _print_coverage(con: Any, cov: Mapping[str, Any]) -> None:
