@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from functools import lru_cache
 
 import pytest
 from rich.console import Console
@@ -32,7 +33,12 @@ def _run(args: list[str], columns: int | None):
 
 
 def _json(args: list[str]) -> dict:
-    return json.loads(_run(args + ["--json"], None))
+    return _json_of(tuple(args))
+
+
+@lru_cache(maxsize=None)  # each width's test asks for the same document
+def _json_of(args: tuple[str, ...]) -> dict:
+    return json.loads(_run([*args, "--json"], None))
 
 
 def _whole(output: str, cell: str) -> bool:
