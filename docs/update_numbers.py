@@ -1,7 +1,7 @@
-"""Re-quote the walkthrough's numbers after a cost-model change: every `<span title="ARGS | PATH | FORMAT">`
+"""Re-quote the walkthrough's (and README's) numbers after a cost-model change: every `<span title="ARGS | PATH | FORMAT">`
 marker gets the value the tool prints now (the convention tests/test_walkthrough.py checks).
 
-    python docs/update_numbers.py            # rewrite docs/walkthrough.md and docs/cost-model.md in place
+    python docs/update_numbers.py            # rewrite docs/walkthrough.md, docs/cost-model.md, README.md in place
     python docs/update_numbers.py --check    # list what would change, exit 1 if anything would
 
 Only the numbers inside markers change: read the listed lines afterwards, since the prose around a number
@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 from simulator.cli import app
 
 DOC = Path(__file__).resolve().parent / "walkthrough.md"
-DOCS = (DOC, DOC.parent / "cost-model.md")  # cost-model.md quotes through markers in section 8 (intervals)
+DOCS = (DOC, DOC.parent / "cost-model.md",  # cost-model.md quotes through markers in section 8 (intervals)
+        DOC.parent.parent / "README.md")  # the README's modelled figures, checked by tests/test_readme.py
 sys.path.insert(0, str(DOC.parent.parent / "tests"))
 from test_walkthrough import MARKER, _walk  # noqa: E402  (one definition of the marker convention)
 

@@ -39,9 +39,16 @@ VariantChoice = _choices("VariantChoice", VARIANTS + ("both",))
 
 ModelOpt = Annotated[str, typer.Option("--model", help="Model name (see `moe-sim list models`) or path to a config.json.")]
 # ranges are checked by simulator.limits.check_flags: one sentence in the flag's spelling, exit 2
+WideOpt = Annotated[bool, typer.Option("--wide", help=(
+    "Print every table in its full layout whatever the terminal's width (tables otherwise stack or wrap "
+    "to fit it, never cutting a number)."))]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree P.")]
 BatchOpt = Annotated[int, typer.Option("--batch", help="Sequences decoded together.")]
-TokensOpt = Annotated[int, typer.Option("--tokens-per-seq", help="Tokens per sequence in this forward: 1, or 1 + draft tokens being verified.")]
+TokensOpt = Annotated[int, typer.Option("--tokens-per-seq", help=(
+    "Tokens per sequence in this forward: 1 (the default of every command), or 1 + draft tokens being verified "
+    "(8 for the published trace's 7 drafts)."))]
+LayerOpt = Annotated[Optional[LayerType], typer.Option("--layer", case_sensitive=False, help=(
+    "Layer type (default: the model's own, the type most of its layers have: kda for Kimi K3, mla for DeepSeek-V3)."))]
 ContextOpt = Annotated[int, typer.Option("--context", help="Tokens already in the KV cache / folded into the KDA state.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of a table.")]
 SkewOpt = Annotated[float, typer.Option("--expert-skew", help=(
@@ -59,6 +66,10 @@ def _guard(fn: Callable[[], Any]) -> Any:
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except OSError as exc:  # an output path the checks let through (/proc, a full disk): one sentence, no traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        typer.echo(f"error: {where}{exc.strerror or exc}.", err=True)
+        raise typer.Exit(2) from None
     except KeyboardInterrupt as exc:
         typer.echo(str(exc) or "interrupted", err=True)
         raise typer.Exit(130) from None
@@ -67,15 +78,16 @@ def _guard(fn: Callable[[], Any]) -> Any:
 @app.command()
 def check(
     model: ModelOpt = "tiny-k3",
-    layer: Annotated[LayerChoice, typer.Option("--layer", help="Layer type to check.")] = LayerChoice.all,
+    layer: Annotated[LayerChoice, typer.Option("--layer", case_sensitive=False, help="Layer type to check.")] = LayerChoice.all,
     tp: TpOpt = 4,
     batch: BatchOpt = 3,
     tokens_per_seq: TokensOpt = 1,
     context: ContextOpt = 64,
-    precision: Annotated[PrecisionChoice, typer.Option("--precision", help="fp64 proves the algebra; bf16 is GPU-faithful.")] = PrecisionChoice.fp64,
+    precision: Annotated[PrecisionChoice, typer.Option("--precision", case_sensitive=False, help="fp64 proves the algebra; bf16 is GPU-faithful.")] = PrecisionChoice.fp64,
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights, inputs and state.")] = 0,
     all_reduce: Annotated[str, typer.Option("--all-reduce", help="Reduction order: one_shot, two_shot or ring.")] = "one_shot",
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
 ) -> None:
     """Run the float64 reference and both plans over P ranks; report errors and routing flips.
 
@@ -89,13 +101,13 @@ def check(
 
     def body() -> dict:
         check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context, seed=seed)
-        if all_reduce not in ("one_shot", "two_shot", "ring"):
+        if all_reduce.lower() not in ("one_shot", "two_shot", "ring"):
             raise UserError(f"--all-reduce '{all_reduce}' is not one of one_shot, two_shot, ring.")
         cfg = load_model(model)
         shape = DecodeShape(batch, tokens_per_seq, context)
         validate_tp(cfg, tp)  # a layout that cannot shard is the first thing to say, before its memory
         need = guard_memory(cfg, layer.value, tp, shape)  # before any weight is generated
-        checks = run_check(cfg, layer.value, tp, shape, precision.value, seed, all_reduce)
+        checks = run_check(cfg, layer.value, tp, shape, precision.value, seed, all_reduce.lower())
         return report_json(checks, precision.value, cfg, tp, shape) | {"memory_estimate_gb": round(need / 1e9, 2)}
 
     doc = _guard(body)
@@ -103,7 +115,7 @@ def check(
         typer.echo(json.dumps(doc, indent=2, allow_nan=False))
     else:
         from simulator.report.tables import print_check
-        print_check(doc)
+        print_check(doc, wide)
     raise typer.Exit(0 if doc["passed"] else 1)
 
 
@@ -111,7 +123,7 @@ HardwareOpt = Annotated[str, typer.Option("--hardware", help="GPU profile name (
 KernelsOpt = Annotated[Optional[str], typer.Option("--kernels", help=(
     "Kernel implementation set to price with (its measured laws, simulator/hardware/laws/); default: the GPU's "
     "best-measured set, 'datasheet' where none is measured. 'datasheet' prices every kernel from the profile."))]
-VariantOpt = Annotated[VariantChoice, typer.Option("--variant", help="Which plan(s) to price.")]
+VariantOpt = Annotated[VariantChoice, typer.Option("--variant", case_sensitive=False, help="Which plan(s) to price.")]
 IntervalOpt = Annotated[float, typer.Option("--interval", help=(
     "Probability of the interval printed beside each time (0.9: the 5th to 95th percentile of the draws; "
     "docs/cost-model.md section 8)."))]
@@ -139,22 +151,30 @@ def _fusions(variant: Enum, disable: list[str] | None, enable: list[str] | None)
     return fusion_set(disable, enable)
 
 
-def _emit(doc: dict, as_json: bool, printer: Callable[[dict], None]) -> None:
+def _emit(doc: dict, as_json: bool, printer: Callable[..., None], wide: bool = False) -> None:
     if as_json:
         typer.echo(json.dumps(doc, indent=2, allow_nan=False))
+    elif wide:
+        printer(doc, wide=True)
     else:
         printer(doc)
+
+
+def _layer_type(cfg: Any, layer_type: Enum | None) -> str:
+    from simulator.report.summary import default_layer
+    return layer_type.value if layer_type is not None else default_layer(cfg)
 
 
 @app.command()
 def layer(
     model: ModelOpt = "kimi-k3",
     hardware: HardwareOpt = "gb300",
+    kernels: KernelsOpt = None,
     tp: TpOpt = 16,
     batch: BatchOpt = 1,
-    tokens_per_seq: TokensOpt = 8,
+    tokens_per_seq: TokensOpt = 1,
     context: ContextOpt = 512,
-    layer_type: Annotated[LayerType, typer.Option("--layer", help="Layer type.")] = LayerType.kda,
+    layer_type: LayerOpt = None,
     variant: VariantOpt = VariantChoice.both,
     disable_fusion: DisableOpt = None,
     enable_fusion: EnableOpt = None,
@@ -166,13 +186,14 @@ def layer(
     seed: IntervalSeedOpt = 0,
     no_interval: NoIntervalOpt = False,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
 ) -> None:
     """Per-kernel cost and timeline of one decoder layer, standard and specialized side by side.
 
-    With no options: the configuration assumed for the published trace (Kimi K3 KDA + MoE layer,
-    GB300, TP16, batch 1 verifying 7 draft tokens = 8 tokens, context 512).
+    With no options: Kimi K3's KDA + MoE layer on GB300, TP16, batch 1, one token per sequence, context
+    512. The configuration assumed for the published trace verifies 7 draft tokens: --tokens-per-seq 8.
 
-    Example: moe-sim layer --hardware h200 --tp 8 --batch 32 --tokens-per-seq 1
+    Example: moe-sim layer --tokens-per-seq 8
 
     """
     from simulator.config import load_model
@@ -185,32 +206,35 @@ def layer(
         if plot_dir is not None:
             output_dir(plot_dir, "--plot")
         check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context)
-        cfg, hw = load_model(model), load_hardware(hardware)
+        cfg, hw = load_model(model), load_hardware(hardware, kernels)
+        kind = _layer_type(cfg, layer_type)
         routing = RoutingStats(expert_skew, draft_correlation)
         shape, fusions = DecodeShape(batch, tokens_per_seq, context, routing), _fusions(variant, disable_fusion, enable_fusion)
         spec = _interval_spec(interval, draws, seed, no_interval)
-        doc = layer_report(cfg, hw, tp, shape, layer_type.value, variant.value, fusions, spec)
+        doc = layer_report(cfg, hw, tp, shape, kind, variant.value, fusions, spec)
         if plot_dir is not None:
             from simulator.report.scenario_plots import layer_plots
-            doc["plots"] = [str(p) for p in layer_plots(doc, cfg, hw, tp, shape, layer_type.value, variant.value,
+            doc["plots"] = [str(p) for p in layer_plots(doc, cfg, hw, tp, shape, kind, variant.value,
                                                        fusions, plot_dir)]
         return doc
 
     from simulator.report.tables import print_layer
-    _emit(_guard(body), as_json, print_layer)
+    _emit(_guard(body), as_json, print_layer, wide)
 
 
 @app.command()
 def step(
     model: ModelOpt = "kimi-k3",
     hardware: HardwareOpt = "gb300",
+    kernels: KernelsOpt = None,
     tp: TpOpt = 16,
     batch: BatchOpt = 1,
     context: ContextOpt = 512,
     draft_tokens: Annotated[int, typer.Option("--draft-tokens", help="Draft tokens verified per step (0 = no speculative decoding).")] = 0,
     acceptance_length: Annotated[Optional[float], typer.Option("--acceptance-length", help=(
         "vLLM's mean acceptance length: tokens emitted per verify step per sequence, bonus token included "
-        "(1 <= a <= draft tokens + 1; default draft tokens + 1)."))] = None,
+        "(1 <= a <= draft tokens + 1). Default: each draft accepted with probability 0.85 given the one before "
+        "(DeepSeek-V3's measured 85-90 %), a = (1 - 0.85^(d+1)) / 0.15: 3.19 at 3 drafts, 4.85 at 7."))] = None,
     drafter: Annotated[str, typer.Option("--drafter", help="Draft model config (name or path).")] = "dspark-k3",
     variant: VariantOpt = VariantChoice.both,
     disable_fusion: DisableOpt = None,
@@ -229,6 +253,7 @@ def step(
         "(one at a time, each at its 5th and 95th percentile)."))] = False,
     plot_dir: Annotated[Optional[str], typer.Option("--plot", help="With --sensitivity: write the tornado chart (PNG + SVG) to this folder.")] = None,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
 ) -> None:
     """Whole decode step: time, aggregate tokens/s, tokens/s per user and a breakdown.
 
@@ -253,13 +278,13 @@ def step(
         if sensitivity and spec is None:
             raise UserError("--sensitivity ranks what widens the interval: drop --no-interval.")
         fusions = _fusions(variant, disable_fusion, enable_fusion)
-        cfg, hw = load_model(model), load_hardware(hardware)
+        cfg, hw = load_model(model), load_hardware(hardware, kernels)
         routing = RoutingStats(expert_skew, draft_correlation)
         doc = step_report(cfg, hw, tp, batch, context, draft_tokens, acceptance_length, variant.value, drafter,
                           fusions, routing, routing_bracket, spec)
         if sensitivity:
             from simulator.cost.sensitivity import step_sensitivity
-            doc["sensitivity"] = step_sensitivity(cfg, hw, spec, tp, batch, context, draft_tokens, acceptance_length,
+            doc["sensitivity"] = step_sensitivity(cfg, hw, spec, tp, batch, context, draft_tokens, doc["acceptance_length"],
                                                   variant.value, drafter, fusions, routing)
             if plot_dir is not None:
                 from simulator.report.uncertainty_plots import plot_tornado
@@ -267,7 +292,7 @@ def step(
         return doc
 
     from simulator.report.tables import print_step
-    _emit(_guard(body), as_json, print_step)
+    _emit(_guard(body), as_json, print_step, wide)
 
 
 @app.command()
@@ -275,11 +300,12 @@ def trace(
     out: Annotated[str, typer.Option("--out", help="Chrome trace JSON file to write (open it in ui.perfetto.dev).")],
     model: ModelOpt = "kimi-k3",
     hardware: HardwareOpt = "gb300",
+    kernels: KernelsOpt = None,
     tp: TpOpt = 16,
     batch: BatchOpt = 1,
-    tokens_per_seq: TokensOpt = 8,
+    tokens_per_seq: TokensOpt = 1,
     context: ContextOpt = 512,
-    layer_type: Annotated[LayerType, typer.Option("--layer", help="Layer type (for a layer trace).")] = LayerType.kda,
+    layer_type: LayerOpt = None,
     whole_step: Annotated[bool, typer.Option("--step", help="Trace every layer of the step end to end instead of one layer.")] = False,
     variant: VariantOpt = VariantChoice.both,
 ) -> None:
@@ -297,14 +323,14 @@ def trace(
     def body() -> str:
         check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context)
         output_file(out, "--out")
-        cfg, hw = load_model(model), load_hardware(hardware)
+        cfg, hw = load_model(model), load_hardware(hardware, kernels)
         shape = DecodeShape(batch, tokens_per_seq, context)
         if whole_step:
             from simulator.plans.common import make_dims
             make_dims(cfg, tp, shape, None, cfg.layer_type(0))  # validate before the long build
             tls = [step_timeline(cfg, hw, v, tp, shape) for v in variants_of(variant.value)]
         else:
-            tls = list(layer_timelines(cfg, hw, tp, shape, layer_type.value, variant.value).values())
+            tls = list(layer_timelines(cfg, hw, tp, shape, _layer_type(cfg, layer_type), variant.value).values())
         write_trace(out, tls)
         return f"wrote {out}: {sum(t.kernel_count for t in tls)} kernels on {len(tls)} timeline(s) " + \
             ", ".join(f"{t.label} {t.layer_us:.1f} us" for t in tls)
@@ -319,9 +345,9 @@ def compare_trace(
     hardware: HardwareOpt = "gb300",
     tp: TpOpt = 16,
     batch: BatchOpt = 1,
-    tokens_per_seq: TokensOpt = 8,
+    tokens_per_seq: TokensOpt = 1,
     context: ContextOpt = 512,
-    layer_type: Annotated[LayerType, typer.Option("--layer", help="Layer type the trace's layers are compared with.")] = LayerType.kda,
+    layer_type: LayerOpt = None,
     variant: Annotated[Optional[str], typer.Option("--variant", help="standard or specialized (default: the engine's, else standard).")] = None,
     engine: Annotated[str, typer.Option("--engine", help="Kernel-name table: moe-sim, vllm-stock, vllm-specialized, sglang, torch-mini.")] = "moe-sim",
     patterns: Annotated[Optional[str], typer.Option("--patterns", help="A pattern table of your own (TOML, shaped like simulator/report/kernel_patterns.toml).")] = None,
@@ -347,7 +373,7 @@ def compare_trace(
         cfg, hw = load_model(model), load_hardware(hardware, kernels)
         keys = tuple(k.strip() for k in plan_keys.split(",") if k.strip()) if plan_keys else None
         doc, timeline = run_compare(profile, cfg, hw, tp, DecodeShape(batch, tokens_per_seq, context),
-                                    layer_type.value, variant, engine, patterns, keys)
+                                    _layer_type(cfg, layer_type), variant, engine, patterns, keys)
         if plot_dir:
             doc["plots"] = [str(p) for p in plot_compare(doc, timeline, plot_dir)]
         return doc
@@ -359,18 +385,20 @@ def compare_trace(
 def ablation(
     model: ModelOpt = "kimi-k3",
     hardware: HardwareOpt = "gb300",
+    kernels: KernelsOpt = None,
     tp: TpOpt = 16,
     batch: BatchOpt = 1,
-    tokens_per_seq: TokensOpt = 8,
+    tokens_per_seq: TokensOpt = 1,
     context: ContextOpt = 512,
-    layer_type: Annotated[LayerType, typer.Option("--layer", help="Layer type for the per-layer column.")] = LayerType.kda,
+    layer_type: LayerOpt = None,
     acceptance_length: Annotated[Optional[float], typer.Option("--acceptance-length", help="For the step columns when tokens-per-seq > 1.")] = None,
     plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also write waterfall charts (PNG + SVG) to this folder.")] = None,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
 ) -> None:
     """What each fusion of the specialized plan saves, per layer and per step (add one / remove one / waterfall).
 
-    Example: moe-sim ablation --batch 32 --tokens-per-seq 1 --tp 8
+    Example: moe-sim ablation --batch 32 --tp 8
 
     """
     from simulator.config import load_model
@@ -382,21 +410,26 @@ def ablation(
                     acceptance_length=acceptance_length)
         if plot_dir is not None:
             output_dir(plot_dir, "--plot")
-        cfg, hw = load_model(model), load_hardware(hardware)
+        cfg, hw = load_model(model), load_hardware(hardware, kernels)
         from simulator.plans.common import make_dims
         from simulator.plans.kernel import DecodeShape
-        make_dims(cfg, tp, DecodeShape(batch, tokens_per_seq, context), None, layer_type.value)
+        from simulator.report.summary import acceptance, fit_keys
+        kind, shape = _layer_type(cfg, layer_type), DecodeShape(batch, tokens_per_seq, context)
+        make_dims(cfg, tp, shape, None, kind)
         if acceptance_length is not None and not 1 <= acceptance_length <= tokens_per_seq:
             raise UserError(f"--acceptance-length {acceptance_length:g} must lie in [1, --tokens-per-seq = {tokens_per_seq}]: "
                             f"a verify step of {tokens_per_seq} token(s) per sequence emits at most {tokens_per_seq}.")
-        doc = ablate(cfg, hw, tp, batch, tokens_per_seq, context, layer_type.value, acceptance_length)
+        doc = ablate(cfg, hw, tp, batch, tokens_per_seq, context, kind, acceptance_length) | fit_keys(cfg, hw, tp, shape)
+        a, assumption = acceptance(tokens_per_seq - 1, acceptance_length)
+        doc["speculation"] = {"draft_tokens": tokens_per_seq - 1, "acceptance_length": a, "assumption": assumption,
+                              "note": "the savings are times, which the acceptance length does not change"}
         if plot_dir is not None:
             from simulator.report.scenario_plots import ablation_plots
             doc["plots"] = [str(p) for p in ablation_plots(doc, plot_dir)]
         return doc
 
     from simulator.report.tables import print_ablation
-    _emit(_guard(body), as_json, print_ablation)
+    _emit(_guard(body), as_json, print_ablation, wide)
 
 
 @app.command("run")
@@ -408,6 +441,7 @@ def run_cmd(
     no_interval: Annotated[bool, typer.Option("--no-interval", help=(
         "Central values only: no 90 % bounds columns or bands, about 20x faster a point (large grids)."))] = False,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
 ) -> None:
     """Evaluate a what-if scenario: the grid of its [sweep] axes over its [base] configuration.
 
@@ -427,12 +461,16 @@ def run_cmd(
                          interval=not no_interval)
 
     result = _guard(body)
+    s = result["summary"]
+    if s["kind"] == "step" and s["base"].get("acceptance_length") is None and "acceptance_length" not in s["sweep"]:
+        from simulator.report.summary import ACCEPTANCE_SOURCE
+        s["acceptance_assumption"] = ACCEPTANCE_SOURCE  # what each row's acceptance_length is, where drafts verify
     if as_json:
         typer.echo(json.dumps({"summary": result["summary"], "rows": result["rows"]}, indent=2, default=str,
                               allow_nan=False))
     else:
         from simulator.report.tables import print_run
-        print_run(result)
+        print_run(result, wide=wide)
 
 
 def _progress_bar(total: int) -> Callable[[int, int], None] | None:
@@ -453,12 +491,15 @@ def _progress_bar(total: int) -> Callable[[int, int], None] | None:
 
 @app.command()
 def validate(
-    measurements: Annotated[str, typer.Option("--measurements", help="Folder of GPU measurement CSVs (benchmarks/gpu/suite.py), e.g. calibration/h200.")] = "calibration/h200",
+    measurements: Annotated[Optional[str], typer.Option("--measurements", help=(
+        "Folder of GPU measurement CSVs (benchmarks/gpu/suite.py), or the name of a shipped set (h200). "
+        "Default: the H200 measurements shipped with the package (calibration/h200 in a clone)."))] = None,
     hardware: HardwareOpt = "h200",
     plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also write predicted-vs-measured charts (PNG + SVG) to this folder.")] = None,
     fit: Annotated[bool, typer.Option("--fit", help="Fit the kernel set these CSVs measure (their kernel_set.toml) and write it into the GPU's laws file (simulator/hardware/laws/).")] = False,
     kernels: KernelsOpt = None,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
 ) -> None:
     """Hold the cost model to GPU measurements: error per kernel family, pre-registered, model and refit.
 
@@ -469,41 +510,44 @@ def validate(
     """
     from simulator.cost.validate import kernel_set_of, set_default, set_name, validate as run_validation, write_kernel_set
     from simulator.hardware import load_hardware
+    from simulator.paths import measurement_folder
 
     def body() -> dict:
         if plot_dir is not None:
             output_dir(plot_dir, "--plot")
+        folder = measurement_folder(measurements)
         written = None
         if fit:
             base = load_hardware(hardware, "datasheet")
-            kset = kernel_set_of(measurements, base)
-            written = {"set": kset.name, "path": str(write_kernel_set(kset, base, set_default(measurements)))}
+            kset = kernel_set_of(folder, base)
+            written = {"set": kset.name, "path": str(write_kernel_set(kset, base, set_default(folder)))}
         # the measurements are held to the laws of the set they define (once fitted), unless --kernels names another
-        own = set_name(measurements)
+        own = set_name(folder)
         try:
             hw = load_hardware(hardware, kernels or own)
         except UserError:
             if kernels or not own:
                 raise
             hw = load_hardware(hardware)
-        doc = run_validation(measurements, hw)
+        doc = run_validation(folder, hw)
         doc["written"] = written
-        doc["measurements"] = measurements
+        doc["measurements"] = str(folder)
         from simulator.cost.uncertainty import coverage, derive_residuals, residuals_from
-        doc["interval_coverage"] = coverage(residuals_from(derive_residuals(measurements, hw)))
+        doc["interval_coverage"] = coverage(residuals_from(derive_residuals(folder, hw)))
         if plot_dir:
             from simulator.report.validation import plot_validation
             doc["plots"] = [str(p) for p in plot_validation(doc, plot_dir)]
         return doc
 
     from simulator.report.validation import print_validation
-    _emit(_guard(body), as_json, print_validation)
+    _emit(_guard(body), as_json, print_validation, wide)
 
 
 @app.command()
 def calibrate(
     hardware: Annotated[str, typer.Option("--hardware", help="The profile whose published-fitted constants to refit (a name or a TOML path).")] = "gb300",
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
 ) -> None:
     """Refit the constants fitted to the published figures, inside their sourced ranges; report the rest.
 
@@ -525,20 +569,21 @@ def calibrate(
         return cal.report(cfg, hw, cal.fit(cfg, hw))
 
     from simulator.report.validation import print_calibration
-    _emit(_guard(body), as_json, print_calibration)
+    _emit(_guard(body), as_json, print_calibration, wide)
 
 
 @app.command("list")
 def list_cmd(what: Annotated[str, typer.Argument(help="models, hardware or scenarios")] = "models") -> None:
     """List the bundled model configs, hardware profiles or scenarios (each usable by name)."""
     def body() -> list[str]:
-        if what == "models":
+        kind = what.lower()
+        if kind == "models":
             from simulator.config import list_models
             return list_models()
-        if what == "hardware":
+        if kind == "hardware":
             from simulator.hardware import list_hardware
             return list_hardware()
-        if what == "scenarios":
+        if kind == "scenarios":
             from simulator.scenario import list_scenarios
             return list_scenarios()
         raise UserError(f"cannot list '{what}': choose models, hardware or scenarios.")

@@ -456,7 +456,7 @@ def load_model(name_or_path: str) -> ModelConfig:
     """Load a model by registry name (a file in models/) or by path to a config.json."""
     path = Path(name_or_path)
     if not path.is_file():
-        candidate = MODELS_DIR / f"{name_or_path}.json"
+        candidate = MODELS_DIR / f"{name_or_path.lower()}.json"  # names are case-insensitive: Kimi-K3
         if not candidate.is_file():
             raise UserError(f"unknown model '{name_or_path}': not a file and not one of "
                             f"{', '.join(list_models())}.")

@@ -131,6 +131,11 @@ def _fail(path: str, text: str, table: str | None, key: str, message: str) -> Us
     return UserError(f"{where}: {name} {message}.")
 
 
+def _folded(value: Any) -> Any:
+    """A choice's name in lower case (names are case-insensitive, as on the command line); others as given."""
+    return value.lower() if isinstance(value, str) else value
+
+
 def _check_value(path: str, text: str, table: str, key: str, value: Any) -> None:
     ok = isinstance(value, TYPES[key]) and not isinstance(value, bool)
     if not ok:
@@ -213,10 +218,12 @@ def load_scenario(path: str | Path) -> Scenario:
             raise _fail(str(p), text, None, key, f"should be a {TOP_KEYS[key].__name__}")
     if not raw.get("question", "").strip():
         raise UserError(f"{p}: key 'question' is missing: a scenario states the question it answers.")
-    kind = raw.get("kind", "step")
+    kind = _folded(raw.get("kind", "step"))
     if kind not in KINDS:
         raise _fail(str(p), text, None, "kind", f"= {kind!r} is not one of {', '.join(KINDS)}")
     base, sweep, outputs = raw.get("base", {}), raw.get("sweep", {}), raw.get("outputs", {})
+    base = {k: _folded(v) if k in CHOICES else v for k, v in base.items()}
+    sweep = {k: [_folded(x) for x in v] if k in CHOICES and isinstance(v, list) else v for k, v in sweep.items()}
     _check_table(str(p), text, "base", base, axis=False)
     _check_table(str(p), text, "sweep", sweep, axis=True)
     _check_outputs(str(p), text, kind, outputs, sweep)

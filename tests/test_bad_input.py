@@ -135,6 +135,15 @@ CASES = {
     "check-context-1e12": ("check --context 1000000000000", None, "--context = 1000000000000 must be an integer"),
     "check-tokens-1e6": ("check --tokens-per-seq 1000000", None, "this check needs about"),
     "flag-unknown-hardware": ("step --hardware nope", None, "Unknown hardware 'nope'"),
+    "flag-unknown-model-capitals": ("layer --model Kimi-K9", None, "unknown model 'Kimi-K9'"),
+    "flag-layer-the-model-lacks": ("layer --model deepseek-v3 --layer kda", None, "has no layer of type 'kda'"),
+    "flag-measurements-not-a-folder": ("validate --measurements {file}", None, "not a folder of measurement CSVs, nor a shipped set (h200)"),
+    # output paths that permission bits allow but no file can be made in (root in a container) ------------------
+    "out-proc-trace": ("trace --out /proc/nope", None, "/proc"),
+    "out-proc-run": ("run batch-sweep --quick --out /proc/nope", None, "/proc"),
+    "out-proc-layer-plot": ("layer --plot /proc/nope", None, "/proc"),
+    "out-proc-ablation-plot": ("ablation --plot /proc/nope/deeper", None, "/proc"),
+    "out-sys-trace": ("trace --out /sys/nope.json", None, "/sys"),
 }
 
 

@@ -1,5 +1,6 @@
 """CLI contract: exit codes, key output, JSON shape, one-sentence errors without traceback."""
 
+import inspect
 import json
 
 import pytest
@@ -100,7 +101,7 @@ def test_range_errors_name_the_flag_as_typed_one_fact(args, needle, absent):
     (("layer", "--variant", "standard", "--disable-fusion", "fused_kda"), "--variant standard prices only"),
     (("step", "--variant", "standard", "--enable-fusion", "unpadded_experts"), "--enable-fusion changes the specialized"),
     (("ablation", "--tokens-per-seq", "1", "--acceptance-length", "3"), "--acceptance-length 3 must lie in [1, --tokens-per-seq = 1]"),
-    (("ablation", "--acceptance-length", "9"), "must lie in [1, --tokens-per-seq = 8]"),
+    (("ablation", "--tokens-per-seq", "8", "--acceptance-length", "9"), "must lie in [1, --tokens-per-seq = 8]"),
 ])
 def test_options_that_change_nothing_are_refused(args, needle):
     r = run(*args)
@@ -111,7 +112,7 @@ def test_options_that_change_nothing_are_refused(args, needle):
 def test_useful_fusion_flags_still_work():
     assert run("layer", "--enable-fusion", "unpadded_experts", "--json").exit_code == 0
     assert run("layer", "--variant", "specialized", "--disable-fusion", "fused_kda", "--json").exit_code == 0
-    assert run("ablation", "--acceptance-length", "6", "--json").exit_code == 0
+    assert run("ablation", "--tokens-per-seq", "8", "--acceptance-length", "6", "--json").exit_code == 0
 
 
 # ------------------------------------------------------------------ names never cut, help paragraphs apart
@@ -127,29 +128,6 @@ def test_ablation_prints_whole_fusion_names_at_80_columns(monkeypatch):
         assert sum(f"│ {name} " in line for line in r.output.splitlines()) == 2, name  # layer and step tables
 
 
-def _kernel_cells(output: str) -> list[str]:
-    """The kernel column of `layer`'s tables, wrapped cells joined again."""
-    names: list[str] = []
-    for line in output.splitlines():
-        cells = [c.strip() for c in line.split("│")]
-        if len(cells) > 3 and line.startswith("│") and cells[1].isdigit():
-            names.append(cells[2])
-        elif len(cells) > 3 and line.startswith("│") and not cells[1] and names:
-            names[-1] += cells[2]
-    return names
-
-
-@pytest.mark.parametrize("width", [80, 100])
-def test_layer_never_cuts_kernel_names(monkeypatch, width):
-    monkeypatch.setenv("COLUMNS", str(width))
-    r = run("layer")
-    assert r.exit_code == 0 and "…" not in r.output
-    assert max(len(line) for line in r.output.splitlines()) <= width
-    monkeypatch.delenv("COLUMNS")
-    doc = json.loads(run("layer", "--json").output)
-    assert _kernel_cells(r.output) == [k["name"] for v in doc["variants"].values() for k in v["kernels"]]
-
-
 @pytest.mark.parametrize("command", ["check", "layer", "step", "trace", "ablation", "run"])
 def test_help_keeps_example_a_paragraph_of_its_own(command):
     lines = run(command, "--help").output.splitlines()
@@ -162,3 +140,84 @@ def test_check_help_example_is_a_small_run():
     assert "Exit 0 when" in text and "Example: moe-sim check --tp 2" in text and "kimi-k3" not in text.split("Options:")[0]
     example = next(line for line in text.splitlines() if "Example:" in line)
     assert "Exit 0" not in example
+
+
+# ------------------------------------------------------------------ one set of defaults, names in any case
+
+
+def test_every_command_defaults_to_one_token_per_sequence():
+    from simulator.cli import ablation, compare_trace, layer, trace
+    for command in (layer, ablation, trace, compare_trace):
+        assert inspect.signature(command).parameters["tokens_per_seq"].default == 1, command.__name__
+    assert json.loads(run("layer", "--json", "--no-interval").output)["tokens_per_seq"] == 1
+    assert json.loads(run("step", "--json", "--no-interval").output)["speculation"]["draft_tokens"] == 0
+
+
+def test_layer_type_defaults_to_the_model_s_own():
+    assert json.loads(run("layer", "--model", "deepseek-v3", "--json", "--no-interval").output)["layer"] == "mla"
+    assert json.loads(run("layer", "--json", "--no-interval").output)["layer"] == "kda"
+    assert json.loads(run("ablation", "--model", "deepseek-v3", "--json").output)["layer"] == "mla"
+
+
+def test_names_are_case_insensitive():
+    upper = run("layer", "--model", "Kimi-K3", "--hardware", "H200", "--tp", "8", "--layer", "KDA", "--variant",
+                "Standard", "--json", "--no-interval")
+    lower = run("layer", "--model", "kimi-k3", "--hardware", "h200", "--tp", "8", "--layer", "kda", "--variant",
+                "standard", "--json", "--no-interval")
+    assert upper.exit_code == 0 and json.loads(upper.output) == json.loads(lower.output)
+    assert run("list", "Models").output == run("list", "models").output
+    assert run("step", "--drafter", "DSpark-K3", "--draft-tokens", "3", "--json", "--no-interval").exit_code == 0
+
+
+def test_speculation_states_its_acceptance_assumption():
+    assumed = json.loads(run("step", "--draft-tokens", "3", "--json", "--no-interval").output)
+    assert assumed["acceptance_length"] == pytest.approx((1 - 0.85 ** 4) / 0.15, abs=1e-4)
+    assert assumed["speculation"]["assumption"].startswith("assumed: each draft accepted with probability 0.85")
+    given = json.loads(run("step", "--draft-tokens", "3", "--acceptance-length", "2.5", "--json", "--no-interval").output)
+    assert given["acceptance_length"] == 2.5 and given["speculation"]["assumption"] == "given with --acceptance-length"
+    for doc in (assumed, given):
+        for v in doc["variants"].values():
+            assert v["ms_per_token"] == pytest.approx(v["step_ms"] / doc["acceptance_length"], rel=1e-3)
+    bracket = json.loads(run("step", "--batch", "8", "--draft-tokens", "7", "--routing-bracket", "--json",
+                             "--no-interval").output)
+    assert bracket["acceptance_length"] < 8, "not every draft accepted unless the user says so"
+
+
+@pytest.mark.parametrize("args, charts", [
+    (["layer", "--no-interval"], 6), (["ablation"], 4), (["step", "--sensitivity", "--draws", "50"], 2),
+    (["validate"], 2)])
+def test_plot_prints_where_it_wrote(tmp_path, monkeypatch, args, charts):
+    monkeypatch.setenv("COLUMNS", "200")
+    r = run(*args, "--plot", str(tmp_path / "p"))
+    assert r.exit_code == 0, r.output
+    words = r.output.split()  # long paths wrap onto more lines, at the spaces between them
+    written = sorted((tmp_path / "p").iterdir())
+    assert len(written) == charts and f"wrote {charts} chart file(s): " in " ".join(words)
+    assert all(str(p) in words or f"{p}," in words for p in written)
+
+
+def test_step_help_quotes_the_default_acceptance_the_code_uses():
+    from simulator.report.summary import DRAFT_ACCEPTANCE, acceptance
+    text = " ".join(run("step", "--help").output.split())
+    assert f"probability {DRAFT_ACCEPTANCE:g} given the one before" in text
+    assert f"{acceptance(3, None)[0]:.2f} at 3 drafts, {acceptance(7, None)[0]:.2f} at 7" in text
+
+
+def test_scenario_names_are_case_insensitive_too(tmp_path):
+    toml = 'question = "q"\nkind = "Layer"\n[base]\nmodel = "Kimi-K3"\nhardware = "GB300"\nlayer = "{}"\n[sweep]\nbatch = [1, 2]\n'
+    (tmp_path / "upper.toml").write_text(toml.format("MLA"))
+    (tmp_path / "lower.toml").write_text(toml.format("mla").replace('"Layer"', '"layer"'))
+    docs = [json.loads(run("run", str(tmp_path / f"{name}.toml"), "--no-interval", "--json").output)
+            for name in ("upper", "lower")]
+    assert docs[0]["rows"] == docs[1]["rows"] and docs[0]["rows"][0]["status"] == "ok"
+
+
+def test_a_sweep_states_the_acceptance_it_assumed(tmp_path):
+    (tmp_path / "d.toml").write_text('question = "q"\n[base]\ndraft_tokens = 3\n[sweep]\nbatch = [1, 2]\n')
+    doc = json.loads(run("run", str(tmp_path / "d.toml"), "--no-interval", "--json").output)
+    assert doc["summary"]["acceptance_assumption"].startswith("assumed: each draft accepted with probability 0.85")
+    assert {r["acceptance_length"] for r in doc["rows"]} == {round((1 - 0.85 ** 4) / 0.15, 4)}
+    table = " ".join(run("run", str(tmp_path / "d.toml"), "--no-interval").output.split())
+    assert "acceptance length where drafts are verified: assumed:" in table
+    given = json.loads(run("run", "speculative", "--quick", "--no-interval", "--json").output)
+    assert "acceptance_assumption" not in given["summary"], "a swept acceptance length is the user's"

@@ -24,12 +24,13 @@ def _installed_folder(package: str) -> Path:
 def test_every_subpackage_is_listed():
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
     on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "simulator").rglob("__init__.py")}
-    assert on_disk | {"simulator.models", "simulator.scenarios"} == listed
+    assert on_disk | {"simulator.models", "simulator.scenarios", "simulator.calibration"} == listed
 
 
 def test_every_data_file_is_package_data():
     globs = PYPROJECT["tool"]["setuptools"]["package-data"]
-    for folder, pattern in (("models", "*.json"), ("scenarios", "*.toml"), ("simulator/hardware", "*.toml")):
+    for folder, pattern in (("models", "*.json"), ("scenarios", "*.toml"), ("simulator/hardware", "*.toml"),
+                            ("calibration", "h200/*.csv")):
         package = "simulator." + Path(folder).name
         assert pattern in globs[package] and _installed_folder(package) == ROOT / folder
         assert list((ROOT / folder).glob(pattern))
@@ -61,3 +62,14 @@ def test_unknown_scenario_name_lists_the_shipped_ones(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = runner.invoke(app, ["run", "batch-swep"])
     assert r.exit_code == 2 and "not one of batch-sweep" in r.output and "Traceback" not in r.output
+
+
+def test_validate_reads_the_shipped_measurements_from_any_folder(tmp_path, monkeypatch):
+    import json
+    monkeypatch.chdir(tmp_path)  # no calibration/ here: the default is the package's own
+    r = runner.invoke(app, ["validate", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["measured_points"] > 500 and Path(doc["measurements"]) == data_dir("calibration") / "h200"
+    named = json.loads(runner.invoke(app, ["validate", "--measurements", "h200", "--json"]).output)
+    assert named["measured_points"] == doc["measured_points"]

@@ -357,7 +357,8 @@ def kernel_set_of(folder: str | Path, hw: HardwareProfile) -> KernelSet:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: not valid TOML ({exc}).") from None
     points, fits = fitted_points(folder, hw)
-    label = f"{root.resolve().parent.name}/{root.resolve().name}"  # calibration/h200, from wherever it is read
+    parts = root.resolve().parts  # calibration/h200[/production], from a clone or the installed package alike
+    label = "/".join(parts[len(parts) - 1 - parts[::-1].index("calibration"):] if "calibration" in parts else parts[-2:])
     ranks = sorted({p.row["P"] for p in points if p.row["family"] == "collective" and p.row["P"] > 1})
     fitted_res, held = family_residuals(points, fits)
     mapped = {n for names in (meta.get("impls") or {}).values() for n in names}

@@ -1,8 +1,9 @@
 """Output files, written the way users expect.
 
 - The location is checked before any work starts (`output_file`, `output_dir`): one sentence and exit 2
-  for an empty name, a name too long for the file system, a folder that cannot be written, a file where
-  a folder is expected, or a folder, device, FIFO or socket where a file is expected.
+  for an empty name, a name too long for the file system, a folder that cannot be written (tried with a
+  temporary file: permission bits can say yes where /proc or /sys say no), a file where a folder is
+  expected, or a folder, device, FIFO or socket where a file is expected.
 - A symlink is followed: its target is written, the link stays.
 - A regular file is replaced atomically (temporary file beside it, then rename), so a reader, a crash
   or Ctrl-C never sees half a file, and no temporary file survives an error or Ctrl-C.
@@ -52,6 +53,10 @@ def _check_folder(folder: Path, what: str) -> None:
     if not os.access(anchor, os.W_OK | os.X_OK):
         reason = "is on a read-only file system" if _read_only(anchor) else "is not writable"
         raise UserError(f"{what} {str(folder)!r}: the folder {anchor} {reason}.")
+    try:  # permission bits can say yes where creating a file fails (/proc, /sys, some mounts): try one
+        tempfile.TemporaryFile(dir=anchor).close()
+    except OSError as exc:
+        raise UserError(f"{what} {str(folder)!r}: no file can be created in {anchor} ({exc.strerror}).") from None
 
 
 def _read_only(folder: Path) -> bool:

@@ -9,8 +9,8 @@ from functools import lru_cache
 from typing import Any
 
 from simulator.config import ModelConfig
-from simulator.cost.memory import memory_per_gpu
-from simulator.cost.step import StepEstimate, build_plan, estimate_step, representative_layer
+from simulator.cost.memory import memory_per_gpu, shortfall
+from simulator.cost.step import StepEstimate, build_plan, estimate_step, representative_layer, validate_speculation
 from simulator.cost.timeline import Makespan, Span, Timeline, makespan_us, schedule
 from simulator.cost.uncertainty import (IntervalSpec, Uncertainty, kernel_duration_draws, plan_draws, schedule_plans,
                                         uncertainty_for)
@@ -31,8 +31,47 @@ def variants_of(variant: str) -> tuple[str, ...]:
 
 
 def capacity(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape) -> dict[str, Any]:
-    """Memory per GPU by part (GB) against HBM; a misfit is a warning here and a skipped row in a sweep."""
+    """Memory per GPU by part (GB) against HBM; a misfit is stated at a report's top level (`fit_keys`)
+    and is a skipped row in a sweep."""
     return memory_per_gpu(cfg, hw.hbm_capacity, tp, shape).as_gb()
+
+
+def fit_keys(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape) -> dict[str, Any]:
+    """The top-level keys of a report about memory: `fits_in_hbm`, the parts, and when it does not fit one
+    sentence saying by how much and what would (the times shown are still the TP layout's)."""
+    gb = capacity(cfg, hw, tp, shape)
+    keys: dict[str, Any] = {"fits_in_hbm": bool(gb["fits"]), "memory_gb": gb}
+    if not gb["fits"]:
+        keys["does_not_fit"] = (f"{cfg.name} at TP{tp} on {hw.name} {shortfall(gb)}: this layout needs pipeline "
+                                "parallelism, more GPUs or a smaller batch or context (the times shown are the TP "
+                                "layout's, as if it fitted)")
+    return keys
+
+
+def default_layer(cfg: ModelConfig) -> str:
+    """The model's own layer type: the one most of its layers have (KDA for Kimi K3, MLA for DeepSeek-V3)."""
+    counts = cfg.layer_counts()
+    return max(counts, key=counts.__getitem__)
+
+
+# Speculative decoding's default acceptance. A chain of d drafts, each accepted with probability ALPHA
+# given its predecessor was, emits a = (1 - ALPHA^(d+1)) / (1 - ALPHA) tokens per verify step, the bonus
+# token included (Leviathan et al. 2023, eq. 1). ALPHA = 0.85 is the low end of the 85-90 % at which
+# DeepSeek-V3's MTP draft token is accepted (DeepSeek-V3 report, section 5.4.3); docs/sources.md §7.6.
+DRAFT_ACCEPTANCE = 0.85
+ACCEPTANCE_SOURCE = ("assumed: each draft accepted with probability 0.85 given the one before (DeepSeek-V3's "
+                     "measured 85-90 %; docs/sources.md); --acceptance-length, or a scenario's acceptance_length, "
+                     "sets your own")
+
+
+def acceptance(draft_tokens: int, acceptance_length: float | None) -> tuple[float, str]:
+    """The mean acceptance length a step uses and where it comes from: the user's, or the cited default."""
+    if not draft_tokens:
+        return 1.0, "no speculative decoding: one token per sequence per step"
+    if acceptance_length is not None:
+        return float(acceptance_length), "given with --acceptance-length"
+    a = (1 - DRAFT_ACCEPTANCE ** (draft_tokens + 1)) / (1 - DRAFT_ACCEPTANCE)
+    return round(a, 4), ACCEPTANCE_SOURCE
 
 
 def _span_row(span: Span) -> dict[str, Any]:
@@ -42,7 +81,8 @@ def _span_row(span: Span) -> dict[str, Any]:
             "alone_us": round(c.duration_us, 3), "launch_gap_us": round(span.launch_us, 3),
             "bytes": int(span.bytes), "flops": int(span.flops), "bound": span.bound,
             "achieved_gbps": round(span.bytes / span.duration_us * 1e-3, 1) if span.duration_us > 0 else 0.0,
-            "fraction_of_peak": round(c.fraction_of_peak, 3), "prefetched_bytes": int(span.prefetched_bytes),
+            "fraction_of_hbm_peak": round(span.bytes / span.duration_us * 1e6 / c.peak_bandwidth, 3)
+            if span.duration_us > 0 else 0.0, "prefetched_bytes": int(span.prefetched_bytes),
             "algorithm": c.algorithm or None}
 
 
@@ -60,11 +100,11 @@ def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeSh
     sweep passes the compiled ones, `fastsim.makespan_us`)."""
     tls = layer_timelines(cfg, hw, tp, shape, layer_type, variant, fusions, makespan)
     doc: dict[str, Any] = {
-        "metric": LAYER_METRIC, "model": cfg.name, "hardware": hw.name, "tp": tp, "batch": shape.batch,
+        "metric": LAYER_METRIC, "model": cfg.name, "hardware": hw.name, "kernels": hw.kernels, "tp": tp, "batch": shape.batch,
         "tokens_per_seq": shape.tokens_per_seq, "tokens": shape.tokens, "context": shape.context,
         "layer": layer_type, "layer_index": representative_layer(cfg, layer_type),
         "fusions": sorted(fusions if fusions is not None else resolve_fusions()),
-        "memory_gb": capacity(cfg, hw, tp, shape),
+        **fit_keys(cfg, hw, tp, shape),
         "variants": {v: {"kernel_count": tl.kernel_count, "layer_us": round(tl.layer_us, 3),
                          "floor_us": round(tl.floor_us, 3), "hbm_bytes": int(tl.hbm_bytes),
                          "kernels": [_span_row(s) for s in tl.spans]} for v, tl in tls.items()},
@@ -99,7 +139,8 @@ def _interval_keys(doc: dict[str, Any], unc: Uncertainty, draws: dict[str, Any],
 
 
 def _step_row(est: StepEstimate) -> dict[str, Any]:
-    return {"step_ms": round(est.step_us / 1000, 4), "tokens_per_s": round(est.tokens_per_s, 2),
+    return {"step_ms": round(est.step_us / 1000, 4), "ms_per_token": round(est.step_us / 1000 / est.tokens_per_step, 4),
+            "tokens_per_s": round(est.tokens_per_s, 2),
             "tokens_per_s_per_user": round(est.tokens_per_s_per_user, 2),
             "breakdown_ms": {k: round(v / 1000, 4) for k, v in est.breakdown_us.items()},
             "layer_us": {k: round(v, 3) for k, v in est.layer_us.items()}, "kernels_per_step": est.kernels_per_step}
@@ -111,15 +152,21 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
                 bracket: bool = False, interval: IntervalSpec | None = None,
                 makespan: Makespan = makespan_us) -> dict[str, Any]:
     """One step's report; `makespan` says which event loop schedules the central values (a sweep passes the
-    compiled one, `fastsim.makespan_us`)."""
+    compiled one, `fastsim.makespan_us`). Without an acceptance length, speculation assumes `acceptance`'s
+    cited default, and the report says so."""
+    validate_speculation(draft_tokens, acceptance_length)  # a bad value is named as the user gave it
+    acceptance_length, assumption = acceptance(draft_tokens, acceptance_length)
     ests = {v: estimate_step(cfg, hw, v, tp, batch, context, draft_tokens, acceptance_length, drafter, fusions,
                              routing, makespan) for v in variants_of(variant)}
     first = next(iter(ests.values()))
     doc: dict[str, Any] = {
-        "metric": STEP_METRIC, "model": cfg.name, "hardware": hw.name, "tp": tp, "batch": batch,
+        "metric": STEP_METRIC, "model": cfg.name, "hardware": hw.name, "kernels": hw.kernels, "tp": tp, "batch": batch,
         "context": context, "draft_tokens": draft_tokens, "acceptance_length": first.tokens_per_step,
-        "drafter": drafter if draft_tokens else None, "layer_counts": cfg.layer_counts(),
-        "memory_gb": capacity(cfg, hw, tp, DecodeShape(batch, 1 + draft_tokens, context)),
+        "drafter": drafter if draft_tokens else None,
+        "speculation": {"draft_tokens": draft_tokens, "drafter": drafter if draft_tokens else None,
+                        "acceptance_length": first.tokens_per_step, "assumption": assumption},
+        "layer_counts": cfg.layer_counts(),
+        **fit_keys(cfg, hw, tp, DecodeShape(batch, 1 + draft_tokens, context)),
         "variants": {v: _step_row(e) for v, e in ests.items()},
     }
     doc["routing"] = {"expert_skew": routing.skew, "draft_correlation": routing.draft_correlation}

@@ -371,7 +371,7 @@ def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, sha
     chosen = variant or eng.variant or "standard"
     plan = partial_plan(build_plan(cfg, chosen, tp, shape, layer_type), plan_keys or eng.plan_keys)
     timeline = schedule(plan, hw)
-    doc = {"trace": str(path), "engine": eng.name, "model": cfg.name, "hardware": hw.name, "tp": tp,
+    doc = {"trace": str(path), "engine": eng.name, "model": cfg.name, "hardware": hw.name, "kernels": hw.kernels, "tp": tp,
            "batch": shape.batch, "tokens_per_seq": shape.tokens_per_seq, "context": shape.context,
            "layer": layer_type, "variant": chosen, "plan_keys": [k.key for k in plan]}
     doc |= compare(read_kernels(path), plan, timeline, Classifier(eng, plan))

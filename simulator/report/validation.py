@@ -21,22 +21,19 @@ def _cell(s: Mapping[str, Any]) -> str:
     return f"{s['median_abs_pct_error']:.1f} / {s['worst_abs_pct_error']:.1f}  (n={s['n']})"
 
 
-def print_validation(doc: Mapping[str, Any]) -> None:
-    from rich.table import Table
-
-    from simulator.report.tables import _console
-    con = _console()
+def print_validation(doc: Mapping[str, Any], wide: bool = False) -> None:
+    from simulator.report.layout import console, show
+    con = console(wide)
     con.print(f"{doc['measured_points']} measured points on {doc['hardware']} ({doc['measurements']})")
     con.print(f"metric: {doc['metric']}")
-    table = Table("family", "pre-registered", f"model ({doc['kernels']}), held back", "model, all points",
-                  "refit, held back", title="median / worst % error (n points)")
-    for fam, s in doc["by_family"].items():
-        table.add_row(fam, _cell(s["preregistered"]), _cell(s), _cell(s["model_all_points"]), _cell(s["refit"]))
-    table.add_row("all", _cell(doc["preregistered"]),
-                  _cell({"n": doc["held_back_points"], "median_abs_pct_error": doc["median_abs_pct_error"],
-                         "worst_abs_pct_error": doc["worst_abs_pct_error"]}),
-                  _cell(doc["model_all_points"]), _cell(doc["refit"]))
-    con.print(table)
+    rows = [[fam, _cell(s["preregistered"]), _cell(s), _cell(s["model_all_points"]), _cell(s["refit"])]
+            for fam, s in doc["by_family"].items()]
+    rows.append(["all", _cell(doc["preregistered"]),
+                 _cell({"n": doc["held_back_points"], "median_abs_pct_error": doc["median_abs_pct_error"],
+                        "worst_abs_pct_error": doc["worst_abs_pct_error"]}),
+                 _cell(doc["model_all_points"]), _cell(doc["refit"])])
+    show(con, ("family", "pre-registered", f"model ({doc['kernels']}), held back", "model, all points",
+               "refit, held back"), rows, title="median / worst % error (n points)")
     if doc["profile_is_the_fit"]:
         con.print(f"the {doc['hardware']} profile's kernel set {doc['kernels']!r} is the fit of these CSVs: "
                   "model and refit are one law")
@@ -47,24 +44,24 @@ def print_validation(doc: Mapping[str, Any]) -> None:
         con.print(f"wrote kernel set {doc['written']['set']!r} to {doc['written']['path']}")
     for fam, s in doc.get("probes", {}).items():
         con.print(f"{fam} probe (shapes off the grid, never fitted; the grid's laws): median / worst % {_cell(s)}")
-    fits = Table("group", "points fitted", "constants of the family law (µs, GB/s, TFLOP/s)")
-    for g, f in doc["fits"].items():
-        fits.add_row(g, str(f["n"]), "  ".join(f"{k} {_num(v)}" for k, v in f.items() if k != "n"))
-    con.print(fits)
+    rows = [[g if i == 0 else "", str(f["n"]) if i == 0 else "", k, _num(v)]
+            for g, f in doc["fits"].items() for i, (k, v) in enumerate((k, v) for k, v in f.items() if k != "n")]
+    show(con, ("group", "points fitted", "constant of the family law", "value (µs, GB/s, TFLOP/s)"), rows,
+         title="the family laws, refit on the fitted half of each grid")
     if "interval_coverage" in doc:
         _print_coverage(con, doc["interval_coverage"])
+    from simulator.report.tables import print_plots
+    print_plots(con, doc)
 
 
 def _print_coverage(con: Any, cov: Mapping[str, Any]) -> None:
     """How often the interval built from the fitted half covers a held-back point (docs/cost-model.md section 8)."""
-    from rich.table import Table
-    table = Table("family", "held-back points", f"inside the {cov['level']:.0%} interval", "interval (% of the law)",
-                  title=f"interval coverage: {cov['method']}")
-    for fam, c in cov["by_family"].items():
-        table.add_row(fam, str(c["n"]), f"{c['covered']} ({100 * c['coverage']:.0f} %)",
-                      f"[{c['interval_pct'][0]:+.1f}, {c['interval_pct'][1]:+.1f}]")
-    table.add_row("all", str(cov["n"]), f"{100 * cov['coverage']:.1f} %", "")
-    con.print(table)
+    from simulator.report.layout import show
+    rows = [[fam, str(c["n"]), f"{c['covered']} ({100 * c['coverage']:.0f} %)",
+             f"[{c['interval_pct'][0]:+.1f}, {c['interval_pct'][1]:+.1f}]"] for fam, c in cov["by_family"].items()]
+    rows.append(["all", str(cov["n"]), f"{100 * cov['coverage']:.1f} %", ""])
+    show(con, ("family", "held-back points", f"inside the {cov['level']:.0%} interval", "interval (% of the law)"),
+         rows, title=f"interval coverage: {cov['method']}")
 
 
 def _num(v: Any) -> str:
@@ -107,23 +104,17 @@ def _figure_validation(doc: Mapping[str, Any]) -> Figure:
     return fig
 
 
-def print_calibration(doc: Mapping[str, Any]) -> None:
+def print_calibration(doc: Mapping[str, Any], wide: bool = False) -> None:
     """`moe-sim calibrate`: the constants, the fitted figures and the unfitted ones."""
-    from rich.table import Table
-
-    from simulator.report.tables import _console
-    con = _console()
+    from simulator.report.layout import console, show
+    con = console(wide)
     con.print(f"{doc['hardware']}: constants fitted to the published figures ({doc['metric']}; "
               f"{doc['degrees_of_freedom']} degrees of freedom left)")
-    consts = Table("constant", "now", "refitted", "range", "on an edge")
-    for c in doc["constants"]:
-        consts.add_row(c["name"], f"{c['now']:g}", f"{c['fitted']:g}", f"[{c['range'][0]:g}, {c['range'][1]:g}]",
-                       c["at_edge"] or "-")
-    con.print(consts)
+    show(con, ("constant", "now", "refitted", "range", "on an edge"),
+         [[c["name"], f"{c['now']:g}", f"{c['fitted']:g}", f"[{c['range'][0]:g}, {c['range'][1]:g}]",
+           c["at_edge"] or "-"] for c in doc["constants"]])
     for title, rows in (("fitted figures", doc["fitted_figures"]), ("not used in the fit", doc["unfitted_figures"])):
-        t = Table(title, "metric", "published", "model now", "error now %", "model refitted", "error refitted %")
-        for r in rows:
-            t.add_row(r["figure"], r["metric"], f"{r['published']:g}", f"{r['model_now']:.2f}",
-                      f"{r['error_now_pct']:+.1f}", f"{r['model_fitted']:.2f}", f"{r['error_fitted_pct']:+.1f}")
-        con.print(t)
+        show(con, (title, "metric", "published", "model now", "error now %", "model refitted", "error refitted %"),
+             [[r["figure"], r["metric"], f"{r['published']:g}", f"{r['model_now']:.2f}", f"{r['error_now_pct']:+.1f}",
+               f"{r['model_fitted']:.2f}", f"{r['error_fitted_pct']:+.1f}"] for r in rows], key=2)
     con.print(f"loss now {doc['loss_now']:.2e}, refitted {doc['loss_fitted']:.2e} ({doc['evaluations']} model evaluations)")
