@@ -31,18 +31,19 @@ import tomllib
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from simulator.config import ModelConfig
 from simulator.cost.timeline import Timeline, schedule
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import DecodeShape, Plan
-from simulator.report.trace_reader import KernelEvent, KernelTrace, by_stream
+from simulator.report.trace_reader import KernelEvent, KernelTrace, by_stream, short
 
 PATTERNS_FILE = Path(__file__).with_name("kernel_patterns.toml")
 LAYER_PREFIX = re.compile(r"^(?:L\d+|head)\.")  # moe-sim step traces key kernels "L5.o_proj"
 MAX_SIGNATURES = 20  # distinct layer shapes aligned against the plan (the most frequent ones)
+MAX_LAYER_KERNELS = 5000  # a decode layer launches tens of kernels; a longer span is no layer
 
 Stream = tuple[Any, Any]
 Signature = tuple[tuple[Stream, tuple[str, ...]], ...]  # per stream: the labels of one layer, in order
@@ -66,29 +67,40 @@ class Engine:
 
 def load_engine(name: str, path: str | Path | None = None) -> Engine:
     """The engine `name` from the bundled table, or from a user's `--patterns` file of the same shape."""
-    source = Path(path) if path else PATTERNS_FILE
-    try:
-        table = tomllib.loads(source.read_text(encoding="utf-8")).get("engine", {})
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UserError(f"cannot read the pattern table {source}: {exc}.") from None
-    if name not in table:
-        raise UserError(f"engine '{name}' is not in {source}; it has {', '.join(table) or 'no engines'}.")
-    entry = table[name]
-    patterns = {key: tuple(_compile(p, source, name) for p in _strings(pats, source))
+    source, table = load_table(path)
+    engines = table.get("engine", {})
+    if name not in engines:
+        raise UserError(f"engine '{short(name)}' is not in {source}; it has {', '.join(engines) or 'no engines'}.")
+    entry = engines[name]
+    patterns = {key: tuple(compile_pattern(p, source, name) for p in string_list(pats, source))
                 for key, pats in entry.get("patterns", {}).items()}
     keys = entry.get("plan_keys")
-    parts = tuple(_compile(p, source, name) for p in _strings(entry.get("part_of_previous", []), source))
+    parts = tuple(compile_pattern(p, source, name) for p in string_list(entry.get("part_of_previous", []), source))
     return Engine(name, str(entry.get("about", "")), entry.get("variant"), str(entry.get("match_on", "name")),
-                  tuple(_strings(keys, source)) if keys is not None else None, patterns, parts)
+                  tuple(string_list(keys, source)) if keys is not None else None, patterns, parts)
 
 
-def _strings(value: Any, source: Path) -> list[str]:
+def load_table(path: str | Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """The pattern table as TOML data: the bundled one, or a user's `--patterns` file."""
+    source = Path(path) if path else PATTERNS_FILE
+    try:
+        return source, tomllib.loads(source.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UserError(f"cannot read the pattern table {source}: {short(str(exc), 120)}.") from None
+
+
+def engine_names(path: str | Path | None = None) -> list[str]:
+    """The engines of the bundled pattern table (or of a user's `--patterns` file), in table order."""
+    return list(load_table(path)[1].get("engine", {}))
+
+
+def string_list(value: Any, source: Path) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise UserError(f"{source}: patterns and plan_keys must be lists of strings, not {value!r}.")
     return value
 
 
-def _compile(pattern: str, source: Path, engine: str) -> re.Pattern[str]:
+def compile_pattern(pattern: str, source: Path, engine: str) -> re.Pattern[str]:
     text = fnmatch.translate(pattern[5:]) if pattern.startswith("glob:") else pattern
     try:
         return re.compile(text, re.IGNORECASE)
@@ -241,30 +253,50 @@ def _lcs(cands: list[frozenset[int]], plan: list[int]) -> list[tuple[int, int]]:
 # ============================================================================ the comparison
 
 
-def best_layer(trace: KernelTrace, classify: Classifier) -> tuple[LayerShape, dict[tuple[int, int], int]]:
-    """Over processes and signatures: the layer the plan matches best, then the most repeated."""
+class NoMatch(UserError):
+    """No layer of the trace matches the engine's patterns (the caller may name a closer engine)."""
+
+
+def best_layer(trace: KernelTrace, classify: Classifier,
+               left_out: Callable[[Signature], str | None] = lambda sig: None) -> tuple[LayerShape, dict[tuple[int, int], int]]:
+    """Over processes and signatures: the layer the plan matches best, then the most repeated. Signatures
+    `left_out` gives a reason for (a prefill or mixed layer) and spans over MAX_LAYER_KERNELS (no layer
+    boundary found: the alignment is O(n x plan)) are not candidates."""
     best: tuple[tuple[int, int, int], LayerShape, dict] | None = None
     pids: dict[Any, list[KernelEvent]] = {}
     for k in trace.kernels:
         pids.setdefault(k.stream[0], []).append(k)
+    longest, reasons = 0, []
     for kernels in pids.values():
         for shape in layer_shapes(kernels, classify):
-            pairs = align(shape, classify)
             size = sum(len(labels) for _, labels in shape.signature)
+            longest = max(longest, size)
+            reason = left_out(shape.signature) if size <= MAX_LAYER_KERNELS else "too long"
+            if reason:
+                reasons.append(reason)
+                continue
+            pairs = align(shape, classify)
             score = (len(pairs), -(size - len(pairs)), len(shape.layers))
             if best is None or score > best[0]:
                 best = (score, shape, pairs)
+    if best is None and any(r != "too long" for r in reasons):
+        raise UserError(f"{trace.path}: {next(r for r in reasons if r != 'too long')}, so it is not a decode step and "
+                        "is not compared as one; profile decode steps only.")
+    if best is None and longest > MAX_LAYER_KERNELS:
+        raise UserError(f"{trace.path}: its kernels do not split into layers ({longest:,} kernels run without "
+                        f"the '{classify.engine.name}' engine's layer boundary); is it a decode trace of this "
+                        "model and layer type?")
     if best is None or not best[2]:
         names = sorted({k.name for k in trace.kernels})
-        raise UserError(f"{trace.path}: none of its {len(names)} kernel names (e.g. {names[0]!r}) matches the "
-                        f"'{classify.engine.name}' patterns of the {classify.plan.variant} plan; choose --engine "
-                        "or pass --patterns.")
+        raise NoMatch(f"{trace.path}: none of its {len(names):,} kernel names (e.g. {short(names[0])!r}) matches "
+                      f"the '{classify.engine.name}' patterns of the {classify.plan.variant} plan")
     return best[1], best[2]
 
 
-def compare(trace: KernelTrace, plan: Plan, timeline: Timeline, classify: Classifier) -> dict[str, Any]:
+def compare(trace: KernelTrace, plan: Plan, timeline: Timeline, classify: Classifier,
+            left_out: Callable[[Signature], str | None] = lambda sig: None) -> dict[str, Any]:
     """The comparison document: per kernel model vs measured, unmatched on both sides, makespans."""
-    shape, pairs = best_layer(trace, classify)
+    shape, pairs = best_layer(trace, classify, left_out)
     gaps = model_gaps(timeline)
     rows, unmatched_measured, folded, layer = [], [], [], []
     for s, (stream, labels) in enumerate(shape.signature):
@@ -361,18 +393,51 @@ def _median_of(values: Any) -> float | None:
 
 
 def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer_type: str,
-                  variant: str | None = None, engine: str = "moe-sim", patterns: str | None = None,
-                  plan_keys: tuple[str, ...] | None = None) -> tuple[dict[str, Any], Timeline]:
-    """Read `path`, build the plan of the same configuration and compare; the doc and the model timeline."""
-    from simulator.cost.step import build_plan
+                  variant: str | None = None, engine: str | None = None, patterns: str | None = None,
+                  plan_keys: tuple[str, ...] | None = None, console: Any = None) -> tuple[dict[str, Any], Timeline]:
+    """Read `path`, find its engine (unless named) and its decode layers, build the plan of the same
+    configuration and compare; the doc and the model timeline."""
+    from simulator.report.trace_detect import closest_engine, detect_engine, step_check
     from simulator.report.trace_reader import read_kernels
 
+    trace = read_kernels(path, console)
+    plans = _PlanMaker(cfg, tp, shape, layer_type, variant, plan_keys)
+    step = step_check(trace, shape, patterns)
+    detected = None
+    if engine is None:
+        detected = detect_engine(trace, plans, patterns)
+        engine = detected["chosen"]
     eng = load_engine(engine, patterns)
-    chosen = variant or eng.variant or "standard"
-    plan = partial_plan(build_plan(cfg, chosen, tp, shape, layer_type), plan_keys or eng.plan_keys)
+    plan = plans(eng)
     timeline = schedule(plan, hw)
     doc = {"trace": str(path), "engine": eng.name, "model": cfg.name, "hardware": hw.name, "tp": tp,
            "batch": shape.batch, "tokens_per_seq": shape.tokens_per_seq, "context": shape.context,
-           "layer": layer_type, "variant": chosen, "plan_keys": [k.key for k in plan]}
-    doc |= compare(read_kernels(path), plan, timeline, Classifier(eng, plan))
+           "layer": layer_type, "variant": plan.variant, "plan_keys": [k.key for k in plan]}
+    if detected:
+        doc["engine_detected"] = detected
+    try:
+        doc |= compare(trace, plan, timeline, Classifier(eng, plan), step.left_out)
+    except NoMatch as exc:
+        raise UserError(f"{exc}; {closest_engine(trace, plans, patterns, eng.name)}") from None
+    doc["step"] = step.summary()
     return doc, timeline
+
+
+@dataclass
+class _PlanMaker:
+    """The plan an engine's traces are compared with: its variant (unless --variant), its plan keys
+    (unless --plan-keys), built once per variant."""
+
+    cfg: ModelConfig
+    tp: int
+    shape: DecodeShape
+    layer_type: str
+    variant: str | None
+    plan_keys: tuple[str, ...] | None
+
+    def __call__(self, eng: Engine) -> Plan:
+        from simulator.cost.step import build_plan
+        chosen = self.variant or eng.variant or "standard"
+        plan = build_plan(self.cfg, chosen, self.tp, self.shape, self.layer_type)
+        return partial_plan(plan, self.plan_keys or eng.plan_keys)
+
