@@ -184,7 +184,7 @@ def _overlapping() -> dict:
 
 MALFORMED = {
     "not-json": ("this is not json", "not JSON"),
-    "truncated": ('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1', "not valid JSON"),
+    "truncated": ('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1', "cut short"),
     "no-trace-events": ({"schemaVersion": 1}, "no traceEvents"),
     "no-kernels": ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1}]}, "no GPU kernel"),
     "unknown-names": ({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "mystery", "pid": 0, "tid": 7, "ts": 0, "dur": 1}]},

@@ -96,7 +96,7 @@ def engine_names(path: str | Path | None = None) -> list[str]:
 
 def string_list(value: Any, source: Path) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise UserError(f"{source}: patterns and plan_keys must be lists of strings, not {value!r}.")
+        raise UserError(f"{source}: patterns and plan_keys must be lists of strings, not {short(repr(value))}.")
     return value
 
 
@@ -105,7 +105,7 @@ def compile_pattern(pattern: str, source: Path, engine: str) -> re.Pattern[str]:
     try:
         return re.compile(text, re.IGNORECASE)
     except re.error as exc:
-        raise UserError(f"{source}: engine '{engine}' pattern {pattern!r} is not a valid regex ({exc}).") from None
+        raise UserError(f"{source}: engine '{engine}' pattern '{short(pattern)}' is not a valid regex ({exc}).") from None
 
 
 def partial_plan(plan: Plan, keys: tuple[str, ...] | None) -> Plan:
@@ -288,7 +288,7 @@ def best_layer(trace: KernelTrace, classify: Classifier,
                         "model and layer type?")
     if best is None or not best[2]:
         names = sorted({k.name for k in trace.kernels})
-        raise NoMatch(f"{trace.path}: none of its {len(names):,} kernel names (e.g. {short(names[0])!r}) matches "
+        raise NoMatch(f"{trace.path}: none of its {len(names):,} kernel names (e.g. '{short(names[0])}') matches "
                       f"the '{classify.engine.name}' patterns of the {classify.plan.variant} plan")
     return best[1], best[2]
 

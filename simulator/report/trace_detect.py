@@ -68,7 +68,7 @@ def detect_engine(trace: KernelTrace, plans: Callable[[Engine], Plan], patterns:
     ranking = rank_engines(trace, plans, patterns)
     if ranking[0]["matched"] == 0:
         example = short(trace.kernels[0].name)
-        raise UserError(f"{trace.path}: no engine of the pattern table fits its kernel names (e.g. {example!r}); "
+        raise UserError(f"{trace.path}: no engine of the pattern table fits its kernel names (e.g. '{example}'); "
                         f"{_closest(ranking)}")
     return {"chosen": ranking[0]["engine"], "by": "kernel names (best fit of each engine's layer to its plan)",
             "ranking": ranking}
@@ -86,6 +86,8 @@ def _closest(ranking: list[dict[str, Any]]) -> str:
     if r["matched"]:
         return (f"the closest engine is '{r['engine']}' (its layer matches {r['matched']} of its {r['plan_kernels']} "
                 f"plan kernels, fit {r['fit']:.2f}): try --engine {r['engine']}.")
+    if not r["names_matched"]:
+        return f"no engine's patterns name any of its {r['names']:,} kernel names; pass --patterns with a table of your own."
     return (f"the closest engine is '{r['engine']}', whose patterns name {r['names_matched']} of the "
             f"{r['names']} kernel names; choose --engine or pass --patterns with a table of your own.")
 
@@ -117,8 +119,8 @@ class StepCheck:
         if pre is None:
             return None
         dec = next((x for x in labels if any(p.search(x) for p in self.decode)), None)
-        reason = (f"its layers run a prefill kernel ({short(pre)!r}) beside a decode one ({short(dec)!r}): a mixed "
-                  "batch" if dec else f"its layers run a prefill kernel ({short(pre)!r}): a prefill step")
+        reason = (f"its layers run a prefill kernel ('{short(pre)}') beside a decode one ('{short(dec)}'): a mixed "
+                  "batch" if dec else f"its layers run a prefill kernel ('{short(pre)}'): a prefill step")
         self.left_out_shapes.append(reason)
         return reason
 

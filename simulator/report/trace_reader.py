@@ -119,10 +119,10 @@ class _Stream:
     def __init__(self, source: TextSource, path: Path) -> None:
         self.source, self.path, self.buf, self.pos, self.eof = source, path, "", 0, False
 
-    def _more(self, want: int = CHUNK_CHARS) -> bool:
+    def _more(self, want: int | None = None) -> bool:
         if self.eof:
             return False
-        chunk = self.source.read(want)
+        chunk = self.source.read(want or CHUNK_CHARS)
         self.buf, self.pos = self.buf[self.pos:] + chunk, 0
         self.eof = not chunk
         return bool(chunk)
@@ -137,7 +137,7 @@ class _Stream:
     def expect(self, char: str, where: str) -> None:
         if self.peek() != char:
             raise UserError(f"{self.path} is not valid trace JSON: expected '{char}' {where}, "
-                            f"found {short(self.buf[self.pos:self.pos + 20], 20)!r}.")
+                            f"found '{short(self.buf[self.pos:self.pos + 20], 20)}'.")
         self.pos += 1
 
     def value(self, what: str = "a value") -> Any:
@@ -153,16 +153,19 @@ class _Stream:
                 raise UserError(f"{self.path} nests {what} deeper than {sys.getrecursionlimit():,} levels, "
                                 "which no trace does.") from None
             except json.JSONDecodeError as exc:
-                if self.eof or exc.pos < len(self.buf) - 16 and not exc.msg.startswith("Unterminated string"):
+                at_end = exc.pos >= len(self.buf) - 16 or exc.msg.startswith("Unterminated string")
+                if self.eof and at_end:
+                    raise UserError(f"{self.path} ends in the middle of {what}: the file is cut short.") from None
+                if self.eof or not at_end:
                     raise UserError(f"{self.path} is not valid JSON: {exc.msg.lower()} in {what} "
                                     f"(character {exc.pos - self.pos:,} of it).") from None
             except ValueError as exc:  # e.g. an integer over Python's 4,300-digit limit
                 raise UserError(f"{self.path} is not a usable trace: {short(str(exc), 80)} in {what}.") from None
             unread = len(self.buf) - self.pos
             if unread > MAX_VALUE_CHARS:
-                raise UserError(f"{self.path} has {what} over {MAX_VALUE_CHARS >> 20} M characters long, which "
+                raise UserError(f"{self.path} has {what} over {MAX_VALUE_CHARS:,} characters long, which "
                                 "no trace event is (a broken or hostile file).")
-            self._more(max(CHUNK_CHARS, unread))
+            self._more(max(CHUNK_CHARS, min(unread, MAX_VALUE_CHARS + 1 - unread)))
 
 
 def _parse(s: _Stream, trace: KernelTrace) -> None:
@@ -178,10 +181,10 @@ def _parse(s: _Stream, trace: KernelTrace) -> None:
         try:
             kind = _ROOTS[type(s.value("the top level")).__name__]
         except (UserError, KeyError):
-            raise UserError(f"{s.path} is not JSON (it starts with {short(s.buf[s.pos:s.pos + 20], 20)!r}).") from None
+            raise UserError(f"{s.path} is not JSON (it starts with '{short(s.buf[s.pos:s.pos + 20], 20)}').") from None
         raise UserError(f"{s.path} is {kind} at its top level, not a trace (an object with traceEvents).")
     if s.peek() != "":
-        raise UserError(f"{s.path} has more text after its JSON ends ({short(s.buf[s.pos:s.pos + 20], 20)!r}...); "
+        raise UserError(f"{s.path} has more text after its JSON ends ('{short(s.buf[s.pos:s.pos + 20], 20)}'...); "
                         "were two traces joined?")
 
 
@@ -192,19 +195,19 @@ def _object(s: _Stream, trace: KernelTrace) -> None:
     while s.peek() != "}":
         if s.peek() != '"':
             raise UserError(f"{s.path} is not valid JSON: a top-level key is not a string "
-                            f"({short(s.buf[s.pos:s.pos + 20], 20)!r}).")
+                            f"('{short(s.buf[s.pos:s.pos + 20], 20)}').")
         key = str(s.value("a top-level key"))
-        s.expect(":", f"after the key {short(key)!r}")
+        s.expect(":", f"after the key '{short(key)}'")
         if key == "traceEvents":
             if seen:
                 raise UserError(f"{s.path} has two traceEvents arrays; were two traces joined?")
             if s.peek() != "[":
-                raise UserError(f"{s.path}'s traceEvents is not an array (it starts with {short(s.peek())!r}).")
+                raise UserError(f"{s.path}'s traceEvents is not an array (it starts with '{short(s.peek())}').")
             _events(s, trace)
             seen = True
         else:
             start = s.pos
-            value = s.value(f"the top-level value {short(key)!r}")
+            value = s.value(f"the top-level value '{short(key)}'")
             if s.pos - start <= MAX_META_CHARS:
                 trace.metadata[key] = value
         if s.peek() == ",":
@@ -259,7 +262,7 @@ def _kernel(e: dict, n: int, path: Path) -> KernelEvent | None:
         return None
     raw = e.get("name", "")
     name = raw if isinstance(raw, str) else json.dumps(raw)[:MAX_NAME_CHARS]
-    where = f"kernel event #{n:,} ({short(name)!r})"
+    where = f"kernel event #{n:,} ('{short(name)}')"
     ts, dur = _number(e, "ts", where, path), _number(e, "dur", where, path)
     if dur < 0:
         raise UserError(f"{path}: {where} lasts {dur:g} µs; a duration cannot be negative.")
@@ -320,10 +323,10 @@ def _check(trace: KernelTrace) -> None:
     for stream, kernels in by_stream(trace.kernels).items():
         for a, b in zip(kernels, kernels[1:]):
             if abs(b.ts - a.ts) <= OVERLAP_TOLERANCE_US and abs(b.end - a.end) <= OVERLAP_TOLERANCE_US:
-                raise UserError(f"{trace.path}: kernel {short(b.name)!r} appears twice at {b.ts:.3f} µs on stream "
+                raise UserError(f"{trace.path}: kernel '{short(b.name)}' appears twice at {b.ts:.3f} µs on stream "
                                 f"{short(stream)}; was the trace (or a part of it) written twice?")
             if b.end < a.end - OVERLAP_TOLERANCE_US:
-                raise UserError(f"{trace.path}: kernel {short(b.name)!r} lies inside {short(a.name)!r} on stream "
+                raise UserError(f"{trace.path}: kernel '{short(b.name)}' lies inside '{short(a.name)}' on stream "
                                 f"{short(stream)} (at {b.ts:.3f} µs), which one CUDA stream cannot do; were two "
                                 "streams or GPUs merged into one track?")
 
