@@ -134,6 +134,7 @@ def cases(scale: float = 1.0) -> dict[str, tuple[Callable[[Path], Path], str]]:
         "two-trace-events": (_text('{"traceEvents": [], "traceEvents": []}'), "two traceEvents"),
         "joined-traces": (_text(ok + ok), "more text after"),
         "cut-short": (_text(ok[:len(ok) // 2]), "cut short"),
+        "cut-after-events": (_text(ok[:ok.index("]") + 1] + ', "traceName": "x"'), "cut short"),
         "missing-comma": (_text('{"traceEvents": [{"ph": "M"} {"ph": "M"}]}'), "expected ']'"),
         "key-not-string": (_text('{1: 2, "traceEvents": []}'), "not a string"),
         "not-json": (_text("this is not json"), "not JSON"),

@@ -162,3 +162,31 @@ def test_help_lists_every_engine_of_the_table() -> None:
     text = re.sub(r"-\s+", "-", " ".join(r.output.split()))  # help wraps at 80 columns, also inside "vllm-stock"
     engines = engine_names()
     assert "gpu-suite" in engines and all(name in text for name in engines)
+
+
+# ============================================================================ limits, lowered to be reached
+
+
+def test_too_many_kernels_and_too_much_text_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(ht.doc()))
+    monkeypatch.setattr(trace_reader, "MAX_KERNELS", 10)
+    assert "over 10 GPU kernel events" in _refusal(path)
+    monkeypatch.setattr(trace_reader, "MAX_KERNELS", 2_000_000)
+    monkeypatch.setattr(trace_source, "MAX_TEXT_BYTES", 1000)
+    assert "over the" in _refusal(path) and "profile fewer decode steps" in _refusal(path)
+
+
+def test_a_trace_with_no_layer_boundary_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from simulator.report import trace_compare
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(ht.doc(ht.events(3))))
+    monkeypatch.setattr(trace_compare, "MAX_LAYER_KERNELS", 2)  # every layer (8 kernels) is now too long
+    assert "do not split into layers" in _refusal(path, "--engine", "torch-mini")
+
+
+def test_long_top_level_values_are_skipped_not_kept(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(ht.doc(big=["x" * 100] * 1000, small={"a": 1})))
+    trace = read_kernels(path)
+    assert trace.metadata == {"small": {"a": 1}} and len(trace.kernels) == 4 * len(ht.LAYER)

@@ -145,7 +145,7 @@ def step_check(trace: KernelTrace, shape: DecodeShape, patterns: str | None) -> 
         if common > capture_size(expected):
             raise UserError(f"{trace.path}: its GEMMs mostly run M = {common:,} tokens (recorded input shapes), more "
                             f"than the {expected:,} of the decode step compared (batch {shape.batch} x "
-                            f"{shape.tokens_per_seq}); a prefill or mixed step is not compared as a decode step "
-                            "(or pass the trace's own --batch and --tokens-per-seq).")
+                            f"{shape.tokens_per_seq}): a prefill or mixed step, which is not compared as a decode "
+                            "step, or a larger batch (then pass the trace's own --batch and --tokens-per-seq).")
     return check
 

@@ -134,10 +134,16 @@ class _Stream:
             if self.pos < len(self.buf) or not self._more():
                 return self.buf[self.pos:self.pos + 1]
 
+    def here(self) -> str:
+        """The text at the read position, as a message quotes it."""
+        return short(self.buf[self.pos:self.pos + 20], 20)
+
     def expect(self, char: str, where: str) -> None:
+        if self.peek() == "":
+            raise UserError(f"{self.path} ends where '{char}' {where} should be: the file is cut short.")
         if self.peek() != char:
             raise UserError(f"{self.path} is not valid trace JSON: expected '{char}' {where}, "
-                            f"found '{short(self.buf[self.pos:self.pos + 20], 20)}'.")
+                            f"found '{self.here()}'.")
         self.pos += 1
 
     def value(self, what: str = "a value") -> Any:
@@ -181,10 +187,10 @@ def _parse(s: _Stream, trace: KernelTrace) -> None:
         try:
             kind = _ROOTS[type(s.value("the top level")).__name__]
         except (UserError, KeyError):
-            raise UserError(f"{s.path} is not JSON (it starts with '{short(s.buf[s.pos:s.pos + 20], 20)}').") from None
+            raise UserError(f"{s.path} is not JSON (it starts with '{s.here()}').") from None
         raise UserError(f"{s.path} is {kind} at its top level, not a trace (an object with traceEvents).")
     if s.peek() != "":
-        raise UserError(f"{s.path} has more text after its JSON ends ('{short(s.buf[s.pos:s.pos + 20], 20)}'...); "
+        raise UserError(f"{s.path} has more text after its JSON ends ('{s.here()}'...); "
                         "were two traces joined?")
 
 
@@ -193,9 +199,11 @@ def _object(s: _Stream, trace: KernelTrace) -> None:
     s.pos += 1
     seen = False
     while s.peek() != "}":
+        if s.peek() == "":
+            raise UserError(f"{s.path} ends inside its top-level object: the file is cut short.")
         if s.peek() != '"':
             raise UserError(f"{s.path} is not valid JSON: a top-level key is not a string "
-                            f"('{short(s.buf[s.pos:s.pos + 20], 20)}').")
+                            f"('{s.here()}').")
         key = str(s.value("a top-level key"))
         s.expect(":", f"after the key '{short(key)}'")
         if key == "traceEvents":
