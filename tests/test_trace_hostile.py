@@ -190,3 +190,12 @@ def test_long_top_level_values_are_skipped_not_kept(tmp_path: Path) -> None:
     path.write_text(json.dumps(ht.doc(big=["x" * 100] * 1000, small={"a": 1})))
     trace = read_kernels(path)
     assert trace.metadata == {"small": {"a": 1}} and len(trace.kernels) == 4 * len(ht.LAYER)
+
+
+def test_a_user_table_with_no_engine_for_the_layer_is_one_sentence(tmp_path: Path) -> None:
+    path = tmp_path / "mini.json"
+    path.write_text(json.dumps(ht.doc()))
+    table = tmp_path / "mla-only.toml"
+    table.write_text('[engine.mla-only]\nplan_keys = ["mla_decode"]\n[engine.mla-only.patterns]\nmla_decode = ["mla"]\n')
+    line = _refusal(path, "--patterns", str(table))  # the KDA layer has no mla_decode
+    assert "no engine of the pattern table fits" in line and "no other engine for this layer type" in line

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from simulator.cost.timeline import Timeline
-from simulator.report.tables import _console
+from simulator.report.tables import _console, _name_column, _wrapped
 from simulator.report.trace_reader import short
 
 
@@ -25,11 +25,13 @@ def print_compare(doc: dict[str, Any]) -> None:
                      f"token(s)/seq, context {doc['context']}"))
     if "engine_detected" in doc:
         con.print(_detected(doc["engine_detected"]))
-    table = Table("plan kernel", "measured kernel", "model us", "measured us", "error %", "model gap us",
-                  "measured gap us", title=f"{doc['layers_found']} layer(s) found; medians over layers")
-    for k in doc["kernels"]:
+    numbers = [Column(h, no_wrap=True, justify="right") for h in ("model", "meas.", "err %", "gaps")]
+    table = Table(_name_column("plan kernel", [k["plan"] for k in doc["kernels"]]), _wrapped("measured kernel"),
+                  *numbers, title=f"{doc['layers_found']} layer(s) found; medians over layers; us; gaps: model / measured")
+    for k in doc["kernels"]:  # narrow enough for 80 columns: a long measured name wraps, no number is cut
+        gaps = f"{_num(k['model_gap_us'], '.2f')} / {_num(k['measured_gap_us'], '.2f')}"
         table.add_row(k["plan"], escape(short_name(k["measured"])), f"{k['model_us']:.2f}", f"{k['measured_us']:.2f}",
-                      _num(k["error_pct"], "+.1f"), _num(k["model_gap_us"], ".2f"), _num(k["measured_gap_us"], ".2f"))
+                      _num(k["error_pct"], "+.1f"), gaps)
     con.print(table)
     span = doc["makespan_us"]
     con.print(f"matched {doc['matched']} kernels; median |error| {_num(doc['median_abs_pct_error'], '.1f')} %; "

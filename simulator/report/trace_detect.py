@@ -29,44 +29,48 @@ from typing import Any, Callable
 
 from simulator.errors import UserError
 from simulator.plans.kernel import DecodeShape, Plan
-from simulator.report.trace_compare import (Classifier, Engine, Signature, compile_pattern, string_list, best_layer, engine_names,
-                                            load_engine, load_table)
+from simulator.report.trace_compare import (Classifier, Engine, Signature, best_layer, compile_pattern, engine_names,
+                                            load_engine, load_table, string_list)
 from simulator.report.trace_reader import KernelTrace, short
 
 DETECT_SAMPLE = 20_000
 
 
 def rank_engines(trace: KernelTrace, plans: Callable[[Engine], Plan], patterns: str | None) -> list[dict[str, Any]]:
-    """Every engine of the table with its fit on the trace's first kernels, best first."""
+    """Every engine of the table that applies to this layer, with its fit on the trace's first kernels, best
+    first (an engine whose plan keys are not in this layer's plan, the GPU suite's on an MLA layer, is left out)."""
     sample = KernelTrace(trace.path, trace.kernels[:DETECT_SAMPLE], trace.events_read)
-    rows = []
+    ranked = []
     for order, name in enumerate(engine_names(patterns)):
         eng = load_engine(name, patterns)
         try:
             classify = Classifier(eng, plans(eng))
-        except UserError:  # its plan keys are not in this layer's plan (the GPU suite's are KDA's)
-            continue
-        labels = {classify.label(k) for k in sample.kernels}
-        named = sum(1 for label in labels if classify(label))
-        try:
-            shape, pairs = best_layer(sample, classify)
-            size = sum(len(labels_) for _, labels_ in shape.signature)
         except UserError:
-            pairs, size = {}, 0
-        plan_size, matched = len(classify.plan), len(pairs)
-        fit = matched / (plan_size + size - matched) if matched else 0.0
-        rows.append({"engine": name, "fit": round(fit, 3), "matched": matched, "plan_kernels": plan_size,
-                     "layer_kernels": size, "names_matched": named, "names": len(labels), "_order": order})
-    rows.sort(key=lambda r: (-r["fit"], -r["matched"], r["_order"]))
-    for r in rows:
-        del r["_order"]
-    return rows
+            continue
+        row = _fit(sample, classify)
+        ranked.append(((-row["fit"], -row["matched"], order), {"engine": name, **row}))
+    return [row for _, row in sorted(ranked, key=lambda kv: kv[0])]
+
+
+def _fit(sample: KernelTrace, classify: Classifier) -> dict[str, Any]:
+    """How one engine's best layer of the sample fits its plan (module docstring), and how many of the
+    distinct kernel names its patterns name at all."""
+    labels = {classify.label(k) for k in sample.kernels}
+    try:
+        shape, pairs = best_layer(sample, classify)
+        size = sum(len(names) for _, names in shape.signature)
+    except UserError:
+        pairs, size = {}, 0
+    plan_size, matched = len(classify.plan), len(pairs)
+    return {"fit": round(matched / (plan_size + size - matched), 3) if matched else 0.0, "matched": matched,
+            "plan_kernels": plan_size, "layer_kernels": size,
+            "names_matched": sum(1 for label in labels if classify(label)), "names": len(labels)}
 
 
 def detect_engine(trace: KernelTrace, plans: Callable[[Engine], Plan], patterns: str | None) -> dict[str, Any]:
     """The engine whose patterns fit the trace best; none fitting at all is one sentence naming the closest."""
     ranking = rank_engines(trace, plans, patterns)
-    if ranking[0]["matched"] == 0:
+    if not ranking or ranking[0]["matched"] == 0:
         example = short(trace.kernels[0].name)
         raise UserError(f"{trace.path}: no engine of the pattern table fits its kernel names (e.g. '{example}'); "
                         f"{_closest(ranking)}")
@@ -81,7 +85,7 @@ def closest_engine(trace: KernelTrace, plans: Callable[[Engine], Plan], patterns
 
 def _closest(ranking: list[dict[str, Any]]) -> str:
     if not ranking:
-        return "the table has no other engine; pass --patterns with one of your own."
+        return "the table has no other engine for this layer type; pass --patterns with one of your own."
     r = ranking[0] if ranking[0]["matched"] else max(ranking, key=lambda r: r["names_matched"])
     if r["matched"]:
         return (f"the closest engine is '{r['engine']}' (its layer matches {r['matched']} of its {r['plan_kernels']} "
