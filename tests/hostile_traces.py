@@ -78,6 +78,16 @@ def gzip_bomb(megabytes: int) -> Callable[[Path], Path]:
     return write
 
 
+def _hidden_bomb(megabytes: int) -> Callable[[Path], Path]:
+    """The bomb, then a second small gzip member: the trailer read first states only the small one's size."""
+    def write(path: Path) -> Path:
+        gzip_bomb(megabytes)(path)
+        with path.open("ab") as f:
+            f.write(gzip.compress(b" "))
+        return path
+    return write
+
+
 def _long_name(chars: int) -> Callable[[Path], Path]:
     def write(path: Path) -> Path:
         with path.open("w", encoding="utf-8") as f:
@@ -173,6 +183,7 @@ def cases(scale: float = 1.0) -> dict[str, tuple[Callable[[Path], Path], str]]:
         "prefill-tokens": (_json(doc(_gemm_ops(2048) + events())), "M = 2,048 tokens"),
         # size, compression, encoding
         "gzip-bomb": (gzip_bomb(int(1024 * scale)), "expands past"),
+        "gzip-bomb-hidden": (_hidden_bomb(int(1024 * scale)), "expands past"),
         "gzip-truncated": (_truncated_gzip, "cut short"),
         "gzip-corrupt": (_corrupt_gzip, "corrupt gzip"),
         "gzip-then-garbage": (lambda p: _text(gzip.compress(ok.encode()) + b"garbage!")(p), "not gzip"),

@@ -199,3 +199,13 @@ def test_a_user_table_with_no_engine_for_the_layer_is_one_sentence(tmp_path: Pat
     table.write_text('[engine.mla-only]\nplan_keys = ["mla_decode"]\n[engine.mla-only.patterns]\nmla_decode = ["mla"]\n')
     line = _refusal(path, "--patterns", str(table))  # the KDA layer has no mla_decode
     assert "no engine of the pattern table fits" in line and "no other engine for this layer type" in line
+
+
+def test_a_small_gzip_of_a_large_text_draws_the_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bar is for slow reads: a .gz is judged by the text size its trailer states, not its own size."""
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(ht.doc()).encode()))
+    monkeypatch.setattr(trace_source, "PROGRESS_BYTES", path.stat().st_size + 1)  # the file is under, its text over
+    out = io.StringIO()
+    read_kernels(path, Console(file=out, force_terminal=True, width=100))
+    assert "reading t.json.gz" in out.getvalue()

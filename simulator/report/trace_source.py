@@ -7,8 +7,10 @@ UTF-16/32 (its byte-order mark says so). A UTF-8 byte-order mark is dropped, as 
 
 Memory: one raw chunk (CHUNK_BYTES) and what zlib inflates from it, at most `want` bytes per call (zlib's
 max_length), so a small compressed chunk cannot inflate into gigabytes at once.
-Progress: files over PROGRESS_BYTES show a rich progress bar on stderr (a terminal only), counted in bytes
-of the file itself (compressed bytes for a .gz), so the bar reaches its end with the file.
+Progress: files over PROGRESS_BYTES of text (a .gz by its trailer's size) show a rich progress bar on stderr
+(a terminal only), counted in bytes of the file itself, so the bar reaches its end with the file.
+The trailer is a hint only (the last member's size modulo 4 GiB, and garbage in a cut file): the count of
+inflated bytes in `read` is what holds the limit.
 """
 
 from __future__ import annotations
@@ -63,13 +65,24 @@ class TextSource:
         self.text_bytes = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")()
         self.first = True
+        expands = max(self.size, self._gzip_size() if self.gzip else 0)
         if not self.gzip:
             self._refuse_format(head)
             if self.size > MAX_TEXT_BYTES:
                 raise UserError(f"{path} is {_mib(self.size)}, over the {_mib(MAX_TEXT_BYTES)} of trace text "
                                 "moe-sim reads; profile fewer decode steps.")
-        if self.size > PROGRESS_BYTES:
+        if expands > PROGRESS_BYTES:  # the bar counts the file's own bytes, but what takes time is the text
             self.progress = _Progress(path, self.size, console)
+
+    def _gzip_size(self) -> int:
+        """The decompressed size its last gzip member's trailer states (ISIZE, modulo 4 GiB): whether to draw
+        the bar. Not a limit: a cut or hostile file's last four bytes can say anything."""
+        if self.size < 18:  # header + trailer
+            return 0
+        self.raw.seek(-4, 2)
+        isize = int.from_bytes(self._raw_read(4), "little")
+        self.raw.seek(0)
+        return isize
 
     def close(self) -> None:
         self.raw.close()
