@@ -178,10 +178,10 @@ def test_too_many_kernels_and_too_much_text_are_refused(tmp_path: Path, monkeypa
 
 
 def test_a_trace_with_no_layer_boundary_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from simulator.report import trace_compare
+    from simulator.report import trace_layers
     path = tmp_path / "t.json"
     path.write_text(json.dumps(ht.doc(ht.events(3))))
-    monkeypatch.setattr(trace_compare, "MAX_LAYER_KERNELS", 2)  # every layer (8 kernels) is now too long
+    monkeypatch.setattr(trace_layers, "MAX_LAYER_KERNELS", 2)  # every layer (8 kernels) is now too long
     assert "do not split into layers" in _refusal(path, "--engine", "torch-mini")
 
 

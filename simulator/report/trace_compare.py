@@ -17,6 +17,10 @@ Pipeline (each step a function below):
    the engine's `part_of_previous` patterns name (cuBLASLt's split-K reduce) is a second launch of the
    plan kernel before it: that kernel is measured from its first start to its last end.
 
+Step 1 is trace_reader.py; the pattern table and step 2 trace_patterns.py; steps 3 and 4 trace_layers.py;
+what the trace is (its engine when --engine is not given, whether its steps are decode steps)
+trace_detect.py; step 5 and the whole command here.
+
 Makespan, both sides: first kernel start to last kernel end of one layer (the model's layer_us also
 counts the launch gap before its first kernel; this one does not, so both are measured the same way).
 Error = (measured - model) / model.
@@ -24,13 +28,9 @@ Error = (measured - model) / model.
 
 from __future__ import annotations
 
-import fnmatch
-import re
 import statistics
-import tomllib
 from collections import Counter
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from simulator.config import ModelConfig
@@ -38,259 +38,14 @@ from simulator.cost.timeline import Timeline, schedule
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import DecodeShape, Plan
-from simulator.report.trace_reader import KernelEvent, KernelTrace, by_stream, short
-
-PATTERNS_FILE = Path(__file__).with_name("kernel_patterns.toml")
-LAYER_PREFIX = re.compile(r"^(?:L\d+|head)\.")  # moe-sim step traces key kernels "L5.o_proj"
-MAX_SIGNATURES = 20  # distinct layer shapes aligned against the plan (the most frequent ones)
-MAX_LAYER_KERNELS = 5000  # a decode layer launches tens of kernels; a longer span is no layer
-
-Stream = tuple[Any, Any]
-Signature = tuple[tuple[Stream, tuple[str, ...]], ...]  # per stream: the labels of one layer, in order
-
-
-# ============================================================================ the pattern table
-
-
-@dataclass(frozen=True)
-class Engine:
-    """One entry of the pattern table: how an engine names the plan's kernels."""
-
-    name: str
-    about: str
-    variant: str | None
-    match_on: str  # "name" | "key"
-    plan_keys: tuple[str, ...] | None
-    patterns: dict[str, tuple[re.Pattern[str], ...]]
-    part_of_previous: tuple[re.Pattern[str], ...] = ()  # second launches of one plan kernel (split-K reduce)
-
-
-def load_engine(name: str, path: str | Path | None = None) -> Engine:
-    """The engine `name` from the bundled table, or from a user's `--patterns` file of the same shape."""
-    source, table = load_table(path)
-    engines = table.get("engine", {})
-    if name not in engines:
-        raise UserError(f"engine '{short(name)}' is not in {source}; it has {', '.join(engines) or 'no engines'}.")
-    entry = engines[name]
-    patterns = {key: tuple(compile_pattern(p, source, name) for p in string_list(pats, source))
-                for key, pats in entry.get("patterns", {}).items()}
-    keys = entry.get("plan_keys")
-    parts = tuple(compile_pattern(p, source, name) for p in string_list(entry.get("part_of_previous", []), source))
-    return Engine(name, str(entry.get("about", "")), entry.get("variant"), str(entry.get("match_on", "name")),
-                  tuple(string_list(keys, source)) if keys is not None else None, patterns, parts)
-
-
-def load_table(path: str | Path | None = None) -> tuple[Path, dict[str, Any]]:
-    """The pattern table as TOML data: the bundled one, or a user's `--patterns` file."""
-    source = Path(path) if path else PATTERNS_FILE
-    try:
-        return source, tomllib.loads(source.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UserError(f"cannot read the pattern table {source}: {short(str(exc), 120)}.") from None
-
-
-def engine_names(path: str | Path | None = None) -> list[str]:
-    """The engines of the bundled pattern table (or of a user's `--patterns` file), in table order."""
-    return list(load_table(path)[1].get("engine", {}))
-
-
-def string_list(value: Any, source: Path) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise UserError(f"{source}: patterns and plan_keys must be lists of strings, not {short(repr(value))}.")
-    return value
-
-
-def compile_pattern(pattern: str, source: Path, engine: str) -> re.Pattern[str]:
-    text = fnmatch.translate(pattern[5:]) if pattern.startswith("glob:") else pattern
-    try:
-        return re.compile(text, re.IGNORECASE)
-    except re.error as exc:
-        raise UserError(f"{source}: engine '{engine}' pattern '{short(pattern)}' is not a valid regex ({exc}).") from None
-
-
-def partial_plan(plan: Plan, keys: tuple[str, ...] | None) -> Plan:
-    """The plan restricted to `keys` (a partial layer), dependencies on left-out kernels dropped."""
-    if keys is None:
-        return plan
-    known = [k.key for k in plan]
-    unknown = [k for k in keys if k not in known]
-    if unknown:
-        raise UserError(f"plan key(s) {', '.join(unknown)} are not in the {plan.variant} {plan.layer} plan "
-                        f"({', '.join(known)}).")
-    kept = [replace(k, deps=tuple(d for d in k.deps if d in keys)) for k in plan if k.key in keys]
-    return replace(plan, kernels=tuple(kept))
-
-
-class Classifier:
-    """Label -> the plan indices it could be, computed once per distinct label."""
-
-    def __init__(self, engine: Engine, plan: Plan) -> None:
-        self.engine, self.plan = engine, plan
-        self.keys = [k.key for k in plan]
-        self.names = [k.name for k in plan]
-        self._cache: dict[str, frozenset[int]] = {}
-
-    def label(self, k: KernelEvent) -> str:
-        if self.engine.match_on == "key" and k.key is not None:
-            return LAYER_PREFIX.sub("", k.key)
-        return k.name
-
-    def __call__(self, label: str) -> frozenset[int]:
-        hit = self._cache.get(label)
-        if hit is None:
-            hit = self._cache[label] = frozenset(self._match(label))
-        return hit
-
-    def _match(self, label: str) -> list[int]:
-        if self.engine.match_on == "key":
-            return [i for i, (key, name) in enumerate(zip(self.keys, self.names)) if label in (key, name)]
-        pats = self.engine.patterns
-        return [i for i, key in enumerate(self.keys) if any(p.search(label) for p in pats.get(key, ()))]
-
-
-# ============================================================================ layers
-
-
-@dataclass
-class LayerShape:
-    """Every layer of one signature: per stream, per position, the durations and gaps over layers."""
-
-    signature: Signature
-    layers: list[list[list[KernelEvent]]]  # [layer][stream][position]
-
-    def median(self, stream: int, pos: int, what: str) -> float | None:
-        values = [_measure(layer[stream], pos, what) for layer in self.layers]
-        values = [v for v in values if v is not None]
-        return statistics.median(values) if values else None
-
-    def makespan(self) -> float:
-        return statistics.median(max(k.end for s in layer for k in s) - min(k.ts for s in layer for k in s)
-                                 for layer in self.layers)
-
-
-def _measure(kernels: list[KernelEvent], pos: int, what: str) -> float | None:
-    if what == "dur":
-        return kernels[pos].dur
-    return kernels[pos].ts - kernels[pos - 1].end if pos > 0 else None  # the gap on the same stream
-
-
-def layer_shapes(kernels: list[KernelEvent], classify: Classifier) -> list[LayerShape]:
-    """One process's kernels cut into layers and grouped by signature, most frequent first."""
-    merged = sorted(kernels, key=lambda k: (k.ts, str(k.stream)))
-    labels = [classify.label(k) for k in merged]
-    cuts = _cuts(labels, classify)
-    groups: dict[Signature, list[list[list[KernelEvent]]]] = {}
-    for lo, hi in zip(cuts, cuts[1:] + [len(merged)]):
-        streams = by_stream(merged[lo:hi])
-        order = sorted(streams, key=str)
-        sig = tuple((s, tuple(classify.label(k) for k in streams[s])) for s in order)
-        groups.setdefault(sig, []).append([streams[s] for s in order])
-    ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))
-    return [LayerShape(sig, layers) for sig, layers in ranked[:MAX_SIGNATURES]]
-
-
-def _cuts(labels: list[str], classify: Classifier) -> list[int]:
-    """Where layers start: each anchor, moved back over the kernels that could be plan kernels before it.
-
-    Walking back from an anchor stops after as many such kernels as the trace shows plan kernels before
-    the anchor, or at the previous anchor; kernels no pattern fits are stepped over, not counted.
-    """
-    cands = [classify(label) for label in labels]
-    unique = {next(iter(c)) for c in set(cands) if len(c) == 1}
-    if not unique:
-        return [0]
-    anchor = min(unique)
-    before = sum(1 for j in set().union(*set(cands)) if j < anchor)
-    cuts, previous = [], -1
-    for i in (i for i, c in enumerate(cands) if c == frozenset({anchor})):
-        cut, need = i, before
-        for k in range(i - 1, previous, -1):
-            if need == 0:
-                break
-            if any(j < anchor for j in cands[k]):
-                cut, need = k, need - 1
-        cuts.append(cut)
-        previous = i
-    return cuts
-
-
-# ============================================================================ alignment
-
-
-def align(shape: LayerShape, classify: Classifier) -> dict[tuple[int, int], int]:
-    """(stream index, position) -> plan index: per stream, busiest first, an LCS in plan order."""
-    free = list(range(len(classify.plan)))
-    pairs: dict[tuple[int, int], int] = {}
-    order = sorted(range(len(shape.signature)), key=lambda s: -len(shape.signature[s][1]))
-    for s in order:
-        labels = shape.signature[s][1]
-        for pos, j in _lcs([classify(label) for label in labels], free):
-            pairs[(s, pos)] = j
-        free = [j for j in free if j not in pairs.values()]
-    return pairs
-
-
-def _lcs(cands: list[frozenset[int]], plan: list[int]) -> list[tuple[int, int]]:
-    """Longest common subsequence of measured kernels and plan indices (a match: j in the candidates)."""
-    n, m = len(cands), len(plan)
-    table = [[0] * (m + 1) for _ in range(n + 1)]
-    for i in range(n - 1, -1, -1):
-        for j in range(m - 1, -1, -1):
-            table[i][j] = (table[i + 1][j + 1] + 1 if plan[j] in cands[i]
-                           else max(table[i + 1][j], table[i][j + 1]))
-    out, i, j = [], 0, 0
-    while i < n and j < m:
-        if plan[j] in cands[i] and table[i][j] == table[i + 1][j + 1] + 1:
-            out.append((i, plan[j]))
-            i, j = i + 1, j + 1
-        elif table[i + 1][j] >= table[i][j + 1]:
-            i += 1
-        else:
-            j += 1
-    return out
+from simulator.report.trace_detect import closest_engine, detect_engine, step_check
+from simulator.report.trace_layers import LayerShape, NoMatch, Signature, best_layer
+from simulator.report.trace_patterns import (  # noqa: F401  (engine_names, load_table: this module's API too)
+    Classifier, Engine, engine_names, load_engine, load_table, partial_plan)
+from simulator.report.trace_reader import KernelTrace, read_kernels
 
 
 # ============================================================================ the comparison
-
-
-class NoMatch(UserError):
-    """No layer of the trace matches the engine's patterns (the caller may name a closer engine)."""
-
-
-def best_layer(trace: KernelTrace, classify: Classifier,
-               left_out: Callable[[Signature], str | None] = lambda sig: None) -> tuple[LayerShape, dict[tuple[int, int], int]]:
-    """Over processes and signatures: the layer the plan matches best, then the most repeated. Signatures
-    `left_out` gives a reason for (a prefill or mixed layer) and spans over MAX_LAYER_KERNELS (no layer
-    boundary found: the alignment is O(n x plan)) are not candidates."""
-    best: tuple[tuple[int, int, int], LayerShape, dict] | None = None
-    pids: dict[Any, list[KernelEvent]] = {}
-    for k in trace.kernels:
-        pids.setdefault(k.stream[0], []).append(k)
-    longest, reasons = 0, []
-    for kernels in pids.values():
-        for shape in layer_shapes(kernels, classify):
-            size = sum(len(labels) for _, labels in shape.signature)
-            longest = max(longest, size)
-            reason = left_out(shape.signature) if size <= MAX_LAYER_KERNELS else "too long"
-            if reason:
-                reasons.append(reason)
-                continue
-            pairs = align(shape, classify)
-            score = (len(pairs), -(size - len(pairs)), len(shape.layers))
-            if best is None or score > best[0]:
-                best = (score, shape, pairs)
-    if best is None and any(r != "too long" for r in reasons):
-        raise UserError(f"{trace.path}: {next(r for r in reasons if r != 'too long')}, so it is not a decode step and "
-                        "is not compared as one; profile decode steps only.")
-    if best is None and longest > MAX_LAYER_KERNELS:
-        raise UserError(f"{trace.path}: its kernels do not split into layers ({longest:,} kernels run without "
-                        f"the '{classify.engine.name}' engine's layer boundary); is it a decode trace of this "
-                        "model and layer type?")
-    if best is None or not best[2]:
-        names = sorted({k.name for k in trace.kernels})
-        raise NoMatch(f"{trace.path}: none of its {len(names):,} kernel names (e.g. '{short(names[0])}') matches "
-                      f"the '{classify.engine.name}' patterns of the {classify.plan.variant} plan")
-    return best[1], best[2]
 
 
 def compare(trace: KernelTrace, plan: Plan, timeline: Timeline, classify: Classifier,
@@ -397,9 +152,6 @@ def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, sha
                   plan_keys: tuple[str, ...] | None = None, console: Any = None) -> tuple[dict[str, Any], Timeline]:
     """Read `path`, find its engine (unless named) and its decode layers, build the plan of the same
     configuration and compare; the doc and the model timeline."""
-    from simulator.report.trace_detect import closest_engine, detect_engine, step_check
-    from simulator.report.trace_reader import read_kernels
-
     trace = read_kernels(path, console)
     plans = _PlanMaker(cfg, tp, shape, layer_type, variant, plan_keys)
     step = step_check(trace, shape, patterns)

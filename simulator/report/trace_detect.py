@@ -29,8 +29,9 @@ from typing import Any, Callable
 
 from simulator.errors import UserError
 from simulator.plans.kernel import DecodeShape, Plan
-from simulator.report.trace_compare import (Classifier, Engine, Signature, best_layer, compile_pattern, engine_names,
-                                            load_engine, load_table, string_list)
+from simulator.report.trace_layers import Signature, best_layer
+from simulator.report.trace_patterns import (Classifier, Engine, compile_pattern, engine_names, load_engine, load_table,
+                                             string_list)
 from simulator.report.trace_reader import KernelTrace, short
 
 DETECT_SAMPLE = 20_000
