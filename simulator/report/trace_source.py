@@ -18,7 +18,7 @@ from __future__ import annotations
 import codecs
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from simulator.errors import UserError
 
@@ -39,6 +39,21 @@ def _mib(n: float) -> str:
     return f"{n / (1 << 20):,.0f} MiB" if n >= 1 << 20 else f"{n:,.0f} bytes"
 
 
+def _open(path: Path) -> BinaryIO:
+    try:
+        return path.open("rb")
+    except OSError as exc:
+        raise UserError(f"{path} cannot be opened ({exc.strerror or type(exc).__name__}).") from None
+
+
+def _ends(path: Path) -> tuple[bytes, bytes]:
+    """The file's first 16 and last 4 bytes (what it is; a gzip's stated size)."""
+    with _open(path) as f:
+        head = f.read(16)
+        f.seek(-min(4, len(head)), 2)
+        return head, f.read(4)
+
+
 class TextSource:
     """Pieces of a trace file's text: `read(n)` returns up to about n characters, '' at the end."""
 
@@ -53,36 +68,24 @@ class TextSource:
         self.size = path.stat().st_size
         if self.size == 0:
             raise UserError(f"{path} is empty.")
-        try:
-            self.raw = path.open("rb")
-        except OSError as exc:
-            raise UserError(f"{path} cannot be opened ({exc.strerror or type(exc).__name__}).") from None
-        head = self._raw_read(16)
-        self.raw.seek(0)
+        head, tail = _ends(path)
         self.gzip = head.startswith(GZIP_MAGIC)
-        self.inflate = zlib.decompressobj(wbits=31) if self.gzip else None  # 31: gzip header and trailer
-        self.pending = b""  # compressed bytes not yet inflated
-        self.text_bytes = 0
-        self.decoder = codecs.getincrementaldecoder("utf-8")()
-        self.first = True
-        expands = max(self.size, self._gzip_size() if self.gzip else 0)
         if not self.gzip:
             self._refuse_format(head)
             if self.size > MAX_TEXT_BYTES:
                 raise UserError(f"{path} is {_mib(self.size)}, over the {_mib(MAX_TEXT_BYTES)} of trace text "
                                 "moe-sim reads; profile fewer decode steps.")
+        # a .gz's trailer states its (last member's) text size modulo 4 GiB: whether to draw the bar, not a
+        # limit (a cut or hostile file's last four bytes can say anything; `read` counts what is inflated)
+        expands = max(self.size, int.from_bytes(tail, "little") if self.gzip and self.size >= 18 else 0)
+        self.inflate = zlib.decompressobj(wbits=31) if self.gzip else None  # 31: gzip header and trailer
+        self.pending = b""  # compressed bytes not yet inflated
+        self.text_bytes = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.first = True
+        self.raw = _open(path)
         if expands > PROGRESS_BYTES:  # the bar counts the file's own bytes, but what takes time is the text
             self.progress = _Progress(path, self.size, console)
-
-    def _gzip_size(self) -> int:
-        """The decompressed size its last gzip member's trailer states (ISIZE, modulo 4 GiB): whether to draw
-        the bar. Not a limit: a cut or hostile file's last four bytes can say anything."""
-        if self.size < 18:  # header + trailer
-            return 0
-        self.raw.seek(-4, 2)
-        isize = int.from_bytes(self._raw_read(4), "little")
-        self.raw.seek(0)
-        return isize
 
     def close(self) -> None:
         self.raw.close()
