@@ -209,3 +209,16 @@ def test_a_small_gzip_of_a_large_text_draws_the_bar(tmp_path: Path, monkeypatch:
     out = io.StringIO()
     read_kernels(path, Console(file=out, force_terminal=True, width=100))
     assert "reading t.json.gz" in out.getvalue()
+
+
+def test_a_trace_of_many_processes_is_searched_in_its_busiest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """10,000 one-kernel processes before one real GPU: the layer is found among the busiest processes only."""
+    from simulator.report import trace_layers
+    monkeypatch.setattr(trace_layers, "MAX_PROCESSES", 1)  # only the busiest: the real GPU, listed last
+    noise = [{**ht.kernel("nvjet_noise", 10.0 * i, 1.0), "pid": 1000 + i} for i in range(10_000)]
+    path = tmp_path / "many.json"
+    path.write_text(json.dumps(ht.doc(noise + ht.events())))
+    r = runner.invoke(app, ["compare-trace", str(path), *ht.ARGS, "--engine", "torch-mini", "--json"])
+    assert r.exit_code == 0, r.output[-600:]
+    doc = json.loads(r.output)
+    assert doc["layers_found"] == 4 and doc["matched"] == 8

@@ -14,6 +14,7 @@ from simulator.report.trace_reader import KernelEvent, KernelTrace, by_stream, s
 
 MAX_SIGNATURES = 20  # distinct layer shapes aligned against the plan (the most frequent ones)
 MAX_LAYER_KERNELS = 5000  # a decode layer launches tens of kernels; a longer span is no layer
+MAX_PROCESSES = 64  # processes (GPUs, variants) searched for the layer, the busiest first: a node has 8 GPUs
 
 Stream = tuple[Any, Any]
 Signature = tuple[tuple[Stream, tuple[str, ...]], ...]  # per stream: the labels of one layer, in order
@@ -132,13 +133,14 @@ def best_layer(trace: KernelTrace, classify: Classifier,
                left_out: Callable[[Signature], str | None] = lambda sig: None) -> tuple[LayerShape, dict[tuple[int, int], int]]:
     """Over processes and signatures: the layer the plan matches best, then the most repeated. Signatures
     `left_out` gives a reason for (a prefill or mixed layer) and spans over MAX_LAYER_KERNELS (no layer
-    boundary found: the alignment is O(n x plan)) are not candidates."""
+    boundary found: the alignment is O(n x plan)) are not candidates; of a trace with more processes than
+    MAX_PROCESSES (a hostile one: a node has 8 GPUs) the busiest are searched, so time stays bounded."""
     best: tuple[tuple[int, int, int], LayerShape, dict] | None = None
     pids: dict[Any, list[KernelEvent]] = {}
     for k in trace.kernels:
         pids.setdefault(k.stream[0], []).append(k)
     longest, reasons = 0, []
-    for kernels in pids.values():
+    for kernels in sorted(pids.values(), key=len, reverse=True)[:MAX_PROCESSES]:
         for shape in layer_shapes(kernels, classify):
             size = sum(len(labels) for _, labels in shape.signature)
             longest = max(longest, size)
