@@ -16,7 +16,7 @@ from the kernel names, as `moe-sim compare-trace` without --engine does (compare
 Targets (issues 14 and 33): under 30 s and under 2 GB, on the 2-core VM.
 
 Measured there (2 cores shared with other work, load ~4): 200 MB, 845,760 events, 211,440 kernels read in
-~16 s; the whole comparison with the engine detected ~23 s; peak RSS ~170 MB. --hostile: all 54 cases
+~16 s; the whole comparison with the engine detected ~23 s; peak RSS ~170 MB. --hostile: all 55 cases
 refused in one line with exit 2, the slowest the 1 GB gzips (refused at 512 MiB of text) in ~4 s, the
 largest RSS the 50-million-character name, ~95 MB.
 """

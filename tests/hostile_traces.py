@@ -169,6 +169,8 @@ def cases(scale: float = 1.0) -> dict[str, tuple[Callable[[Path], Path], str]]:
         "name-100k-unmatched": (_json(doc([kernel("x" * 100_000, 1.0, 1.0)])), "no engine"),
         "name-control-chars": (_json(doc([kernel("evil\n\x1b[31m[/]\r", 1.0, 1.0)])), "no engine"),
         "name-object": (_json(doc([kernel({"nested": ["x"] * 1000}, 1.0, 1.0)])), "no engine"),
+        "distinct-names": (_json(doc([kernel(f"kernel_{i}", 2.0 * i, 1.0) for i in range(int(100_000 * scale))])),
+                           "distinct kernel names"),
         "pid-object": (_json(doc([{**kernel("k"), "pid": {"a": 1}}])), "pid that is dict"),
         # the kernels together
         "empty-trace": (_json(doc([])), "no GPU kernel events"),

@@ -31,6 +31,7 @@ def small_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trace_source, "MAX_TEXT_BYTES", 4 << 20)  # the 10 MB bomb passes it
     monkeypatch.setattr(trace_reader, "MAX_VALUE_CHARS", 256 << 10)  # the 500k-character name passes it
     monkeypatch.setattr(trace_reader, "CHUNK_CHARS", 64 << 10)  # (a value inside the first chunk is not measured)
+    monkeypatch.setattr(trace_reader, "MAX_NAMES", 500)  # the 1,000 distinct names pass it
 
 
 def _refusal(path: Path, *extra: str) -> str:

@@ -19,7 +19,8 @@ Below JSON (compression, encoding, size): trace_source.py. Here: the JSON's shap
 nesting deeper than Python's recursion limit, one value over MAX_VALUE_CHARS, text after the end), each
 kernel event's numbers (ts and dur present, finite, dur >= 0), names (kept up to MAX_NAME_CHARS; shown
 in messages cut to SHOW_CHARS, control characters escaped), ids (pid / tid a number or a string), and
-the kernels together (over MAX_KERNELS, duplicates, one inside another on one stream, a ns clock).
+the kernels together (over MAX_KERNELS or MAX_NAMES distinct names, duplicates, one inside another on one
+stream, a ns clock).
 
 Streaming: `traceEvents` is decoded one event at a time with `json.JSONDecoder.raw_decode` over a
 text buffer refilled in CHUNK_CHARS pieces (doubling while one value is unfinished, so a long value is
@@ -50,6 +51,7 @@ MAX_META_CHARS = 1 << 16  # top-level values longer than this are skipped, not k
 MAX_NAME_CHARS = 4096  # a C++ template kernel name runs to ~2,000 characters; longer ones are cut when kept
 SHOW_CHARS = 60  # names in messages
 MAX_KERNELS = 2_000_000  # ~500 MB of kept kernels; a decode comparison needs a few steps (~10^4 kernels)
+MAX_NAMES = 20_000  # distinct kernel names; each is matched against every engine's patterns (a step: ~10^2)
 KERNEL_CATS = frozenset({"kernel", "cuda_kernel", "gpu_kernel"})  # lower-cased `cat` of real GPU kernels
 MOE_SIM_KINDS = frozenset(KernelKind.__args__)  # type: ignore[attr-defined]
 GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::linear", "aten::matmul"})  # CPU ops whose M is tokens
@@ -230,7 +232,7 @@ def _object(s: _Stream, trace: KernelTrace) -> None:
 def _events(s: _Stream, trace: KernelTrace) -> None:
     """Decode the events array one event at a time, keeping kernels, stream names and GEMM token counts."""
     s.expect("[", "to open traceEvents")
-    keep, names, tokens = trace.kernels.append, trace.stream_names, trace.gemm_tokens
+    keep, names, tokens, seen = trace.kernels.append, trace.stream_names, trace.gemm_tokens, set()
     n = 0
     while s.peek() != "]":
         if s.peek() == "":
@@ -248,6 +250,11 @@ def _events(s: _Stream, trace: KernelTrace) -> None:
             k = _kernel(e, n, s.path)
             if k is not None:
                 keep(k)
+                if k.name not in seen:
+                    seen.add(k.name)
+                    if len(seen) > MAX_NAMES:
+                        raise UserError(f"{s.path} has over {MAX_NAMES:,} distinct kernel names; a decode step "
+                                        "launches a few hundred, so it is not a profile of decode steps.")
                 if len(trace.kernels) > MAX_KERNELS:
                     raise UserError(f"{s.path} has over {MAX_KERNELS:,} GPU kernel events; a decode comparison "
                                     "needs a few steps: profile fewer.")
