@@ -15,8 +15,9 @@ The child reads the trace once alone (parse_s), then runs the whole comparison w
 from the kernel names, as `moe-sim compare-trace` without --engine does (compare_s, reading it again).
 Targets (issues 14 and 33): under 30 s and under 2 GB, on the 2-core VM.
 
-Measured there (2 cores shared with other work, load ~4): 200 MB, 845,760 events, 211,440 kernels read in
-~16 s; the whole comparison with the engine detected ~23 s; peak RSS ~170 MB. --hostile: all 55 cases
+Measured there (2 cores shared with other work): 200 MB, 845,760 events, 211,440 kernels read in ~12 s
+at a load of ~1.7 (~16 s at ~4); the whole comparison with the engine detected ~13 s (~23 s); peak RSS
+~170 MB. --hostile: all 55 cases
 refused in one line with exit 2, the slowest the 1 GB gzips (refused at 512 MiB of text) in ~4 s, the
 largest RSS the 50-million-character name, ~95 MB.
 """
