@@ -17,9 +17,8 @@ Targets (issues 14 and 33): under 30 s and under 2 GB, on the 2-core VM.
 
 Measured there (2 cores shared with other work): 200 MB, 845,760 events, 211,440 kernels read in ~12 s
 at a load of ~1.7 (~16 s at ~4); the whole comparison with the engine detected ~13 s (~23 s); peak RSS
-~170 MB. --hostile: all 55 cases
-refused in one line with exit 2, the slowest the 1 GB gzips (refused at 512 MiB of text) in ~4 s, the
-largest RSS the 50-million-character name, ~95 MB.
+~170 MB. --hostile: all 55 cases refused in one line with exit 2, the slowest the 1 GB gzips (refused at
+512 MiB of text) in ~4 s, the largest RSS the 50-million-character name, ~95 MB.
 """
 
 from __future__ import annotations
