@@ -338,6 +338,12 @@ def trace(
     typer.echo(_guard(body))
 
 
+def _engines() -> str:
+    """The engines of the bundled pattern table, for compare-trace's --help (read from the table itself)."""
+    from simulator.report.trace_compare import engine_names
+    return ", ".join(engine_names())
+
+
 @app.command("compare-trace")
 def compare_trace(
     profile: Annotated[str, typer.Argument(help="Chrome-trace / Perfetto JSON (or .json.gz): torch profiler, Nsight export or moe-sim trace.")],
@@ -349,7 +355,7 @@ def compare_trace(
     context: ContextOpt = 512,
     layer_type: LayerOpt = None,
     variant: Annotated[Optional[str], typer.Option("--variant", help="standard or specialized (default: the engine's, else standard).")] = None,
-    engine: Annotated[str, typer.Option("--engine", help="Kernel-name table: moe-sim, vllm-stock, vllm-specialized, sglang, torch-mini.")] = "moe-sim",
+    engine: Annotated[Optional[str], typer.Option("--engine", help=f"Kernel-name table: {_engines()} (default: detected from the trace's kernel names).")] = None,
     patterns: Annotated[Optional[str], typer.Option("--patterns", help="A pattern table of your own (TOML, shaped like simulator/report/kernel_patterns.toml).")] = None,
     plan_keys: Annotated[Optional[str], typer.Option("--plan-keys", help="Compare a partial layer: comma-separated plan keys (default: the engine's, else all).")] = None,
     plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also draw the measured layer under the model's (PNG + SVG) in this folder.")] = None,

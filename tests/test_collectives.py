@@ -22,8 +22,9 @@ BIG = 256 * 2**20
 def test_one_token_all_reduce_is_latency_bound(name: str, ranks: int) -> None:
     hw = load_hardware(name)
     cost = choose_algorithm("all_reduce", ONE_TOKEN, ranks, hw)
-    # Blackwell: vLLM's multimem (NVLS) all-reduce, fitted on GB300; Hopper: the custom one-shot
-    assert cost.algorithm == ("nvls" if hw.nvlink_bandwidth > 500e9 else "one_shot") and cost.latency_bound
+    # Blackwell: vLLM's multimem (NVLS) all-reduce, fitted on GB300; Hopper and AMD's switchless mesh: one-shot
+    switch = "no switch multicast" not in hw.sources["alpha_nvls_us"]
+    assert cost.algorithm == ("nvls" if switch and hw.nvlink_bandwidth > 500e9 else "one_shot") and cost.latency_bound
     assert cost.transfer_us < 0.1 * cost.alpha_us
 
 

@@ -184,7 +184,7 @@ def _overlapping() -> dict:
 
 MALFORMED = {
     "not-json": ("this is not json", "not JSON"),
-    "truncated": ('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1', "not valid JSON"),
+    "truncated": ('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1', "cut short"),
     "no-trace-events": ({"schemaVersion": 1}, "no traceEvents"),
     "no-kernels": ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1}]}, "no GPU kernel"),
     "unknown-names": ({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "mystery", "pid": 0, "tid": 7, "ts": 0, "dur": 1}]},
@@ -369,3 +369,15 @@ def test_suite_layer_kernels_agree_with_validate(path: Path) -> None:
     with (CALIBRATION / "hot_inputs.csv").open() as fh:
         rerun = [abs(float(r["cold_us"]) - float(iso[r["id"]]["median_us"])) for r in csv.DictReader(fh)]
     assert len(short) >= 4 and in_layer <= 0.4 < max(rerun), (in_layer, max(rerun))
+
+
+@pytest.mark.parametrize("columns", ["80", "120"])
+def test_table_fits_the_terminal_without_cutting_a_number_or_a_name(columns: str) -> None:
+    """Issue 31: at 80 columns the measured names wrap inside their column; nothing is cut with an ellipsis."""
+    trace = Path(__file__).resolve().parent / "data" / "traces" / "suite-graph-b64t1.json.gz"
+    r = runner.invoke(app, ["compare-trace", str(trace), "--hardware", "h200", "--tp", "8", "--batch", "64",
+                            "--tokens-per-seq", "1"], env={"COLUMNS": columns})
+    assert r.exit_code == 0, r.output[-600:]
+    lines = r.output.splitlines()
+    assert max(len(line) for line in lines) <= int(columns) and "…" not in r.output
+    assert sum(1 for line in lines if line.startswith("│ ") and line.split("│")[1].strip()) == 19  # one row each

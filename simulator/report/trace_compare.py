@@ -17,6 +17,10 @@ Pipeline (each step a function below):
    the engine's `part_of_previous` patterns name (cuBLASLt's split-K reduce) is a second launch of the
    plan kernel before it: that kernel is measured from its first start to its last end.
 
+Step 1 is trace_reader.py; the pattern table and step 2 trace_patterns.py; steps 3 and 4 trace_layers.py;
+what the trace is (its engine when --engine is not given, whether its steps are decode steps)
+trace_detect.py; step 5 and the whole command here.
+
 Makespan, both sides: first kernel start to last kernel end of one layer (the model's layer_us also
 counts the launch gap before its first kernel; this one does not, so both are measured the same way).
 Error = (measured - model) / model.
@@ -24,247 +28,30 @@ Error = (measured - model) / model.
 
 from __future__ import annotations
 
-import fnmatch
-import re
 import statistics
-import tomllib
 from collections import Counter
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from simulator.config import ModelConfig
 from simulator.cost.timeline import Timeline, schedule
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import DecodeShape, Plan
-from simulator.report.trace_reader import KernelEvent, KernelTrace, by_stream
-
-PATTERNS_FILE = Path(__file__).with_name("kernel_patterns.toml")
-LAYER_PREFIX = re.compile(r"^(?:L\d+|head)\.")  # moe-sim step traces key kernels "L5.o_proj"
-MAX_SIGNATURES = 20  # distinct layer shapes aligned against the plan (the most frequent ones)
-
-Stream = tuple[Any, Any]
-Signature = tuple[tuple[Stream, tuple[str, ...]], ...]  # per stream: the labels of one layer, in order
-
-
-# ============================================================================ the pattern table
-
-
-@dataclass(frozen=True)
-class Engine:
-    """One entry of the pattern table: how an engine names the plan's kernels."""
-
-    name: str
-    about: str
-    variant: str | None
-    match_on: str  # "name" | "key"
-    plan_keys: tuple[str, ...] | None
-    patterns: dict[str, tuple[re.Pattern[str], ...]]
-    part_of_previous: tuple[re.Pattern[str], ...] = ()  # second launches of one plan kernel (split-K reduce)
-
-
-def load_engine(name: str, path: str | Path | None = None) -> Engine:
-    """The engine `name` from the bundled table, or from a user's `--patterns` file of the same shape."""
-    source = Path(path) if path else PATTERNS_FILE
-    try:
-        table = tomllib.loads(source.read_text(encoding="utf-8")).get("engine", {})
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UserError(f"cannot read the pattern table {source}: {exc}.") from None
-    if name not in table:
-        raise UserError(f"engine '{name}' is not in {source}; it has {', '.join(table) or 'no engines'}.")
-    entry = table[name]
-    patterns = {key: tuple(_compile(p, source, name) for p in _strings(pats, source))
-                for key, pats in entry.get("patterns", {}).items()}
-    keys = entry.get("plan_keys")
-    parts = tuple(_compile(p, source, name) for p in _strings(entry.get("part_of_previous", []), source))
-    return Engine(name, str(entry.get("about", "")), entry.get("variant"), str(entry.get("match_on", "name")),
-                  tuple(_strings(keys, source)) if keys is not None else None, patterns, parts)
-
-
-def _strings(value: Any, source: Path) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise UserError(f"{source}: patterns and plan_keys must be lists of strings, not {value!r}.")
-    return value
-
-
-def _compile(pattern: str, source: Path, engine: str) -> re.Pattern[str]:
-    text = fnmatch.translate(pattern[5:]) if pattern.startswith("glob:") else pattern
-    try:
-        return re.compile(text, re.IGNORECASE)
-    except re.error as exc:
-        raise UserError(f"{source}: engine '{engine}' pattern {pattern!r} is not a valid regex ({exc}).") from None
-
-
-def partial_plan(plan: Plan, keys: tuple[str, ...] | None) -> Plan:
-    """The plan restricted to `keys` (a partial layer), dependencies on left-out kernels dropped."""
-    if keys is None:
-        return plan
-    known = [k.key for k in plan]
-    unknown = [k for k in keys if k not in known]
-    if unknown:
-        raise UserError(f"plan key(s) {', '.join(unknown)} are not in the {plan.variant} {plan.layer} plan "
-                        f"({', '.join(known)}).")
-    kept = [replace(k, deps=tuple(d for d in k.deps if d in keys)) for k in plan if k.key in keys]
-    return replace(plan, kernels=tuple(kept))
-
-
-class Classifier:
-    """Label -> the plan indices it could be, computed once per distinct label."""
-
-    def __init__(self, engine: Engine, plan: Plan) -> None:
-        self.engine, self.plan = engine, plan
-        self.keys = [k.key for k in plan]
-        self.names = [k.name for k in plan]
-        self._cache: dict[str, frozenset[int]] = {}
-
-    def label(self, k: KernelEvent) -> str:
-        if self.engine.match_on == "key" and k.key is not None:
-            return LAYER_PREFIX.sub("", k.key)
-        return k.name
-
-    def __call__(self, label: str) -> frozenset[int]:
-        hit = self._cache.get(label)
-        if hit is None:
-            hit = self._cache[label] = frozenset(self._match(label))
-        return hit
-
-    def _match(self, label: str) -> list[int]:
-        if self.engine.match_on == "key":
-            return [i for i, (key, name) in enumerate(zip(self.keys, self.names)) if label in (key, name)]
-        pats = self.engine.patterns
-        return [i for i, key in enumerate(self.keys) if any(p.search(label) for p in pats.get(key, ()))]
-
-
-# ============================================================================ layers
-
-
-@dataclass
-class LayerShape:
-    """Every layer of one signature: per stream, per position, the durations and gaps over layers."""
-
-    signature: Signature
-    layers: list[list[list[KernelEvent]]]  # [layer][stream][position]
-
-    def median(self, stream: int, pos: int, what: str) -> float | None:
-        values = [_measure(layer[stream], pos, what) for layer in self.layers]
-        values = [v for v in values if v is not None]
-        return statistics.median(values) if values else None
-
-    def makespan(self) -> float:
-        return statistics.median(max(k.end for s in layer for k in s) - min(k.ts for s in layer for k in s)
-                                 for layer in self.layers)
-
-
-def _measure(kernels: list[KernelEvent], pos: int, what: str) -> float | None:
-    if what == "dur":
-        return kernels[pos].dur
-    return kernels[pos].ts - kernels[pos - 1].end if pos > 0 else None  # the gap on the same stream
-
-
-def layer_shapes(kernels: list[KernelEvent], classify: Classifier) -> list[LayerShape]:
-    """One process's kernels cut into layers and grouped by signature, most frequent first."""
-    merged = sorted(kernels, key=lambda k: (k.ts, str(k.stream)))
-    labels = [classify.label(k) for k in merged]
-    cuts = _cuts(labels, classify)
-    groups: dict[Signature, list[list[list[KernelEvent]]]] = {}
-    for lo, hi in zip(cuts, cuts[1:] + [len(merged)]):
-        streams = by_stream(merged[lo:hi])
-        order = sorted(streams, key=str)
-        sig = tuple((s, tuple(classify.label(k) for k in streams[s])) for s in order)
-        groups.setdefault(sig, []).append([streams[s] for s in order])
-    ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))
-    return [LayerShape(sig, layers) for sig, layers in ranked[:MAX_SIGNATURES]]
-
-
-def _cuts(labels: list[str], classify: Classifier) -> list[int]:
-    """Where layers start: each anchor, moved back over the kernels that could be plan kernels before it.
-
-    Walking back from an anchor stops after as many such kernels as the trace shows plan kernels before
-    the anchor, or at the previous anchor; kernels no pattern fits are stepped over, not counted.
-    """
-    cands = [classify(label) for label in labels]
-    unique = {next(iter(c)) for c in set(cands) if len(c) == 1}
-    if not unique:
-        return [0]
-    anchor = min(unique)
-    before = sum(1 for j in set().union(*set(cands)) if j < anchor)
-    cuts, previous = [], -1
-    for i in (i for i, c in enumerate(cands) if c == frozenset({anchor})):
-        cut, need = i, before
-        for k in range(i - 1, previous, -1):
-            if need == 0:
-                break
-            if any(j < anchor for j in cands[k]):
-                cut, need = k, need - 1
-        cuts.append(cut)
-        previous = i
-    return cuts
-
-
-# ============================================================================ alignment
-
-
-def align(shape: LayerShape, classify: Classifier) -> dict[tuple[int, int], int]:
-    """(stream index, position) -> plan index: per stream, busiest first, an LCS in plan order."""
-    free = list(range(len(classify.plan)))
-    pairs: dict[tuple[int, int], int] = {}
-    order = sorted(range(len(shape.signature)), key=lambda s: -len(shape.signature[s][1]))
-    for s in order:
-        labels = shape.signature[s][1]
-        for pos, j in _lcs([classify(label) for label in labels], free):
-            pairs[(s, pos)] = j
-        free = [j for j in free if j not in pairs.values()]
-    return pairs
-
-
-def _lcs(cands: list[frozenset[int]], plan: list[int]) -> list[tuple[int, int]]:
-    """Longest common subsequence of measured kernels and plan indices (a match: j in the candidates)."""
-    n, m = len(cands), len(plan)
-    table = [[0] * (m + 1) for _ in range(n + 1)]
-    for i in range(n - 1, -1, -1):
-        for j in range(m - 1, -1, -1):
-            table[i][j] = (table[i + 1][j + 1] + 1 if plan[j] in cands[i]
-                           else max(table[i + 1][j], table[i][j + 1]))
-    out, i, j = [], 0, 0
-    while i < n and j < m:
-        if plan[j] in cands[i] and table[i][j] == table[i + 1][j + 1] + 1:
-            out.append((i, plan[j]))
-            i, j = i + 1, j + 1
-        elif table[i + 1][j] >= table[i][j + 1]:
-            i += 1
-        else:
-            j += 1
-    return out
+from simulator.report.trace_detect import closest_engine, detect_engine, step_check
+from simulator.report.trace_layers import LayerShape, NoMatch, Signature, best_layer
+from simulator.report.trace_patterns import (  # noqa: F401  (engine_names, load_table: this module's API too)
+    Classifier, Engine, engine_names, load_engine, load_table, partial_plan)
+from simulator.report.trace_reader import KernelTrace, read_kernels
 
 
 # ============================================================================ the comparison
 
 
-def best_layer(trace: KernelTrace, classify: Classifier) -> tuple[LayerShape, dict[tuple[int, int], int]]:
-    """Over processes and signatures: the layer the plan matches best, then the most repeated."""
-    best: tuple[tuple[int, int, int], LayerShape, dict] | None = None
-    pids: dict[Any, list[KernelEvent]] = {}
-    for k in trace.kernels:
-        pids.setdefault(k.stream[0], []).append(k)
-    for kernels in pids.values():
-        for shape in layer_shapes(kernels, classify):
-            pairs = align(shape, classify)
-            size = sum(len(labels) for _, labels in shape.signature)
-            score = (len(pairs), -(size - len(pairs)), len(shape.layers))
-            if best is None or score > best[0]:
-                best = (score, shape, pairs)
-    if best is None or not best[2]:
-        names = sorted({k.name for k in trace.kernels})
-        raise UserError(f"{trace.path}: none of its {len(names)} kernel names (e.g. {names[0]!r}) matches the "
-                        f"'{classify.engine.name}' patterns of the {classify.plan.variant} plan; choose --engine "
-                        "or pass --patterns.")
-    return best[1], best[2]
-
-
-def compare(trace: KernelTrace, plan: Plan, timeline: Timeline, classify: Classifier) -> dict[str, Any]:
+def compare(trace: KernelTrace, plan: Plan, timeline: Timeline, classify: Classifier,
+            left_out: Callable[[Signature], str | None] = lambda sig: None) -> dict[str, Any]:
     """The comparison document: per kernel model vs measured, unmatched on both sides, makespans."""
-    shape, pairs = best_layer(trace, classify)
+    shape, pairs = best_layer(trace, classify, left_out)
     gaps = model_gaps(timeline)
     rows, unmatched_measured, folded, layer = [], [], [], []
     for s, (stream, labels) in enumerate(shape.signature):
@@ -361,18 +148,48 @@ def _median_of(values: Any) -> float | None:
 
 
 def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer_type: str,
-                  variant: str | None = None, engine: str = "moe-sim", patterns: str | None = None,
-                  plan_keys: tuple[str, ...] | None = None) -> tuple[dict[str, Any], Timeline]:
-    """Read `path`, build the plan of the same configuration and compare; the doc and the model timeline."""
-    from simulator.cost.step import build_plan
-    from simulator.report.trace_reader import read_kernels
-
+                  variant: str | None = None, engine: str | None = None, patterns: str | None = None,
+                  plan_keys: tuple[str, ...] | None = None, console: Any = None) -> tuple[dict[str, Any], Timeline]:
+    """Read `path`, find its engine (unless named) and its decode layers, build the plan of the same
+    configuration and compare; the doc and the model timeline."""
+    trace = read_kernels(path, console)
+    plans = _PlanMaker(cfg, tp, shape, layer_type, variant, plan_keys)
+    step = step_check(trace, shape, patterns)
+    detected = None
+    if engine is None:
+        detected = detect_engine(trace, plans, patterns)
+        engine = detected["chosen"]
     eng = load_engine(engine, patterns)
-    chosen = variant or eng.variant or "standard"
-    plan = partial_plan(build_plan(cfg, chosen, tp, shape, layer_type), plan_keys or eng.plan_keys)
+    plan = plans(eng)
     timeline = schedule(plan, hw)
     doc = {"trace": str(path), "engine": eng.name, "model": cfg.name, "hardware": hw.name, "kernels": hw.kernels, "tp": tp,
            "batch": shape.batch, "tokens_per_seq": shape.tokens_per_seq, "context": shape.context,
-           "layer": layer_type, "variant": chosen, "plan_keys": [k.key for k in plan]}
-    doc |= compare(read_kernels(path), plan, timeline, Classifier(eng, plan))
+           "layer": layer_type, "variant": plan.variant, "plan_keys": [k.key for k in plan]}
+    if detected:
+        doc["engine_detected"] = detected
+    try:
+        doc |= compare(trace, plan, timeline, Classifier(eng, plan), step.left_out)
+    except NoMatch as exc:
+        raise UserError(f"{exc}; {closest_engine(trace, plans, patterns, eng.name)}") from None
+    doc["step"] = step.summary()
     return doc, timeline
+
+
+@dataclass
+class _PlanMaker:
+    """The plan an engine's traces are compared with: its variant (unless --variant), its plan keys
+    (unless --plan-keys), built once per variant."""
+
+    cfg: ModelConfig
+    tp: int
+    shape: DecodeShape
+    layer_type: str
+    variant: str | None
+    plan_keys: tuple[str, ...] | None
+
+    def __call__(self, eng: Engine) -> Plan:
+        from simulator.cost.step import build_plan
+        chosen = self.variant or eng.variant or "standard"
+        plan = build_plan(self.cfg, chosen, self.tp, self.shape, self.layer_type)
+        return partial_plan(plan, self.plan_keys or eng.plan_keys)
+

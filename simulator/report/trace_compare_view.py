@@ -8,22 +8,30 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
+from rich.markup import escape
+from rich.table import Column, Table
 
 from simulator.cost.timeline import Timeline
-from simulator.report.tables import _console
+from simulator.report.tables import _console, _name_column, _wrapped
+from simulator.report.trace_reader import short
 
 
 def print_compare(doc: dict[str, Any]) -> None:
+    """The comparison as a table per kernel and a few lines; every name from the trace is shown as text
+    (escaped for rich's markup) and cut by `short_name`."""
     con = _console()
-    con.print(f"{doc['trace']} (engine {doc['engine']}) against the {doc['variant']} {doc['layer']} plan: "
-              f"{doc['model']} {doc['hardware']} TP{doc['tp']} batch {doc['batch']} x {doc['tokens_per_seq']} "
-              f"token(s)/seq, context {doc['context']}")
-    table = Table("plan kernel", "measured kernel", "model us", "measured us", "error %", "model gap us",
-                  "measured gap us", title=f"{doc['layers_found']} layer(s) found; medians over layers")
-    for k in doc["kernels"]:
-        table.add_row(k["plan"], short_name(k["measured"]), f"{k['model_us']:.2f}", f"{k['measured_us']:.2f}", _num(k["error_pct"], "+.1f"),
-                      _num(k["model_gap_us"], ".2f"), _num(k["measured_gap_us"], ".2f"))
+    con.print(escape(f"{doc['trace']} (engine {doc['engine']}) against the {doc['variant']} {doc['layer']} plan: "
+                     f"{doc['model']} {doc['hardware']} TP{doc['tp']} batch {doc['batch']} x {doc['tokens_per_seq']} "
+                     f"token(s)/seq, context {doc['context']}"))
+    if "engine_detected" in doc:
+        con.print(_detected(doc["engine_detected"]))
+    numbers = [Column(h, no_wrap=True, justify="right") for h in ("model", "meas.", "err %", "gaps")]
+    table = Table(_name_column("plan kernel", [k["plan"] for k in doc["kernels"]]), _wrapped("measured kernel"),
+                  *numbers, title=f"{doc['layers_found']} layer(s) found; medians over layers; us; gaps: model / measured")
+    for k in doc["kernels"]:  # narrow enough for 80 columns: a long measured name wraps, no number is cut
+        gaps = f"{_num(k['model_gap_us'], '.2f')} / {_num(k['measured_gap_us'], '.2f')}"
+        table.add_row(k["plan"], escape(short_name(k["measured"])), f"{k['model_us']:.2f}", f"{k['measured_us']:.2f}",
+                      _num(k["error_pct"], "+.1f"), gaps)
     con.print(table)
     span = doc["makespan_us"]
     con.print(f"matched {doc['matched']} kernels; median |error| {_num(doc['median_abs_pct_error'], '.1f')} %; "
@@ -31,10 +39,24 @@ def print_compare(doc: dict[str, Any]) -> None:
               f"({_num(doc['makespan_error_pct'], '+.1f')} %)")
     con.print(f"unmatched plan kernels (the engine did not launch them): {', '.join(doc['unmatched_plan']) or 'none'}")
     extra = Counter(short_name(n) for n in doc["unmatched_measured"])
-    con.print("unmatched measured kernels (the plan lacks them; full names with --json): "
-              + (", ".join(f"{n}" + (f" x{c}" if c > 1 else "") for n, c in extra.items()) or "none"))
+    con.print(escape("unmatched measured kernels (the plan lacks them; full names with --json): "
+                     + (", ".join(f"{n}" + (f" x{c}" if c > 1 else "") for n, c in extra.items()) or "none")))
+    step = doc.get("step") or {}
+    if step.get("left_out_layer_shapes"):
+        con.print(escape(f"left out {step['left_out_layer_shapes']} layer shape(s) that are not decode layers: "
+                         f"{step['left_out_because'][0]}"))
     for path in doc.get("plots", []):
-        con.print(f"wrote {path}")
+        con.print(escape(f"wrote {path}"))
+
+
+def _detected(d: dict[str, Any]) -> str:
+    """One line: the engine chosen from the kernel names, how well it fits, and the runner-up."""
+    first, rest = d["ranking"][0], d["ranking"][1:]
+    line = (f"engine {first['engine']} detected from the kernel names: its layer matches {first['matched']} of "
+            f"{first['plan_kernels']} plan kernels (fit {first['fit']:.2f})")
+    if rest:
+        line += f"; next {rest[0]['engine']} (fit {rest[0]['fit']:.2f}); --engine to choose another"
+    return escape(line)
 
 
 _DETAIL = re.compile(r"\b(\w+(?:_kernel(?:_cuda)?|Functor(?:_\w+)?))\b")
@@ -44,7 +66,7 @@ _GENERIC = ("gpu_kernel_impl", "BinaryFunctor")
 def short_name(name: str, width: int = 60) -> str:
     """A C++ kernel signature cut to its kernel and the op it instantiates:
     'void at::native::elementwise_kernel<128, 4, ...silu_kernel...>(...)' -> 'elementwise_kernel<silu_kernel>'."""
-    core = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    core = short(name, 20 * width).removeprefix("void ").replace("(anonymous namespace)::", "")
     base = re.split(r"[<(]", core, maxsplit=1)[0].split("::")[-1]
     detail = [w for w in _DETAIL.findall(core) if w != base and not w.startswith(_GENERIC)]
     text = f"{base}<{detail[0]}>" if detail and base != core else base
