@@ -12,7 +12,17 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from simulator.cost.timeline import Timeline
-from simulator.report.tables import _console, _name_column, _wrapped
+from simulator.report.tables import _console
+
+
+def _name_column(header: str, names: list[str]) -> Column:
+    """A column of plan keys: always whole, on one line, whatever the width."""
+    return Column(header, no_wrap=True, min_width=max(map(len, names), default=len(header)))
+
+
+def _wrapped(header: str) -> Column:
+    """A column of long kernel names: wrapped onto more lines at narrow widths, never cut."""
+    return Column(header, overflow="fold", min_width=12)
 from simulator.report.trace_reader import short
 
 
