@@ -34,10 +34,9 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from simulator.errors import UserError
+from simulator.hardware.kernel_sets import DATASHEET, laws_path, load_sets
 
 PROFILES_DIR = Path(__file__).resolve().parent
-DATASHEET = "datasheet"  # the kernel set of no measured kernels: every kernel priced from the profile's constants
-# (kernel_sets.DATASHEET is the same word; this module stays importable without it)
 MATH_FORMATS = ("fp4", "fp8", "bf16", "fp32")
 RUNS_AS = ("fp8", "bf16")  # what FP4 math may fall back to on a GPU without FP4 tensor cores
 
@@ -152,7 +151,6 @@ def load_hardware(name_or_path: str | Path, kernels: str | None = None) -> Hardw
 
 def measured_sets(stem: str | None) -> tuple[str, dict[str, Any]]:
     """(default set, {name: KernelSet}) measured for a bundled GPU; ("datasheet", {}) where none is."""
-    from simulator.hardware.kernel_sets import laws_path, load_sets
     path = laws_path(stem) if stem else None
     return load_sets(path) if path is not None and path.is_file() else (DATASHEET, {})
 
