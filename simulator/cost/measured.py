@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from simulator.cost import collectives as coll
+from simulator.cost.laws import COLLECTIVE_ALGORITHM
 from simulator.cost.pricing import price_kernel
 from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import Collective, DecodeShape, Kernel, Tensor
@@ -30,8 +31,6 @@ INT_FIELDS = ("tp", "M", "K", "N", "U", "B", "heads", "T", "S", "n_src", "P", "n
 # KDA implementations priced as vLLM's split-V recurrence (the suite's copy of its grid, and vLLM's own
 # Triton kernels: the verify's fused_recurrent and the one-token packed decode)
 SPLIT_V_IMPLS = ("triton_split_v", "vllm_fused_recurrent", "vllm_packed_decode")
-COLLECTIVE_ALGORITHM = {"nccl_all_reduce": "ring", "symm_one_shot": "one_shot", "symm_two_shot": "two_shot",
-                        "nccl_reduce_scatter": "reduce_scatter", "nccl_all_gather": "all_gather"}
 
 
 def normalise(row: Mapping[str, Any]) -> dict[str, Any]:
