@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
-from dataclasses import dataclass
 
 from simulator.hardware.kernel_sets import ROLES, KernelSet
 from simulator.plans.kernel import Kernel

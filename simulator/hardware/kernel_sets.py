@@ -220,7 +220,7 @@ def dump_sets(hardware: str, default: str, sets: Iterable[KernelSet]) -> str:
     """The laws file's text (constants at full precision: the committed file must equal the fit)."""
     lines = [f"# Kernel laws of the {hardware}: written by `moe-sim validate --fit`; edit the CSVs or the law,",
              "# not this file. Each law's terms are regressors of simulator/cost/laws.py (features); each",
-             "# constant is µs per unit of its term (us, us/B, us/FLOP) inside laws.UNIT_RANGES.", "",
+             "# constant is µs per unit of its term (us, us/B, us/FLOP) inside kernel_sets.UNIT_RANGES.", "",
              f'hardware = "{hardware}"', f'default = "{default}"']
     for s in sets:
         lines += ["", f'[sets.{s.name}]', f"description = {_q(s.description)}", f"source = {_q(s.source)}",
