@@ -321,7 +321,7 @@ def report(points: list[Point], fits: dict[str, Fit], hw: HardwareProfile) -> di
                           "refit": summary([pct(p.refit, p.measured) for p in mine_held]),
                           "preregistered": summary([pct(p.prereg, p.measured) for p in mine if p.prereg])}
     current = hw.kernel_set is not None and all(hw.kernel_set.fit(g) == f for g, f in fits.items())
-    doc = {"hardware": hw.name, "kernels": hw.kernels, "measured_points": len(points), "held_back_points": len(held),
+    doc = {"hardware": hw.name, "kernel_set": hw.kernels, "measured_points": len(points), "held_back_points": len(held),
            **{k: v for k, v in summary([pct(p.model, p.measured) for p in held]).items() if k != "n"},
            "model_all_points": summary([pct(p.model, p.measured) for p in points]),
            "refit": summary([pct(p.refit, p.measured) for p in held]),

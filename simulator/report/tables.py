@@ -37,7 +37,7 @@ def print_check(doc: dict[str, Any], wide: bool = False) -> None:
 
 
 def _conditions(doc: dict[str, Any]) -> str:
-    parts = [f"model {doc['model']}", f"{doc['hardware']}", f"kernels {doc['kernels']}", f"TP{doc['tp']}",
+    parts = [f"model {doc['model']}", f"{doc['hardware']}", f"kernels {doc['kernel_set']}", f"TP{doc['tp']}",
              f"batch {doc['batch']}"]
     if "tokens_per_seq" in doc:
         parts.append(f"{doc['tokens_per_seq']} token(s)/seq (M = {doc['tokens']})")
@@ -181,7 +181,7 @@ def print_ablation(doc: dict[str, Any], wide: bool = False) -> None:
     con = _console(wide)
     if "memory_gb" in doc:
         _memory_line(con, doc)
-    con.print(f"fusion ablation  model {doc['model']}  {doc['hardware']}  kernels {doc['kernels']}  TP{doc['tp']}  "
+    con.print(f"fusion ablation  model {doc['model']}  {doc['hardware']}  kernels {doc['kernel_set']}  TP{doc['tp']}  "
               f"batch {doc['batch']} x {doc['tokens_per_seq']} token(s)/seq  context {doc['context']}  "
               f"layer {doc['layer']}")
     if "speculation" in doc:

@@ -32,13 +32,13 @@ def print_validation(doc: Mapping[str, Any], wide: bool = False) -> None:
                  _cell({"n": doc["held_back_points"], "median_abs_pct_error": doc["median_abs_pct_error"],
                         "worst_abs_pct_error": doc["worst_abs_pct_error"]}),
                  _cell(doc["model_all_points"]), _cell(doc["refit"])])
-    show(con, ("family", "pre-registered", f"model ({doc['kernels']}), held back", "model, all points",
+    show(con, ("family", "pre-registered", f"model ({doc['kernel_set']}), held back", "model, all points",
                "refit, held back"), rows, title="median / worst % error (n points)")
     if doc["profile_is_the_fit"]:
-        con.print(f"the {doc['hardware']} profile's kernel set {doc['kernels']!r} is the fit of these CSVs: "
+        con.print(f"the {doc['hardware']} profile's kernel set {doc['kernel_set']!r} is the fit of these CSVs: "
                   "model and refit are one law")
     else:
-        con.print(f"the {doc['hardware']} profile's kernel set {doc['kernels']!r} is not the fit of these CSVs: "
+        con.print(f"the {doc['hardware']} profile's kernel set {doc['kernel_set']!r} is not the fit of these CSVs: "
                   "`moe-sim validate --fit` writes it")
     if doc.get("written"):
         con.print(f"wrote kernel set {doc['written']['set']!r} to {doc['written']['path']}")
