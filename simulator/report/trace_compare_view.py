@@ -47,6 +47,8 @@ def print_compare(doc: dict[str, Any]) -> None:
     con.print(f"matched {doc['matched']} kernels; median |error| {_num(doc['median_abs_pct_error'], '.1f')} %; "
               f"layer makespan measured {span['measured']:.1f} us vs model {span['model']:.1f} us "
               f"({_num(doc['makespan_error_pct'], '+.1f')} %)")
+    con.print(f"per launch (the idle gap before a kernel + its duration, where a profiler and the model split "
+              f"them differently): median |error| {_num(doc['median_abs_launch_error_pct'], '.1f')} %")
     con.print(f"unmatched plan kernels (the engine did not launch them): {', '.join(doc['unmatched_plan']) or 'none'}")
     extra = Counter(short_name(n) for n in doc["unmatched_measured"])
     con.print(escape("unmatched measured kernels (the plan lacks them; full names with --json): "
