@@ -11,9 +11,11 @@ declared tensors, grid, FLOPs and collective. Pricing a plan kernel and fitting 
 read the same function: `moe-sim validate` rebuilds the kernel a CSV row measured (cost/measured.py) and
 calls `features` on it, exactly as pricing calls it on a plan's kernel. Family by family:
 
-  gemm        t0 + max(W + X bytes c_b, tiled flops c_f) + out bytes c_o + K c_narrow [N <= 1024]
-              (tiled: 64 x 128 output tiles in waves over the SMs, tiled_gemm_flops; a narrow output splits K
-              and reduces the partial sums in a second pass). Short K (<= 1024) and long K fit apart.
+  gemm        t0 + max(W + X bytes c_b, tiled flops c_f) + out bytes c_o + c_split [split K]
+                 + K c_narrow [N <= 1024, unsplit]
+              (tiled: 64 x 128 output tiles in waves over the SMs, tiled_gemm_flops; a deep K with a small
+              output is split and its partial sums reduced by a second launch, `splits_k`; a narrow output
+              left unsplit runs K in series on few CTAs). Short K (<= 1024) and long K fit apart.
   moe         t0 + max(bytes c_b, padded flops c_f) + U c_U           (padded: whole BLOCK_M-row tiles)
   moe W4A16   t0 + bytes c_b + tiles K N c_dq + rows K ceil(N / BLOCK_N) c_a + U c_U   (a tile dequantises its
               slab; each N-program re-reads the routed rows). fc1 and fc2 fit apart (fc2's K is short).
@@ -22,7 +24,9 @@ calls `features` on it, exactly as pricing calls it on a plan's kernel. Family b
                        bytes beyond L2 c_d + state bytes c_r)   (waves of the declared grid; the states a
               verify stores per token land in L2 and what it cannot hold drains to HBM meanwhile)
   mla         t0 + max(waves x tiles per split c_tile, cache bytes c_b) + splits c_combine   (split-KV flash
-              decoding: the grid's serial tile steps, or streaming the cache where the kernel keeps HBM busy)
+              decoding: the grid's serial tile steps, or streaming the cache where the kernel keeps HBM busy;
+              a program holds 16 query rows (the suite's kernel) or 64 (FlashMLA, which streams the cache
+              once per 64-row block of tokens x heads))
   collective  t0 + wire bytes c_w, per algorithm; NCCL's two protocols are two lines, the cheaper wins
 
 t0 holds the launch gap of back-to-back CUDA-graph replay (how the suite measures); pricing takes
@@ -50,9 +54,16 @@ from simulator.hardware.kernel_sets import ROLES, KernelSet
 from simulator.plans.kernel import Kernel
 
 MLA_TILE = 64  # cache slots per tile of a split-KV decode kernel
+# query rows (tokens x heads of a sequence) one program of an MLA decode kernel holds: the suite's Triton
+# kernel 16; FlashMLA 64 (its BLOCK_M over h_q x s_q, FlashMLA README / csrc; the H200 rows of
+# calibration/h200/production/mla.csv step at 64 rows: 48 -> 96 rows doubles the time, 24 -> 48 does not)
+MLA_ROWS = {"flashmla_fp8": 64, "flashmla_bf16": 64}
 SHORT_K = 1024  # reduction depth at or below which a GEMM tile runs <= 8 K-steps of 128
 W4A16_BLOCK_N = {16: 32, 64: 64}  # the suite's W4A16 tile config: BLOCK_M -> BLOCK_N (fam_moe.TILE_CONFIG)
-NARROW_N = 1024  # output width at or below which cuBLAS splits K (two launches in calibration/h200/gemm.csv)
+NARROW_N = 1024  # output width at or below which few CTAs share the N dimension: each runs K in series
+SPLIT_K_DEPTH = 3584  # cuBLAS on H200 splits K (a second, reducing launch) only at K >= this ...
+SPLIT_K_OUTPUT = 400_000  # ... and an output of at most this many elements (M x N): the launch counts of
+#                           calibration/h200/gemm.csv, 60 of 62 shapes (tests/test_laws.py)
 GEMM_TILE = (64, 128)  # output rows x columns of one CTA's tile, as assumed for cuBLAS on Hopper
 SPLIT_K = (1, 2, 3, 4, 6, 8)  # K splits a library may choose; each split keeps >= MIN_SPLIT_DEPTH of K
 MIN_SPLIT_DEPTH = 512
@@ -100,6 +111,12 @@ def wire_bytes(nbytes: int, ranks: int, algorithm: str) -> float:
     n, p = nbytes, max(ranks, 1)
     return {"one_shot": (p - 1) * n, "all_gather": (p - 1) * n, "reduce_scatter": (p - 1) / p * n}.get(
         algorithm, 2 * (p - 1) / p * n)
+
+
+def splits_k(m: int, k: int, n: int) -> bool:
+    """Whether the library splits K and launches a reduce after the GEMM: a deep K and an output too small
+    to fill the SMs with tiles (cuBLAS's choice on H200, read from the measured launch counts)."""
+    return k >= SPLIT_K_DEPTH and m * n <= SPLIT_K_OUTPUT
 
 
 def gemm_shape(kernel: Kernel) -> tuple[int, int, int]:
@@ -191,16 +208,20 @@ def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float) -> dict[s
     if fam == "mla":
         b, s, heads, t = mla_shape(kernel)
         splits, chunk = mla_splits(b, s, sms)
-        programs = b * splits * -(-t * heads // 16)
+        blocks = -(-t * heads // MLA_ROWS.get(law.impl, 16))
+        programs = b * splits * blocks
+        passes = blocks if law.impl in MLA_ROWS else 1  # FlashMLA streams the cache once per row block
         return {"t0": 1.0, "tile_steps": float(-(-programs // sms) * -(-chunk // MLA_TILE)), "splits": float(splits),
-                "cache_bytes": float(kernel.hbm_bytes)}
+                "cache_bytes": float(kernel.hbm_bytes * passes)}
     f = {"t0": 1.0, "bytes": float(kernel.hbm_bytes), "flops": float(kernel.flops)}
     if fam == "gemm":
         m, k, n = gemm_shape(kernel)
         out = kernel.write_bytes
         f["bytes"] -= out
         f["out_bytes"] = float(out)
-        f["narrow_k"] = k / 1000.0 if n <= NARROW_N else 0.0
+        split = splits_k(m, k, n)
+        f["narrow_k"] = k / 1000.0 if n <= NARROW_N and not split else 0.0
+        f["split_k"] = float(split)
         f["flops"] = tiled_gemm_flops(m, k, n, sms)  # whole tiles, in waves
     if fam == "moe":  # padded tile math: every BLOCK_M-row block of an expert runs a full tile
         tiles, block = moe_tiles(kernel)
