@@ -49,6 +49,15 @@ def print_compare(doc: dict[str, Any]) -> None:
               f"({_num(doc['makespan_error_pct'], '+.1f')} %)")
     con.print(f"per launch (the idle gap before a kernel + its duration, where a profiler and the model split "
               f"them differently): median |error| {_num(doc['median_abs_launch_error_pct'], '.1f')} %")
+    if "inside_family_interval" in doc:
+        got = doc["inside_family_interval"]
+        out = [f"{k['plan']} {k['launch_error_pct'] if k['launch_error_pct'] is not None else k['error_pct']:+.0f} % "
+               f"({k['family']} [{k['interval_pct'][0]:+.0f}, {k['interval_pct'][1]:+.0f}])"
+               for k in doc["kernels"] if k.get("inside_interval") is False]
+        con.print(f"inside their family's {doc['interval_level']:.0%} interval (per launch): {got['inside']} of "
+                  f"{got['checked']} kernels" + (f"; outside: {', '.join(out)}" if out else ""))
+    if "model_streams" in doc:
+        con.print(f"model streams: {doc['model_streams']}")
     con.print(f"unmatched plan kernels (the engine did not launch them): {', '.join(doc['unmatched_plan']) or 'none'}")
     extra = Counter(short_name(n) for n in doc["unmatched_measured"])
     con.print(escape("unmatched measured kernels (the plan lacks them; full names with --json): "
