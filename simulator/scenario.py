@@ -13,7 +13,9 @@
 
 Keys of [base] and [sweep]: model, hardware, tp, batch, tokens_per_seq, draft_tokens, acceptance_length,
 context, layer, variant, precision (routed-expert weight format: mxfp4, fp8, bf16), fusion_off (one
-fusion of the specialized plan switched off, or "none"), fusion_on (a what-if fusion, or "none"), drafter.
+fusion of the specialized plan switched off, or "none"), fusion_on (a what-if fusion, or "none"), drafter,
+kernels (the kernel implementation set priced, as `--kernels`: "datasheet" or a set measured on the GPU,
+e.g. "vllm" or "gpu-suite" on H200; unset, each GPU's default; each row names the set it used).
 
 A scenario is data, never code: it is parsed with tomllib and checked key by key; every problem is one
 sentence naming the file, the line and the key. A grid point that is physically impossible (TP16 on an
@@ -47,12 +49,13 @@ DEFAULTS: dict[str, Any] = {
     "model": "kimi-k3", "hardware": "gb300", "tp": 16, "batch": 1, "tokens_per_seq": 1, "draft_tokens": 0,
     "acceptance_length": None, "context": 512, "layer": "kda", "variant": "both", "precision": None,
     "fusion_off": "none", "fusion_on": "none", "drafter": "dspark-k3", "expert_skew": 0.0, "draft_correlation": 0.0,
+    "kernels": None,
 }
 TYPES: dict[str, tuple[type, ...]] = {
     "model": (str,), "hardware": (str,), "tp": (int,), "batch": (int,), "tokens_per_seq": (int,),
     "draft_tokens": (int,), "acceptance_length": (int, float), "context": (int,), "layer": (str,),
     "variant": (str,), "precision": (str,), "fusion_off": (str,), "fusion_on": (str,), "drafter": (str,),
-    "expert_skew": (int, float), "draft_correlation": (int, float),
+    "expert_skew": (int, float), "draft_correlation": (int, float), "kernels": (str,),
 }
 CHOICES: dict[str, tuple[str, ...]] = {"layer": ("kda", "mla", "dense"), "variant": VARIANTS + ("both",),
                                        "precision": ("mxfp4", "fp8", "bf16")}
@@ -182,6 +185,17 @@ def _check_names(path: str, text: str, sc_base: dict[str, Any], sweep: dict[str,
                 check(value)
             except UserError as exc:
                 raise _fail(path, text, table, key, f"= {value!r} cannot be used ({exc})") from None
+    gpus = sweep.get("hardware", [sc_base.get("hardware", DEFAULTS["hardware"])])
+    table = "sweep" if "kernels" in sweep else "base"
+    for value in sweep.get("kernels", [sc_base.get("kernels")]):
+        problems = []
+        for gpu in gpus:  # a set some GPUs of the grid lack leaves their points skipped, one no GPU has is a typo
+            try:
+                load_hardware(gpu, value)
+            except UserError as exc:
+                problems.append(str(exc))
+        if value is not None and len(problems) == len(gpus):
+            raise _fail(path, text, table, "kernels", f"= {value!r} cannot be used ({problems[0]})")
 
 
 def list_scenarios() -> list[str]:
@@ -260,9 +274,9 @@ def point_model(name: str, precision: str | None) -> "ModelConfig":
 
 
 @lru_cache(maxsize=64)
-def point_hardware(name: str) -> "HardwareProfile":
+def point_hardware(name: str, kernels: str | None = None) -> "HardwareProfile":
     from simulator.hardware import load_hardware
-    return load_hardware(name)
+    return load_hardware(name, kernels)
 
 
 def point_fusions(point: dict[str, Any]) -> frozenset[str]:

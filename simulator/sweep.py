@@ -58,7 +58,7 @@ def _interval_spec(interval: bool) -> Any:
 def _step_inputs(point: dict[str, Any]) -> tuple:
     """`step_report`'s leading arguments at a point: (cfg, hw, tp, batch, context, draft tokens, acceptance
     length, variant, drafter, fusions, routing)."""
-    return (_model(point["model"], point["precision"]), _hardware(point["hardware"]), point["tp"], point["batch"],
+    return (_model(point["model"], point["precision"]), _hardware(point["hardware"], point["kernels"]), point["tp"], point["batch"],
             point["context"], point["draft_tokens"], point["acceptance_length"], point["variant"], point["drafter"],
             _fusions(point), _routing(point))
 
@@ -112,7 +112,7 @@ def _schedule_step_draws(points: list[dict[str, Any]]) -> None:
 def _layer_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, Any]]:
     from simulator.cost.fastsim import makespan_us
     from simulator.report.summary import layer_report
-    doc = layer_report(_model(point["model"], point["precision"]), _hardware(point["hardware"]), point["tp"],
+    doc = layer_report(_model(point["model"], point["precision"]), _hardware(point["hardware"], point["kernels"]), point["tp"],
                        _shape(point), point["layer"], point["variant"], _fusions(point), _interval_spec(interval),
                        makespan_us)
     return [{"variant": variant, "kernel_count": v["kernel_count"], "layer_us": v["layer_us"],
@@ -131,7 +131,7 @@ def _memory_columns(gb: dict[str, Any]) -> dict[str, Any]:
 def _ablation_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, Any]]:  # noqa: ARG001 (no interval)
     from simulator.cost.ablation import ablate
     from simulator.cost.fastsim import makespan_us
-    cfg, hw = _model(point["model"], point["precision"]), _hardware(point["hardware"])
+    cfg, hw = _model(point["model"], point["precision"]), _hardware(point["hardware"], point["kernels"])
     doc = ablate(cfg, hw, point["tp"],
                  point["batch"], point["tokens_per_seq"], point["context"], point["layer"], point["acceptance_length"],
                  _routing(point), makespan_us)
@@ -160,7 +160,8 @@ def evaluate(point: dict[str, Any], kind: str, interval: bool = True) -> list[di
         rows = EVALUATORS[kind](point, interval)
     except UserError as exc:
         return [point | {"status": f"skipped: {exc}"}]
-    return [point | {"status": "ok"} | row for row in rows]
+    kernel_set = _hardware(point["hardware"], point["kernels"]).kernels
+    return [point | {"status": "ok", "kernel_set": kernel_set} | row for row in rows]
 
 
 LIMIT = 20_000  # grid points a run takes without --yes

@@ -95,8 +95,11 @@ GOOD = 'question = "A question long enough to be a question about decode steps o
     (GOOD + "[outputs]\ny = \"nonsense\"\n", ["line 4", "'y'", "nonsense", "step_ms"]),
     ("kind = \"step\"\n", ["question"]),
     ("question = [unclosed\n", ["not valid TOML"]),
+    (GOOD + "[sweep]\nhardware = [\"h200\", \"gb300\"]\nkernels = [\"vllm\", \"triton-magic\"]\n",
+     ["line 5", "kernels", "triton-magic", "kernel set"]),
 ], ids=["unknown-key", "empty-axis", "wrong-type", "unknown-model", "unknown-hardware", "unknown-fusion",
-        "unknown-top-key", "unknown-kind", "unknown-plot", "unknown-y", "no-question", "not-toml"])
+        "unknown-top-key", "unknown-kind", "unknown-plot", "unknown-y", "no-question", "not-toml",
+        "unknown-kernel-set"])
 def test_malformed_scenario(tmp_path, text, needles):
     out = tmp_path / "out"
     r = runner.invoke(app, ["run", str(_scenario(tmp_path, text)), "--out", str(out)])
@@ -279,3 +282,22 @@ def test_no_interval_rows_are_the_central_values_without_bounds(tmp_path):
     assert runner.invoke(app, ["run", "batch-sweep", "--quick", "--out", str(out), "--no-interval"]).exit_code == 0
     assert runner.invoke(app, ["run", "batch-sweep", "--quick", "--out", str(out)]).exit_code == 0
     assert "step_ms_low" in (out / "points.csv").read_text().splitlines()[0]
+
+
+def test_a_scenario_sweeps_the_kernel_set_and_each_row_names_it(tmp_path):
+    """Issue 29: the implementation set is an answer's stated assumption in a scenario too. On H200 each set
+    prices its own laws (the rows differ); on a GPU that lacks the set the point is skipped with the reason."""
+    text = GOOD + ('[base]\nmodel = "deepseek-v3"\ntp = 8\nbatch = 8\n'
+                   '[sweep]\nhardware = ["h200", "gb300"]\nkernels = ["vllm", "gpu-suite", "datasheet"]\n')
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["run", str(_scenario(tmp_path, text)), "--out", str(out), "--no-interval"])
+    assert r.exit_code == 0, r.output
+    with (out / "points.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    ok = {(r["hardware"], r["kernel_set"], r["variant"]): float(r["step_ms"]) for r in rows if r["status"] == "ok"}
+    assert {k[:2] for k in ok} == {("h200", "vllm"), ("h200", "gpu-suite"), ("h200", "datasheet"),
+                                   ("gb300", "datasheet")}
+    h200 = [ok["h200", s, "standard"] for s in ("vllm", "gpu-suite", "datasheet")]
+    assert len(set(h200)) == 3, h200
+    skipped = [r["status"] for r in rows if r["hardware"] == "gb300" and r["kernels"] != "datasheet"]
+    assert len(skipped) == 2 and all("Unknown kernel set" in s for s in skipped)

@@ -42,7 +42,7 @@ def _layer_pictures(sc: Scenario, out: Path, names: list[str]) -> list[Path]:
     from simulator.plans.kernel import DecodeShape
     from simulator.report.summary import layer_report
     b = sc.base
-    cfg, hw = point_model(b["model"], b["precision"]), point_hardware(b["hardware"])
+    cfg, hw = point_model(b["model"], b["precision"]), point_hardware(b["hardware"], b["kernels"])
     shape = DecodeShape(b["batch"], b["tokens_per_seq"], b["context"])
     doc = layer_report(cfg, hw, b["tp"], shape, b["layer"], "both", point_fusions(b))
     return layer_plots(doc, cfg, hw, b["tp"], shape, b["layer"], "both", point_fusions(b), out,
