@@ -25,10 +25,9 @@ from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans.kernel import DecodeShape
 from simulator.plans.specialized import FUSIONS
 
-# Waterfall order: from the attention side of the layer to the MoE tail, then the launch machinery.
-ORDER = ("fused_kda", "small_batch_proj", "oproj_allreduce_norm", "split_router", "glu_epilogue",
-         "shared_overlap", "moe_finalize", "latent_tail", "pdl_prefetch")
-assert set(ORDER) == set(FUSIONS), "every published fusion has a place in the waterfall"
+# Waterfall order: the order FUSIONS lists them (the plan's docstring table, tests/test_plans.py holds the two
+# equal): the attention side of the layer, the MoE tail, then the launch machinery.
+ORDER = tuple(FUSIONS)
 
 
 @dataclass(frozen=True)
