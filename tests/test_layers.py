@@ -11,8 +11,6 @@ source (ast), nothing is imported.
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "simulator"
 LAYERS = [  # lowest first; a module belongs to the first prefix that matches it

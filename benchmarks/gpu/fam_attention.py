@@ -41,7 +41,6 @@ at a small batch of the point's shape. `check(device)` runs those comparisons on
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 from typing import Any
 

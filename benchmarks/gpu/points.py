@@ -158,8 +158,8 @@ def _expected_u(model: str, m: int) -> int:
 def _expert_dims(model: str, tp: int) -> tuple[int, int]:
     """(L, F_padded) of one expert's TP shard, read off the standard plan's fc2 weight [U, F, L]."""
     fc2 = _plan(model, "standard", tp, 1, 1, 512, "kda" if model == "kimi-k3" else "mla").kernel("fc2")
-    _, f, l = fc2.weights[0].shape
-    return l, f
+    _, f, latent = fc2.weights[0].shape
+    return latent, f
 
 
 def moe_points() -> list[Point]:
