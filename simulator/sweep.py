@@ -256,7 +256,7 @@ def _evaluate_chunk(points: list[dict[str, Any]], kind: str, interval: bool) -> 
     """A worker's chunk. What is alive when it starts (the imports, the plan and pricing caches of the chunks
     before) is moved out of the cyclic collector's sight first (`gc.freeze`): those caches only grow, and
     every full collection went over all of them (~10 % of the time of a 6,000-point sweep on one process,
-    docs/architecture.md). Nothing in them is freed by the collector (no cycles: they die by reference
+    docs/history/cpu-fast-path.md). Nothing in them is freed by the collector (no cycles: they die by reference
     count, or with the worker). Workers only: the calling process keeps its collector as it was."""
     gc.freeze()
     return list(_chunk_rows(points, kind, interval))
