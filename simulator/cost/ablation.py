@@ -77,8 +77,8 @@ def ablate(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, tokens_pe
             base_s - stp(frozenset({f})), stp(every - {f}) - full_s, before_s - stp(on), base_k - only_k))
     return {
         "metric": "savings of each fusion: layer time (µs, one KDA+MoE layer by default) and decode-step time (ms)",
-        "model": cfg.name, "hardware": hw.name, "kernel_set": hw.kernels, "tp": tp, "batch": batch, "tokens_per_seq": tokens_per_seq,
-        "context": context, "layer": layer, "draft_tokens": draft,
+        "model": cfg.name, "hardware": hw.name, "kernel_set": hw.kernels, "tp": tp, "batch": batch,
+        "tokens_per_seq": tokens_per_seq, "context": context, "layer": layer, "draft_tokens": draft,
         "standard": {"layer_us": round(base_l, 3), "step_ms": round(base_s, 4), "kernel_count": base_k},
         "specialized": {"layer_us": round(full_l, 3), "step_ms": round(full_s, 4), "kernel_count": full_k},
         "fusions": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(r).items()} for r in rows],
