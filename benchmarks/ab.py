@@ -164,7 +164,8 @@ def _print(doc: dict[str, Any]) -> None:
     print(f"{doc['new']} against {doc['base']}, {doc['rounds']} turns each after a warm-up: {' '.join(doc['command'])}")
     for m, r in doc["metrics"].items():
         print(f"  {m}: base best {r['base_best']:.4g} median {r['base_median']:.4g} | new best {r['new_best']:.4g} "
-              f"median {r['new_median']:.4g} | new/base best {r['new_over_base_best']} median {r['new_over_base_median']}")
+              f"median {r['new_median']:.4g} | new/base best {r['new_over_base_best']} "
+              f"median {r['new_over_base_median']}")
 
 
 if __name__ == "__main__":

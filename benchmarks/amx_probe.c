@@ -12,7 +12,7 @@ one 32-weight block against one token column (B 16 x 1 pair, C 16 x 1):
   would; zero + load + dp + store: the per-block form, a C tile per 32-weight block, stored for its scale.
 Run it several times: on a shared VM the tile unit's figures moved 2-4x between runs (2026-12-01, nine runs: the
 independent product 4-19 ns, the per-block chain 11-31 ns, against 21 ns for 512 weights through
-`vdpbf16ps` at 5.2 ns per 128, docs/architecture.md, "The sixth session"). */
+`vdpbf16ps` at 5.2 ns per 128, docs/history/cpu-fast-path.md, "The sixth session"). */
 
 #include <immintrin.h>
 #include <stdint.h>

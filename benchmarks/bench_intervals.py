@@ -123,9 +123,9 @@ def main() -> None:
     c = doc["bytecode_cached"]
     note = " (the rows above compile every source each run: PYTHONDONTWRITEBYTECODE is set here)" \
         if c["environment_compiles_sources"] else ""
-    print(f"default `moe-sim step` with bytecode cached, as installed: {c['default_step']['with_interval']['wall_s']:.2f} / "
-          f"{c['default_step']['with_interval']['cpu_s']:.2f} s with intervals, "
-          f"{c['default_step']['no_interval']['wall_s']:.2f} / {c['default_step']['no_interval']['cpu_s']:.2f} s without{note}")
+    with_, without = c["default_step"]["with_interval"], c["default_step"]["no_interval"]
+    print(f"default `moe-sim step` with bytecode cached, as installed: {with_['wall_s']:.2f} / "
+          f"{with_['cpu_s']:.2f} s with intervals, {without['wall_s']:.2f} / {without['cpu_s']:.2f} s without{note}")
 
 
 if __name__ == "__main__":

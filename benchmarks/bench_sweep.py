@@ -79,8 +79,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(doc))
     else:
-        print(f"{doc['points']:,} points ({doc['rows_ok']:,} of {doc['rows']:,} rows ok{'' if doc['interval'] else ', no interval'})"
-              f" in {doc['seconds']} s on {doc['workers']} processes: {doc['points_per_s']:,} points/s")
+        print(f"{doc['points']:,} points ({doc['rows_ok']:,} of {doc['rows']:,} rows ok"
+              f"{'' if doc['interval'] else ', no interval'}) in {doc['seconds']} s on {doc['workers']} processes: "
+              f"{doc['points_per_s']:,} points/s")
     return 0
 
 

@@ -143,7 +143,8 @@ def main() -> None:
         t0 = time.perf_counter()
         events = write_trace(path, args.mb)
         print(f"wrote {path.stat().st_size / 1e6:.0f} MB, {events:,} events in {time.perf_counter() - t0:.1f} s")
-        out = subprocess.run([sys.executable, __file__, "--child", str(path)], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, __file__, "--child", str(path)], capture_output=True, text=True,
+                             check=True)
         peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # Linux: kB
         res = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"read {res['kernels']:,} kernels of {res['events']:,} events in {res['parse_s']} s; "

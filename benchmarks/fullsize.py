@@ -285,8 +285,8 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
                            "cpu": cpu_model()}
     step("compile")
     doc["compile"] = compile_kernels(layer, precision)
-    weights = LayerWeights(cfg, d.layer, seed, expert_cache_bytes=int(cache_gb * GB), stream_chunk_bytes=int(chunk_gb * GB),
-                           spill_dir=spill_dir)
+    weights = LayerWeights(cfg, d.layer, seed, expert_cache_bytes=int(cache_gb * GB),
+                           stream_chunk_bytes=int(chunk_gb * GB), spill_dir=spill_dir)
     step("dense weights")
     t0 = time.perf_counter()
     weights.materialize(layer_weight_names(cfg, layer))
@@ -406,7 +406,8 @@ def report(doc: dict[str, Any]) -> str:
                      f"(fast.mxfp4_grouped) took {doc['expert_calls_s']} s = {doc['expert_calls_gbps']} GB/s, "
                      f"{doc['expert_calls_vs_copy']} of the copy, {doc['expert_calls_vs_read']} of a read alone; "
                      f"the rest is the work around them (permutes, tables, the GLU, the outputs)")
-    lines.append(f"  peak RSS {doc['peak_rss_gb']} GB; specialized {doc['specialized_vs_standard']}x as fast as standard")
+    lines.append(f"  peak RSS {doc['peak_rss_gb']} GB; "
+                 f"specialized {doc['specialized_vs_standard']}x as fast as standard")
     return "\n".join(lines)
 
 

@@ -83,7 +83,8 @@ def grouped_figures(rng, codes, bits, down_codes, down_bits, part, threads):  # 
         return {"grouped": "skipped: no AVX-512 on this host (the plans run shard by shard)"}
     whole, down = MXFP4Weight(codes, bits), MXFP4Weight(down_codes, down_bits)
     doc = {}
-    for name, dtype, values in (("fp64", np.float64, None), ("fp32", np.float32, None), ("bf16", np.float32, round_bf16)):
+    for name, dtype, values in (("fp64", np.float64, None), ("fp32", np.float32, None),
+                                ("bf16", np.float32, round_bf16)):
         if name == "bf16" and not fast.has_bf16_dot():
             doc["grouped_bf16"] = "skipped: no AVX-512 BF16 on this host (bfloat16 x runs the float32 kernel)"
             continue

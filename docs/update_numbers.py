@@ -1,7 +1,9 @@
-"""Re-quote the walkthrough's (and README's) numbers after a cost-model change: every `<span title="ARGS | PATH | FORMAT">`
-marker gets the value the tool prints now (the convention tests/test_walkthrough.py checks).
+"""Re-quote the docs' numbers after a change: every `<span title="ARGS | PATH | FORMAT">` marker of the
+walkthrough, cost-model.md and the README gets the value the tool prints now (the convention
+tests/test_walkthrough.py checks), and docs/architecture.md's sizes block the sizes of the tree now
+(tests/test_architecture.py).
 
-    python docs/update_numbers.py            # rewrite docs/walkthrough.md, docs/cost-model.md, README.md in place
+    python docs/update_numbers.py            # rewrite those files in place
     python docs/update_numbers.py --check    # list what would change, exit 1 if anything would
 
 Only the numbers inside markers change: read the listed lines afterwards, since the prose around a number
@@ -25,6 +27,7 @@ DOC = Path(__file__).resolve().parent / "walkthrough.md"
 DOCS = (DOC, DOC.parent / "cost-model.md",  # cost-model.md quotes through markers in section 8 (intervals)
         DOC.parent.parent / "README.md")  # the README's modelled figures, checked by tests/test_readme.py
 sys.path.insert(0, str(DOC.parent.parent / "tests"))
+from test_architecture import requote as requote_sizes  # noqa: E402  (one definition of the sizes block)
 from test_walkthrough import MARKER, _walk  # noqa: E402  (one definition of the marker convention)
 
 
@@ -64,6 +67,13 @@ def main() -> int:
         if not args.check and changes:
             doc.write_text(new, encoding="utf-8")
         changed |= bool(changes)
+    arch = DOC.parent / "architecture.md"
+    text = arch.read_text(encoding="utf-8")
+    new = requote_sizes(text)
+    print(f"{arch.name}: " + ("the sizes block is stale" if new != text else "the sizes block is current"))
+    if not args.check and new != text:
+        arch.write_text(new, encoding="utf-8")
+    changed |= new != text
     return 1 if args.check and changed else 0
 
 

@@ -179,7 +179,8 @@ PACKED_EXPERT_BYTES = 17 / 32  # MXFP4: half a byte per weight + one E8M0 scale 
 EXPERT_CACHE_BYTES = LayerWeights.expert_cache_bytes  # the bound of the packed expert cache (4 GB)
 COPY_CACHE_BYTES = LayerWeights.copy_cache_bytes  # and of the kept float copies (512 MB)
 EXPERT_DRAW_BYTES = 8  # per element of an expert part being drawn: float32 draw + scaled float32 (then packed)
-BASELINE_BYTES = 200_000_000  # measured: `check --model tiny-k3 --batch 1` peaks at 188,952 kB (Python, NumPy, Numba, JIT code)
+# measured: `check --model tiny-k3 --batch 1` peaks at 188,952 kB (Python, NumPy, Numba, JIT code)
+BASELINE_BYTES = 200_000_000
 SAFETY = 1.1
 
 
@@ -202,13 +203,13 @@ def estimate_layer_bytes(cfg: ModelConfig, layer_type: str, tp: int, shape: Deco
     """Peak bytes of one layer's check: the held weights + the touched experts + the largest transient
     + float64 state copies + rank buffers.
 
-    Held (weights.LayerWeights): dense weights in their checkpoint format, 2 B (bf16) or 4 B (FP32) each;
-    touched MXFP4 experts packed, 17/32 B per weight (other expert formats: 4 B, float32), at most the
-    expert cache's 4 GB. Transient, the largest of: float64 copies of the weights that are not GEMM
-    operands (vectors, conv taps; at most the 512 MB copy cache); drawing experts on every core (8 B per element of a part each); a
-    float64 copy of the largest weight that is not a GEMM operand of a plan (the MLA up-projections the
-    reference reshapes). GEMM weights are never copied whole: plans read bf16 bits, the reference widens
-    8 MB chunks, dense weights are drawn 16 MB at a time.
+    Held (weights.LayerWeights): dense weights in their checkpoint format, 2 B (bf16) or 4 B (FP32) each; touched
+    MXFP4 experts packed, 17/32 B per weight (other expert formats: 4 B, float32), at most the expert cache's 4 GB.
+    Transient, the largest of: float64 copies of the weights that are not GEMM operands (vectors, conv taps; at most
+    the 512 MB copy cache); drawing experts on every core (8 B per element of a part each); a float64 copy of the
+    largest weight that is not a GEMM operand of a plan (the MLA up-projections the reference reshapes). GEMM weights
+    are never copied whole: plans read bf16 bits, the reference widens 8 MB chunks, dense weights are drawn 16 MB at a
+    time.
 
     Calibration, `moe-sim check --model kimi-k3 --tp 16 --batch 1` (fp64, context 64): its largest layer is
     layer 0 (KDA attention + the 33,792-wide dense FFN, 2.34 GB held), estimated at 2.97 GB against a

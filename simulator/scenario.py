@@ -258,7 +258,8 @@ def _check_outputs(path: str, text: str, kind: str, outputs: dict[str, Any], swe
         if key in outputs and outputs[key] not in sweep:
             raise _fail(path, text, "outputs", key, f"= {outputs[key]!r} is not a [sweep] axis")
     if "y" in outputs and outputs["y"] not in Y_COLUMNS[kind]:
-        raise _fail(path, text, "outputs", "y", f"= {outputs['y']!r} is not a {kind} column ({', '.join(Y_COLUMNS[kind])})")
+        raise _fail(path, text, "outputs", "y",
+                    f"= {outputs['y']!r} is not a {kind} column ({', '.join(Y_COLUMNS[kind])})")
 
 
 # ---------------------------------------------------------------------------------------

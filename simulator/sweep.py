@@ -165,10 +165,9 @@ def evaluate(point: dict[str, Any], kind: str, interval: bool = True) -> list[di
 
 
 LIMIT = 20_000  # grid points a run takes without --yes
-# points/s on one core of this project's 2-core test machine, every point a new shape, with and without the
-# rows' 100-draw interval (measured 2026-12-01: step 19 / 100, layer 42 / 430; the interval's draws then
-# scheduled compiled, a grid of new batches ran 2.0x as fast for step, 4.3x for layer, 39 -> 79 and 42 -> 180
-# points/s); grids sharing plan shapes and several workers run faster (benchmarks/bench_sweep.py)
+# points/s on one core of a 2-core development machine, every point a new shape, with and without the rows'
+# 100-draw interval: a lower bound for the time a refused grid would take (grids sharing plan shapes and
+# several workers run faster; benchmarks/bench_sweep.py measures them)
 POINTS_PER_S = {("step", True): 38, ("step", False): 100, ("layer", True): 170, ("layer", False): 400,
                 ("ablation", True): 2, ("ablation", False): 2}
 
@@ -258,7 +257,7 @@ def _evaluate_chunk(points: list[dict[str, Any]], kind: str, interval: bool) -> 
     """A worker's chunk. What is alive when it starts (the imports, the plan and pricing caches of the chunks
     before) is moved out of the cyclic collector's sight first (`gc.freeze`): those caches only grow, and
     every full collection went over all of them (~10 % of the time of a 6,000-point sweep on one process,
-    docs/architecture.md). Nothing in them is freed by the collector (no cycles: they die by reference
+    docs/history/cpu-fast-path.md). Nothing in them is freed by the collector (no cycles: they die by reference
     count, or with the worker). Workers only: the calling process keeps its collector as it was."""
     gc.freeze()
     return list(_chunk_rows(points, kind, interval))

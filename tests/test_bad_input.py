@@ -71,22 +71,28 @@ CASES = {
     "cfg-situ-beta-inf": (K3, kimi(activation_situ_beta="Infinity"), "'activation_situ_beta' = inf must be a finite"),
     "cfg-eps-minus-inf": (DS, deepseek(rms_norm_eps="-Infinity"), "'rms_norm_eps' = -inf must be a finite"),
     "cfg-eps-zero": (DS, deepseek(rms_norm_eps="0"), "'rms_norm_eps' = 0.0 must be positive"),
-    "cfg-scaling-negative": (DS, deepseek(routed_scaling_factor="-2.5"), "'routed_scaling_factor' = -2.5 must be positive"),
+    "cfg-scaling-negative": (DS, deepseek(routed_scaling_factor="-2.5"),
+                             "'routed_scaling_factor' = -2.5 must be positive"),
     "cfg-rope-theta-zero": (DS, deepseek(rope_theta="0"), "'rope_theta' = 0.0 must be positive"),
     "cfg-rope-theta-one": (DS, deepseek(rope_theta="1"), "'rope_theta' = 1.0 must exceed 1"),
     "cfg-hidden-negative": (DS, deepseek(hidden_size="-64"), "'hidden_size' = -64 must be a positive integer"),
     "cfg-hidden-zero": (DS, deepseek(hidden_size="0"), "'hidden_size' = 0 must be a positive integer"),
     "cfg-hidden-float": (DS, deepseek(hidden_size="64.5"), "'hidden_size' = 64.5 should be of type int"),
     "cfg-experts-string": (DS, deepseek(n_routed_experts='"32"'), "'n_routed_experts' = '32' should be of type int"),
-    "cfg-layers-zero": (DS, deepseek(num_hidden_layers="0"), "'num_hidden_layers' = 0 must be an integer in [1, 10000]"),
+    "cfg-layers-zero": (DS, deepseek(num_hidden_layers="0"),
+                        "'num_hidden_layers' = 0 must be an integer in [1, 10000]"),
     "cfg-layers-huge": (DS, deepseek(num_hidden_layers="1000000000"), "must be an integer in [1, 10000]"),
     "cfg-topk-zero": (DS, deepseek(num_experts_per_tok="0"), "'top_k' = 0 must be a positive integer"),
     "cfg-gate-bound-nan": (K3, kimi(gate_lower_bound="NaN"), "'gate_lower_bound' = nan must be a finite"),
-    "cfg-rope-scaling-unknown-key": (DS, deepseek(rope_scaling='{"type": "yarn", "factor": 4, "original_max_position_embeddings": 64, '
-                                                               '"mscale_all_dim": 1, "truncate": false}'), "unknown key 'truncate'"),
+    "cfg-rope-scaling-unknown-key": (DS, deepseek(rope_scaling='{"type": "yarn", "factor": 4, '
+                                                               '"original_max_position_embeddings": 64, '
+                                                               '"mscale_all_dim": 1, "truncate": false}'),
+                                     "unknown key 'truncate'"),
     "cfg-hidden-2-20": (K3, kimi(hidden_size=str(2**20)), "this check needs about"),
-    "cfg-rope-scaling-linear": (DS, deepseek(rope_scaling='{"type": "linear", "factor": 4.0}'), "only 'yarn' is modelled"),
-    "cfg-rope-scaling-nan": (DS, deepseek(rope_scaling='{"type": "yarn", "factor": NaN, "original_max_position_embeddings": 64}'),
+    "cfg-rope-scaling-linear": (DS, deepseek(rope_scaling='{"type": "linear", "factor": 4.0}'),
+                                "only 'yarn' is modelled"),
+    "cfg-rope-scaling-nan": (DS, deepseek(rope_scaling='{"type": "yarn", "factor": NaN, '
+                                          '"original_max_position_embeddings": 64}'),
                              "rope_scaling: field 'factor' = nan must be a finite"),
     "cfg-quant-int4": (DS, deepseek(quantization_config='{"quant_method": "int4"}'), "names format 'int4'"),
     "cfg-not-json": (DS, GOOD_JSON[:-20], "not valid JSON"),
@@ -94,9 +100,11 @@ CASES = {
     # hardware TOML ---------------------------------------------------------------------
     "hw-bandwidth-nan": (HW, h200("hbm_bandwidth", "nan"), "'hbm_bandwidth' value = nan must be a finite"),
     "hw-bandwidth-inf": (HW, h200("hbm_bandwidth", "inf"), "'hbm_bandwidth' value = inf must be a finite"),
-    "hw-bandwidth-negative": (HW, h200("hbm_bandwidth", "-4.8e12"), "'hbm_bandwidth' value = -4800000000000.0 must be positive"),
+    "hw-bandwidth-negative": (HW, h200("hbm_bandwidth", "-4.8e12"),
+                              "'hbm_bandwidth' value = -4800000000000.0 must be positive"),
     "hw-bandwidth-zero": (HW, h200("hbm_bandwidth", "0"), "'hbm_bandwidth' value = 0 must be positive"),
-    "hw-capacity-negative": (HW, h200("hbm_capacity", "-141e9"), "'hbm_capacity' value = -141000000000.0 must be positive"),
+    "hw-capacity-negative": (HW, h200("hbm_capacity", "-141e9"),
+                             "'hbm_capacity' value = -141000000000.0 must be positive"),
     "hw-flops-nan": (HW, h200("bf16_flops", "nan"), "'bf16_flops' value = nan must be a finite"),
     "hw-nvlink-inf": (HW, h200("nvlink_bandwidth", "inf"), "'nvlink_bandwidth' value = inf must be a finite"),
     "hw-sm-count-float": (HW, h200("sm_count", "132.5"), "'sm_count' value must be an integer"),
@@ -104,7 +112,8 @@ CASES = {
     "hw-fitted-nan": (HW, h200("launch_gap_us", "nan"), "'launch_gap_us' value = nan must be a finite"),
     "hw-not-toml": (HW, "hbm_capacity = {", "not valid TOML"),
     # scenario TOML ---------------------------------------------------------------------
-    "sc-acceptance-nan": (RUN, scenario(base="acceptance_length = nan"), "'acceptance_length' = nan must be a finite number"),
+    "sc-acceptance-nan": (RUN, scenario(base="acceptance_length = nan"),
+                          "'acceptance_length' = nan must be a finite number"),
     "sc-acceptance-inf-axis": (RUN, scenario(sweep="acceptance_length = [2.0, inf]"), "'acceptance_length' = inf"),
     "sc-batch-zero": (RUN, scenario(base="batch = 0"), "'batch' = 0 must be an integer in [1,"),
     "sc-batch-float": (RUN, scenario(base="batch = 1.5"), "'batch' = 1.5 should be int"),
@@ -125,11 +134,15 @@ CASES = {
     "flag-draft-negative": ("step --draft-tokens -1", None, "--draft-tokens = -1 must be an integer in [0,"),
     "flag-context-negative": ("layer --context -5", None, "--context = -5 must be an integer in [0,"),
     "flag-tokens-zero": ("ablation --tokens-per-seq 0", None, "--tokens-per-seq = 0 must be an integer in [1,"),
-    "flag-acceptance-nan": ("step --draft-tokens 3 --acceptance-length nan", None, "--acceptance-length = nan must be a finite"),
+    "flag-acceptance-nan": ("step --draft-tokens 3 --acceptance-length nan", None,
+                            "--acceptance-length = nan must be a finite"),
     "flag-acceptance-inf": ("ablation --acceptance-length inf", None, "--acceptance-length = inf must be a finite"),
-    "flag-acceptance-above-draft": ("step --draft-tokens 3 --acceptance-length 5", None, "must lie in [1, draft tokens + 1 = 4]"),
-    "flag-batch-above-int32": ("layer --batch 3000000000", None, "--batch = 3000000000 must be an integer in [1, 2147483647]"),
-    "flag-rows-above-int32": ("trace --out {out} --batch 2147483647 --tokens-per-seq 2", None, "token rows exceeds 2147483647"),
+    "flag-acceptance-above-draft": ("step --draft-tokens 3 --acceptance-length 5", None,
+                                    "must lie in [1, draft tokens + 1 = 4]"),
+    "flag-batch-above-int32": ("layer --batch 3000000000", None,
+                               "--batch = 3000000000 must be an integer in [1, 2147483647]"),
+    "flag-rows-above-int32": ("trace --out {out} --batch 2147483647 --tokens-per-seq 2", None,
+                              "token rows exceeds 2147483647"),
     "flag-cache-above-int32": ("step --context 2147483647", None, "cache positions exceeds 2147483647"),
     "check-batch-1e9": ("check --batch 1000000000", None, "this check needs about"),
     "check-context-1e12": ("check --context 1000000000000", None, "--context = 1000000000000 must be an integer"),
@@ -137,7 +150,8 @@ CASES = {
     "flag-unknown-hardware": ("step --hardware nope", None, "Unknown hardware 'nope'"),
     "flag-unknown-model-capitals": ("layer --model Kimi-K9", None, "unknown model 'Kimi-K9'"),
     "flag-layer-the-model-lacks": ("layer --model deepseek-v3 --layer kda", None, "has no layer of type 'kda'"),
-    "flag-measurements-not-a-folder": ("validate --measurements {file}", None, "not a folder of measurement CSVs, nor a shipped set (h200)"),
+    "flag-measurements-not-a-folder": ("validate --measurements {file}", None,
+                                       "not a folder of measurement CSVs, nor a shipped set (h200)"),
     # output paths that permission bits allow but no file can be made in (root in a container) ------------------
     "out-proc-trace": ("trace --out /proc/nope", None, "/proc"),
     "out-proc-run": ("run batch-sweep --quick --out /proc/nope", None, "/proc"),
@@ -196,6 +210,7 @@ def test_json_output_is_strict(args):
 
 def test_written_json_files_are_strict(tmp_path):
     assert runner.invoke(app, ["trace", "--out", str(tmp_path / "t.json")]).exit_code == 0
-    assert runner.invoke(app, ["run", "scenarios/speculative.toml", "--quick", "--out", str(tmp_path / "s")]).exit_code == 0
+    args = ["run", "scenarios/speculative.toml", "--quick", "--out", str(tmp_path / "s")]
+    assert runner.invoke(app, args).exit_code == 0
     strict_loads((tmp_path / "t.json").read_text())
     strict_loads((tmp_path / "s" / "summary.json").read_text())

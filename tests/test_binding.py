@@ -63,8 +63,8 @@ def test_every_op_takes_exactly_the_declared_tensors(k3, tp):
             assert k.op is not None, k.key
             n, variadic = _positional(k.op)
             params = inspect.signature(k.op).parameters
-            assert variadic or n == len(k.reads) + len(k.weights) + sum(c in params and params[c].kind
-                                                                       != params[c].KEYWORD_ONLY for c, _ in k.consts), \
+            positional_consts = sum(c in params and params[c].kind != params[c].KEYWORD_ONLY for c, _ in k.consts)
+            assert variadic or n == len(k.reads) + len(k.weights) + positional_consts, \
                 f"{k.key}: {k.op.__name__} takes {n} tensors, the kernel declares {len(k.reads)} + {len(k.weights)}"
             assert all(c in params for c, _ in k.consts), f"{k.key}: a const the op does not take"
 
@@ -185,7 +185,8 @@ def test_every_read_waits_for_its_writer(k3, variant, layer):
             for t in k.reads:
                 writers = [j for j in plan.kernels[:i] if any(w.name == t.name for w in j.writes)]
                 if writers:
-                    assert writers[-1].key in before[k.key], f"{k.key} reads {t.name} without waiting for {writers[-1].key}"
+                    assert writers[-1].key in before[k.key], \
+                        f"{k.key} reads {t.name} without waiting for {writers[-1].key}"
 
 
 def _einsum_flops(spec, *shapes):

@@ -96,11 +96,14 @@ def test_range_errors_name_the_flag_as_typed_one_fact(args, needle, absent):
 @pytest.mark.parametrize("args, needle", [
     (("layer", "--enable-fusion", "fused_kda"), "--enable-fusion fused_kda changes nothing"),
     (("step", "--enable-fusion", "latent_tail"), "on by default"),
-    (("layer", "--enable-fusion", "unpadded_experts", "--disable-fusion", "unpadded_experts"), "both name unpadded_experts"),
+    (("layer", "--enable-fusion", "unpadded_experts", "--disable-fusion", "unpadded_experts"),
+     "both name unpadded_experts"),
     (("layer", "--disable-fusion", "unpadded_experts"), "--disable-fusion unpadded_experts changes nothing"),
     (("layer", "--variant", "standard", "--disable-fusion", "fused_kda"), "--variant standard prices only"),
-    (("step", "--variant", "standard", "--enable-fusion", "unpadded_experts"), "--enable-fusion changes the specialized"),
-    (("ablation", "--tokens-per-seq", "1", "--acceptance-length", "3"), "--acceptance-length 3 must lie in [1, --tokens-per-seq = 1]"),
+    (("step", "--variant", "standard", "--enable-fusion", "unpadded_experts"),
+     "--enable-fusion changes the specialized"),
+    (("ablation", "--tokens-per-seq", "1", "--acceptance-length", "3"),
+     "--acceptance-length 3 must lie in [1, --tokens-per-seq = 1]"),
     (("ablation", "--tokens-per-seq", "8", "--acceptance-length", "9"), "must lie in [1, --tokens-per-seq = 8]"),
 ])
 def test_options_that_change_nothing_are_refused(args, needle):
@@ -137,7 +140,8 @@ def test_help_keeps_example_a_paragraph_of_its_own(command):
 
 def test_check_help_example_is_a_small_run():
     text = run("check", "--help").output
-    assert "Exit 0 when" in text and "Example: moe-sim check --tp 2" in text and "kimi-k3" not in text.split("Options:")[0]
+    assert "Exit 0 when" in text and "Example: moe-sim check --tp 2" in text
+    assert "kimi-k3" not in text.split("Options:")[0]
     example = next(line for line in text.splitlines() if "Example:" in line)
     assert "Exit 0" not in example
 
@@ -173,7 +177,8 @@ def test_speculation_states_its_acceptance_assumption():
     assumed = json.loads(run("step", "--draft-tokens", "3", "--json", "--no-interval").output)
     assert assumed["acceptance_length"] == pytest.approx((1 - 0.85 ** 4) / 0.15, abs=1e-4)
     assert assumed["speculation"]["assumption"].startswith("assumed: each draft accepted with probability 0.85")
-    given = json.loads(run("step", "--draft-tokens", "3", "--acceptance-length", "2.5", "--json", "--no-interval").output)
+    given = json.loads(run("step", "--draft-tokens", "3", "--acceptance-length", "2.5", "--json",
+                           "--no-interval").output)
     assert given["acceptance_length"] == 2.5 and given["speculation"]["assumption"] == "given with --acceptance-length"
     for doc in (assumed, given):
         for v in doc["variants"].values():
@@ -204,7 +209,8 @@ def test_step_help_quotes_the_default_acceptance_the_code_uses():
 
 
 def test_scenario_names_are_case_insensitive_too(tmp_path):
-    toml = 'question = "q"\nkind = "Layer"\n[base]\nmodel = "Kimi-K3"\nhardware = "GB300"\nlayer = "{}"\n[sweep]\nbatch = [1, 2]\n'
+    toml = ('question = "q"\nkind = "Layer"\n[base]\nmodel = "Kimi-K3"\nhardware = "GB300"\nlayer = "{}"\n'
+            '[sweep]\nbatch = [1, 2]\n')
     (tmp_path / "upper.toml").write_text(toml.format("MLA"))
     (tmp_path / "lower.toml").write_text(toml.format("mla").replace('"Layer"', '"layer"'))
     docs = [json.loads(run("run", str(tmp_path / f"{name}.toml"), "--no-interval", "--json").output)

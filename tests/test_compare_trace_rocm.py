@@ -22,22 +22,28 @@ ROCM_KDA_LAYER = [  # the standard KDA plan in order, as vLLM on ROCm names each
     ("kda_fb_proj", "void wvSplitK_hf_sml_<__hip_bfloat16, 64, 2, 16, 8, 2, 1>(int, int, __hip_bfloat16 const*)", 2.0),
     ("kda_decode", "fused_recurrent_kda_fwd_kernel", 17.0),
     ("o_proj", CIJK.format("32x32x256"), 9.0),
-    ("attn_all_reduce", "void vllm::cross_device_reduce_1stage<__hip_bfloat16, 8>(vllm::RankData*, vllm::RankSignals)", 9.5),
+    ("attn_all_reduce", "void vllm::cross_device_reduce_1stage<__hip_bfloat16, 8>(vllm::RankData*, "
+                        "vllm::RankSignals)", 9.5),
     ("attn_res_post", NORM, 2.1),
     ("router", CIJK.format("16x16x512"), 10.0),
     ("latent_down", CIJK.format("64x16x128"), 28.0),
-    ("shared_gate_up", "void wvSplitK_hf_sml_<__hip_bfloat16, 64, 4, 16, 8, 2, 2>(int, int, __hip_bfloat16 const*)", 15.0),
+    ("shared_gate_up", "void wvSplitK_hf_sml_<__hip_bfloat16, 64, 4, 16, 8, 2, 2>(int, int, "
+                       "__hip_bfloat16 const*)", 15.0),
     ("shared_act", "void vllm::act_and_mul_kernel<c10::BFloat16, &(vllm::silu_kernel<c10::BFloat16>)>", 0.9),
     ("shared_down", CIJK.format("32x16x256"), 5.5),
     ("topk", "void vllm::moe::grouped_topk_kernel<float>(float*, float const*, int*, int)", 3.5),
     ("fc1", "fused_moe_kernel", 190.0),
     ("fc2", "fused_moe_kernel", 100.0),
     ("finalize", "void vllm::moe::moe_sum_kernel<c10::BFloat16, 16>(c10::BFloat16*, c10::BFloat16 const*, int)", 3.2),
-    ("tail_concat", "void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::OpaqueType<2u>, unsigned int, 2, 128, 1>", 1.0),
+    ("tail_concat", "void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous "
+                    "namespace)::OpaqueType<2u>, unsigned int, 2, 128, 1>", 1.0),
     ("moe_all_reduce", "ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", 11.0),
-    ("latent_norm", "void vllm::rms_norm_kernel<c10::BFloat16>(c10::BFloat16*, c10::BFloat16 const*, float, int, int)", 1.0),
+    ("latent_norm", "void vllm::rms_norm_kernel<c10::BFloat16>(c10::BFloat16*, c10::BFloat16 const*, float, int, "
+                    "int)", 1.0),
     ("latent_up", CIJK.format("64x32x128"), 17.0),
-    ("tail_add", "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctorOnSelf_add<c10::BFloat16>, std::array<char*, 3ul> >(int, at::native::CUDAFunctorOnSelf_add<c10::BFloat16>, std::array<char*, 3ul>)", 1.0),
+    ("tail_add", "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctorOnSelf_add<c10::BFloat16>, "
+                 "std::array<char*, 3ul> >(int, at::native::CUDAFunctorOnSelf_add<c10::BFloat16>, "
+                 "std::array<char*, 3ul>)", 1.0),
 ]
 SHAPE = ["--tp", "8", "--batch", "32", "--tokens-per-seq", "1"]
 

@@ -15,13 +15,14 @@ PROFILES = list_hardware()
 def gemm(m: int, k: int = 7168, n: int = 2112, kind: str = "gemm", math: str = "bf16",
          weight_dtype: str = "bf16", **extra) -> Kernel:
     """y[M, N] = x[M, K] @ w[K, N]: 2 M K N FLOPs; 7168 x 2112 bf16 = 30.3 MB (DeepSeek fused_a)."""
-    return Kernel(f"gemm{m}", "gemm", kind, family="moe" if kind == "moe" else "gemm", reads=(Tensor("x", (m, k), "bf16"),),
-                  writes=(Tensor("y", (m, n), "bf16"),), weights=(Tensor("w", (k, n), weight_dtype),),
-                  flops=2 * m * k * n, math=math, **extra)
+    return Kernel(f"gemm{m}", "gemm", kind, family="moe" if kind == "moe" else "gemm",
+                  reads=(Tensor("x", (m, k), "bf16"),), writes=(Tensor("y", (m, n), "bf16"),),
+                  weights=(Tensor("w", (k, n), weight_dtype),), flops=2 * m * k * n, math=math, **extra)
 
 
 def all_reduce(nbytes: int, ranks: int) -> Kernel:
-    return Kernel("ar", "all_reduce", "collective", family="collective", collective=Collective("all_reduce", nbytes, ranks))
+    return Kernel("ar", "all_reduce", "collective", family="collective",
+                  collective=Collective("all_reduce", nbytes, ranks))
 
 
 def attention(batch: int, context: int = 8192, heads: int = 8) -> Kernel:
@@ -164,7 +165,8 @@ def test_fp4_weights_are_dequantised_on_hopper_not_on_blackwell() -> None:
     fp4_h, bf16_h = price_kernel(grouped(8, u, k, n), hopper), price_kernel(grouped(8, u, k, n, dtype="bf16"), hopper)
     assert fp4_h.math_us - bf16_h.math_us == pytest.approx(
         2 * u * k * n / (hopper.fp32_flops * hopper.compute_efficiency) * 1e6)
-    fp4_b, bf16_b = price_kernel(grouped(8, u, k, n), blackwell), price_kernel(grouped(8, u, k, n, dtype="bf16"), blackwell)
+    fp4_b = price_kernel(grouped(8, u, k, n), blackwell)
+    bf16_b = price_kernel(grouped(8, u, k, n, dtype="bf16"), blackwell)
     assert fp4_b.math_us == pytest.approx(bf16_b.math_us)
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "history").glob("*.md")),
+         ROOT / "benchmarks" / "README.md"]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 CITED = re.compile(r"sources\.md \\?(?:§|\\u00a7) ?(K?\d+[a-z]?(?:\.\d+)?)")
 
@@ -54,7 +55,8 @@ def _citations() -> list[tuple[str, str]]:
 
 
 def test_every_sources_section_cited_exists():
-    sections = {re.match(r"§(\S+)", h).group(1) for h in re.findall(r"^#+ (§\S+)", (ROOT / "docs" / "sources.md").read_text(), re.M)}
+    sources = (ROOT / "docs" / "sources.md").read_text()
+    sections = {re.match(r"§(\S+)", h).group(1) for h in re.findall(r"^#+ (§\S+)", sources, re.M)}
     sections |= set(re.findall(r"^- \*\*§(\S+)\*\*", (ROOT / "docs" / "sources.md").read_text(), re.M))
     cited = _citations()
     assert len(cited) > 100, "the hardware profiles cite sources.md"

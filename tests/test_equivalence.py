@@ -124,7 +124,8 @@ def test_flip_above_bound_fails(tiny):
 BACKEND_GRID = [("kda", 4, 3, 1), ("mla", 16, 1, 8), ("dense", 2, 8, 1), ("kda", 8, 2, 2)]
 
 
-@pytest.mark.parametrize("layer, tp, batch, tokens", BACKEND_GRID, ids=[f"{l}-P{p}-B{b}-T{t}" for l, p, b, t in BACKEND_GRID])
+@pytest.mark.parametrize("layer, tp, batch, tokens", BACKEND_GRID,
+                         ids=[f"{k}-P{p}-B{b}-T{t}" for k, p, b, t in BACKEND_GRID])
 def test_numpy_and_numba_kernels_agree(tiny, monkeypatch, layer, tp, batch, tokens):
     """The equivalence above runs on the Numba kernels (the default); the NumPy forms pass it too, and
     both backends give the same layer output to rounding (the packed expert path included)."""

@@ -13,7 +13,8 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fullsize.py"
 
 
-@pytest.mark.parametrize("args, names", [(["--batch", "0"], "--batch"), (["--repeats", "0"], "--repeats"), (["--spill-dir", "FILE/sub"], "--spill-dir")])
+@pytest.mark.parametrize("args, names", [(["--batch", "0"], "--batch"), (["--repeats", "0"], "--repeats"),
+                                         (["--spill-dir", "FILE/sub"], "--spill-dir")])
 def test_fullsize_refuses_bad_arguments_in_one_sentence(tmp_path, args, names):
     file = tmp_path / "a-file"
     file.write_text("")

@@ -209,3 +209,31 @@ def test_kernels_shared_across_contexts_equal_kernels_built_afresh(model, monkey
                     assert shared == fresh, (layer_type, kw, context)
                     assert [(k.consts, k.op) for k in shared] == [(k.consts, k.op) for k in fresh]
     assert common._KERNELS  # the memo was used
+
+
+def _docstring_table(doc: str) -> list[str]:
+    """The fusion names of the specialized plan's docstring table: a line indented 4, a name, 2+ spaces."""
+    import re
+    return re.findall(r"^ {4}([a-z_]+) {2,}\S", doc, re.M)
+
+
+def test_specialized_docstring_table_lists_fusions_in_order():
+    """The docstring's table is FUSIONS then WHAT_IF_FUSIONS, in their order (ablation.ORDER is FUSIONS' order)."""
+    from simulator.cost.ablation import ORDER
+    assert _docstring_table(specialized.__doc__) == list(FUSIONS) + list(specialized.WHAT_IF_FUSIONS)
+    assert ORDER == tuple(FUSIONS)
+    assert _docstring_table("    fused_kda  one\n      glu_epilogue  indented 6\n    split_router x\n") == ["fused_kda"]
+
+
+def test_specialized_docstring_counts_are_the_plans(k3):
+    """'KDA + MoE at TP16: 23 standard kernels -> 13 (fused_kda -2, ...)' is what the plans build: each named
+    fusion saves what it says when it is the only one switched off, every unnamed one saves nothing."""
+    import re
+    m = re.search(r"KDA \+ MoE at TP16: (\d+) standard kernels -> (\d+) \(([^)]*)\)", specialized.__doc__)
+    assert m, "the docstring's count line is missing"
+    full = specialized.build(k3, 16, K3_TRACE, "kda")
+    assert (int(m[1]), int(m[2])) == (len(standard.build(k3, 16, K3_TRACE, "kda")), len(full))
+    said = {name: int(n) for name, n in re.findall(r"([a-z_]+) -(\d+)", m[3])}
+    saved = {f: len(specialized.build(k3, 16, K3_TRACE, "kda", fusions=set(FUSIONS) - {f})) - len(full)
+             for f in FUSIONS}
+    assert said == {f: n for f, n in saved.items() if n}

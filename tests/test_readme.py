@@ -28,6 +28,16 @@ def test_exactly_two_set_up_commands():
     assert "python -m pytest" in ci and 'pip install --quiet -e ".[test]"' in ci
 
 
+def test_ci_runs_the_linter_it_installs():
+    """CI installs ruff from the dev extra on a fresh machine and runs it over the whole tree before the tests."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'pip install --quiet -e ".[dev]"' in ci and "\nruff check .\n" in ci.replace("  #", "\n#")
+    assert ci.index("ruff check .") < ci.index("python -m pytest")
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^dev = \["moe-sim\[test\]", "ruff[^"]*"\]', pyproject, re.M)
+    assert re.search(r"^\[tool\.ruff\]\nline-length = 120", pyproject, re.M)
+
+
 def test_ci_builds_installs_and_runs_the_wheel_outside_the_clone():
     ci = (ROOT / ".ci" / "run").read_text()
     for step in ("pip wheel", 'python3 -m venv "$scratch/venv"', 'cd "$scratch"', "moe-sim\" list models",

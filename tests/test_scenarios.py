@@ -158,7 +158,8 @@ def _csv_rows(path: Path) -> int:
 
 
 def test_points_are_generated_lazily(tmp_path):
-    axes = "batch = [" + ", ".join(map(str, range(1, 1001))) + "]\ncontext = [" + ", ".join(map(str, range(1000))) + "]\n"
+    axes = ("batch = [" + ", ".join(map(str, range(1, 1001))) + "]\n"
+            "context = [" + ", ".join(map(str, range(1000))) + "]\n")
     sc = load_scenario(_scenario(tmp_path, GOOD + "[sweep]\n" + axes))
     points = sc.points()
     assert sc.count == 10**6 and iter(points) is points  # an iterator, never a million-entry list

@@ -33,7 +33,8 @@ def stream_kernel(key: str, mbytes: float, kind: str = "gemm", **extra) -> Kerne
 
 
 def all_reduce(key: str, nbytes: int = ONE_TOKEN, ranks: int = 8, **extra) -> Kernel:
-    return Kernel(key, "all_reduce", "collective", family="collective", collective=Collective("all_reduce", nbytes, ranks), **extra)
+    return Kernel(key, "all_reduce", "collective", family="collective",
+                  collective=Collective("all_reduce", nbytes, ranks), **extra)
 
 
 def plan(*kernels: Kernel, tp: int = 8) -> Plan:
@@ -69,7 +70,8 @@ def test_pdl_hides_a_boundary_as_far_as_the_kernel_has_independent_work() -> Non
     hw = load_hardware("h200", "datasheet")
     plain = run(stream_kernel("a", 10), stream_kernel("b", 10))
     waits = run(stream_kernel("a", 10, pdl=True), stream_kernel("b", 10, pdl=True))
-    loads = run(stream_kernel("a", 10, pdl=True, prefetch_bytes=ALL), stream_kernel("b", 10, pdl=True, prefetch_bytes=ALL))
+    loads = run(stream_kernel("a", 10, pdl=True, prefetch_bytes=ALL),
+                stream_kernel("b", 10, pdl=True, prefetch_bytes=ALL))
     assert waits.layer_us == pytest.approx(plain.layer_us - 2 * hw.pdl_dependent_hidden_us)
     assert loads.span("b").launch_us == pytest.approx(hw.launch_gap_pdl_us)
     assert loads.layer_us < waits.layer_us - (hw.launch_gap_us - hw.pdl_dependent_hidden_us)

@@ -197,7 +197,8 @@ def test_a_user_table_with_no_engine_for_the_layer_is_one_sentence(tmp_path: Pat
     path = tmp_path / "mini.json"
     path.write_text(json.dumps(ht.doc()))
     table = tmp_path / "mla-only.toml"
-    table.write_text('[engine.mla-only]\nplan_keys = ["mla_decode"]\n[engine.mla-only.patterns]\nmla_decode = ["mla"]\n')
+    table.write_text('[engine.mla-only]\nplan_keys = ["mla_decode"]\n'
+                     '[engine.mla-only.patterns]\nmla_decode = ["mla"]\n')
     line = _refusal(path, "--patterns", str(table))  # the KDA layer has no mla_decode
     assert "no engine of the pattern table fits" in line and "no other engine for this layer type" in line
 

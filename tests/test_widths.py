@@ -105,7 +105,8 @@ def test_percent_of_peak_is_the_gbps_beside_it_over_the_datasheet():
 
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("args, cells", [
-    (["ablation"], lambda d: [r["fusion"] for r in d["fusions"]] + [f"{r['waterfall_step_ms']:.3f}" for r in d["fusions"]]),
+    (["ablation"], lambda d: [r["fusion"] for r in d["fusions"]]
+     + [f"{r['waterfall_step_ms']:.3f}" for r in d["fusions"]]),
     (["run", "batch-sweep", "--quick"], lambda d: [f"{r['step_ms']:.4g}" for r in d["rows"]]),
     (["check", "--tp", "2", "--batch", "2"], lambda d: [f"{t['max_abs_error']:.2e}" for layer in d["layers"]
                                                          for v in layer["variants"].values() for t in v["tensors"]]),

@@ -87,8 +87,8 @@ def _config_with(tmp_path, rope_scaling):
 @pytest.mark.parametrize("rope_scaling, words", [
     ({"type": "linear", "factor": 4.0}, "only 'yarn'"),
     ({"rope_type": "dynamic", "factor": 4.0}, "only 'yarn'"),
-    ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale_all_dim": 1, "attention_factor": 2},
-     "unknown key 'attention_factor'"),
+    ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale_all_dim": 1,
+      "attention_factor": 2}, "unknown key 'attention_factor'"),
     ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 0.7, "mscale_all_dim": 1},
      "mscale 0.7 != mscale_all_dim 1"),
     ({"type": "yarn", "factor": 0.5, "original_max_position_embeddings": 64, "mscale_all_dim": 1}, "out of range"),

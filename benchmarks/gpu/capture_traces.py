@@ -138,8 +138,8 @@ def suite_layer_points(batch: int) -> list[Any]:
     from simulator.plans.kernel import DecodeShape
     sh = suite_shape(batch)
     m = sh["batch"] * sh["tokens_per_seq"]
-    plan = build_plan(load_model(sh["model"]), "standard", sh["tp"], DecodeShape(sh["batch"], sh["tokens_per_seq"], 512),
-                      sh["layer"])
+    plan = build_plan(load_model(sh["model"]), "standard", sh["tp"],
+                      DecodeShape(sh["batch"], sh["tokens_per_seq"], 512), sh["layer"])
     pts = [p for p in all_points() if p.model == sh["model"] and p.tp == sh["tp"]]
 
     def pick(key: str, kind: str) -> Any:

@@ -34,14 +34,13 @@ mla (family "mla", two launches)
     token t sees slots s <= lengths + t; a point's S is the cache length after the step.
 
 `measure(p, torch)` times one kernel (or the pair) with harness.time_graph, state / cache rotated over
->= 4 x L2 (up to 1024 slots, one launch per slot per graph, so batch 1 is cold too), and reports `max_err` of the same kernels against simulator/ops
-at a small batch of the point's shape. `check(device)` runs those comparisons on tiny shapes
-(TRITON_INTERPRET=1 on a CPU).
+>= 4 x L2 (up to 1024 slots, one launch per slot per graph, so batch 1 is cold too), and reports `max_err`
+of the same kernels against simulator/ops at a small batch of the point's shape. `check(device)` runs those
+comparisons on tiny shapes (TRITON_INTERPRET=1 on a CPU).
 """
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 from typing import Any
 
@@ -480,7 +479,8 @@ def mla_compare(torch: Any, device: str, B: int, T: int, heads: int, S: int, fmt
     want = ref.mla_decode_attention(q_lat_t.float().cpu().numpy().astype(np.float64),
                                     q_pe_t.float().cpu().numpy().astype(np.float64), deq, lengths, scale)
     out = torch.empty(B, T, heads, L_LAT, device=device, dtype=torch.float32)
-    MlaWork(torch, B, T, heads, S, device, sms=sms, block_n=block_n, num_stages=num_stages)(q_lat_t, q_pe_t, cache_t, out, scale, kv_scale)
+    work = MlaWork(torch, B, T, heads, S, device, sms=sms, block_n=block_n, num_stages=num_stages)
+    work(q_lat_t, q_pe_t, cache_t, out, scale, kv_scale)
     if device != "cpu":
         torch.cuda.synchronize()
     return float(np.abs(out.cpu().numpy() - want).max())

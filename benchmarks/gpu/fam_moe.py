@@ -14,11 +14,11 @@ Implementations (Point.impl):
                         per K step, so no nibble interleave is needed in registers.
                         Rows are sorted by expert into BLOCK_M-padded blocks (vLLM moe_align_block_size: sorted
                         row ids, one expert id per block; pad rows = M*top_k are masked). Grid = (blocks x
-                        N tiles,). BLOCK_M 16 (64 when the average expert gets > 16 rows), BLOCK_N 32 / 64 (TILE_CONFIG),
-                        BLOCK_K 128. fc1 gathers its A rows from x[M, K] (row // top_k) as fused_moe does; fc2
-                        reads h[M*top_k, F]. The GEMM only: no SiTU in the fc1 epilogue, no routing weight.
-                        The sort/align is its own small kernel in engines and is done here outside the timed
-                        region: only the GEMM launch is timed.
+                        N tiles,). BLOCK_M 16 (64 when the average expert gets > 16 rows), BLOCK_N 32 / 64
+                        (TILE_CONFIG), BLOCK_K 128. fc1 gathers its A rows from x[M, K] (row // top_k) as
+                        fused_moe does; fc2 reads h[M*top_k, F]. The GEMM only: no SiTU in the fc1 epilogue,
+                        no routing weight. The sort/align is its own small kernel in engines and is done here
+                        outside the timed region: only the GEMM launch is timed.
 - grouped_mm_bf16       torch._grouped_mm(x_sorted [R, K], W[win].transpose(-2, -1), offs) with W [E, N, K] bf16:
                         rows already grouped by expert (the gather/permute is outside the timed region).
 - scaled_grouped_mm_fp8 torch._scaled_grouped_mm, FP8 e4m3 A and W [E, N, K], rowwise fp32 scales (A per row,

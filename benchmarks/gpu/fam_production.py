@@ -152,7 +152,8 @@ def triton_moe_config(wheel, m: int, e: int, inter: int, hidden: int, top_k: int
         import json
         tuned = {int(k): v for k, v in json.loads(path.read_text()).items() if k != "triton_version"}
         return dict(tuned[min(tuned, key=lambda x: abs(x - m))]), name
-    return wheel.fused_moe.get_default_config(m, e, inter, hidden, top_k, dtype, list(block) if block else None), "default"
+    block = list(block) if block else None
+    return wheel.fused_moe.get_default_config(m, e, inter, hidden, top_k, dtype, block), "default"
 
 
 def _triton_moe_call(torch, wheel, p: Any, w, w_scale, ids, weights, cfg: dict, e: int, top_k: int):
@@ -447,8 +448,10 @@ def small_call(torch, wheel, p: Any, seed: int = 0):
         weights = torch.empty(m, TOP_K, device="cuda", dtype=torch.float32)
         ids = torch.empty(m, TOP_K, device="cuda", dtype=torch.int32)
         token_ids = torch.empty(m, TOP_K, device="cuda", dtype=torch.int32)
-        return (lambda: (wheel.moe.topk_sigmoid(weights, ids, token_ids, logits, True, bias, 1.0, None), (weights, ids))[1],
-                (logits, bias))
+        def call():
+            wheel.moe.topk_sigmoid(weights, ids, token_ids, logits, True, bias, 1.0, None)
+            return weights, ids
+        return call, (logits, bias)
     if p.impl == "vllm_moe_sum":
         y = torch.randn(m, TOP_K, width, device="cuda", dtype=torch.bfloat16, generator=gen)
         out = torch.empty(m, width, device="cuda", dtype=torch.bfloat16)
@@ -493,7 +496,8 @@ def _gemm(p: Any, torch: Any, wheel) -> dict:
     return res
 
 
-MEASURE = {"moe": lambda p, torch, wheel: (triton_moe if p.impl in TRITON_MOE_BLOCK else marlin)(p, torch, wheel), "mla": mla, "kda": kda, "small": small, "gemm": _gemm}
+MEASURE = {"moe": lambda p, torch, wheel: (triton_moe if p.impl in TRITON_MOE_BLOCK else marlin)(p, torch, wheel),
+           "mla": mla, "kda": kda, "small": small, "gemm": _gemm}
 
 
 def measure(p: Any, torch: Any, wheel) -> dict:

@@ -85,7 +85,9 @@ GEMM_M = (1, 8, 64, 128, 256, 512, 1024, 2048)
 N_SWEEP = (256, 512, 896, 1536, 2112, 3216, 3584, 6288, 7168, 10240, 20480)  # K = 7168, M = 1
 # shapes no plan has, to test the GEMM law where it was not fitted: M between the grid's powers of two,
 # output widths that leave partial 128-column tiles, three depths (variant "probe")
-GEMM_PROBE_M, GEMM_PROBE_N, GEMM_PROBE_K = (32, 96, 192, 384, 768, 1536), (200, 320, 640, 1000, 1408, 2304, 4608), (1024, 2560, 7168)
+GEMM_PROBE_M = (32, 96, 192, 384, 768, 1536)
+GEMM_PROBE_N = (200, 320, 640, 1000, 1408, 2304, 4608)
+GEMM_PROBE_K = (1024, 2560, 7168)
 MOE_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MOE_U_AT_64 = (16, 64, 128, 256, 512, 613, 896)
 MOE_M_AT_U128 = (8, 32, 128, 256)
@@ -158,15 +160,16 @@ def _expected_u(model: str, m: int) -> int:
 def _expert_dims(model: str, tp: int) -> tuple[int, int]:
     """(L, F_padded) of one expert's TP shard, read off the standard plan's fc2 weight [U, F, L]."""
     fc2 = _plan(model, "standard", tp, 1, 1, 512, "kda" if model == "kimi-k3" else "mla").kernel("fc2")
-    _, f, l = fc2.weights[0].shape
-    return l, f
+    _, f, latent = fc2.weights[0].shape
+    return latent, f
 
 
 def moe_points() -> list[Point]:
     """fc1 is [L -> 2F] (gate|up, activation in the epilogue), fc2 is [F -> L]; K x N per expert."""
     pts = []
     configs = (("kimi-k3", 8, "mxfp4", "triton_w4a16", True), ("kimi-k3", 16, "mxfp4", "triton_w4a16", False),
-               ("kimi-k3", 8, "bf16", "grouped_mm_bf16", False), ("deepseek-v3", 8, "fp8", "scaled_grouped_mm_fp8", False))
+               ("kimi-k3", 8, "bf16", "grouped_mm_bf16", False),
+               ("deepseek-v3", 8, "fp8", "scaled_grouped_mm_fp8", False))
     for model, tp, fmt, impl, sweeps in configs:
         L, F = _expert_dims(model, tp)
         layer = "kda" if model == "kimi-k3" else "mla"
@@ -196,7 +199,8 @@ def _small(impl: str, key: str, m: int) -> Point:
 
 def ceiling_points() -> list[Point]:
     pts = [Point("ceiling", "torch_copy", n_bytes=4 << 30, variant="copy")]
-    pts += [Point("ceiling", "triton_read", n_bytes=n, variant="read") for n in (1 << 16, 1 << 20, 16 << 20, 256 << 20, 4 << 30)]
+    pts += [Point("ceiling", "triton_read", n_bytes=n, variant="read")
+            for n in (1 << 16, 1 << 20, 16 << 20, 256 << 20, 4 << 30)]
     pts.append(Point("ceiling", "torch_matmul", M=8192, K=8192, N=8192, variant="large_gemm"))
     return pts
 
@@ -281,9 +285,11 @@ def production_points() -> list[Point]:
         L, F = _expert_dims("kimi-k3", tp)
         for m in PROD_M:
             u = _expected_u("kimi-k3", m)
-            pts.append(Point("moe", "vllm_marlin_moe", "fc1", "kimi-k3", "kda", tp, M=m, K=L, N=2 * F, U=u, fmt="mxfp4"))
+            pts.append(Point("moe", "vllm_marlin_moe", "fc1", "kimi-k3", "kda", tp, M=m, K=L, N=2 * F, U=u,
+                             fmt="mxfp4"))
             pts.append(Point("moe", "vllm_marlin_moe", "fc2", "kimi-k3", "kda", tp, M=m, K=F, N=L, U=u, fmt="mxfp4"))
-    for impl, model, fmt in (("vllm_triton_moe_bf16", "kimi-k3", "bf16"), ("vllm_triton_moe_fp8", "deepseek-v3", "fp8")):
+    for impl, model, fmt in (("vllm_triton_moe_bf16", "kimi-k3", "bf16"),
+                             ("vllm_triton_moe_fp8", "deepseek-v3", "fp8")):
         L, F = _expert_dims(model, 8)  # Triton is vLLM's Hopper choice for bf16 and block-FP8 experts under TP
         layer = "kda" if model == "kimi-k3" else "mla"
         for m in PROD_M:
@@ -301,8 +307,9 @@ def production_points() -> list[Point]:
         pts += _kda("vllm_packed_decode", {tp: PROD_BATCH}, ((1, "final"),))
         pts += _kda("vllm_fused_recurrent", {tp: PROD_BATCH}, ((1, "final"), (4, "per_token"), (8, "per_token")))
     for m in PROD_M:
-        pts += [_small(impl, key, m) for impl, key in (("vllm_topk_sigmoid", "topk"), ("vllm_grouped_topk", "topk"),
-                                                        ("vllm_moe_sum", "finalize"), ("torch_rms_norm", "latent_norm"))]
+        pts += [_small(impl, key, m) for impl, key in (
+            ("vllm_topk_sigmoid", "topk"), ("vllm_grouped_topk", "topk"), ("vllm_moe_sum", "finalize"),
+            ("torch_rms_norm", "latent_norm"))]
     shapes = [s for s in _dense_gemm_shapes() if s[3] == 8]
     pts += [Point("gemm", "torch_matmul", key, model, layer, tp, M=m, K=K, N=N, fmt="bf16",
                   variant="out_fp32" if out == "fp32" else "")

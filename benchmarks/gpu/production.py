@@ -9,7 +9,8 @@ context costs one family only): the correctness checks of fam_production first, 
 row appended to DIR/<family>.csv as it finishes (the suite's columns, rows.py, plus the package, the
 production kernel, what it stands in for, the kernels launched, and the seconds the point took).
 DIR/runs.json gets the family's checks, wall time, GPU name and points measured. --probe: the checks and
-the first point of each implementation, plan kernel and token count only. Commit predict.py --set production's file before the run.
+the first point of each implementation, plan kernel and token count only. Commit predict.py --set production's
+file before the run.
 """
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ def table(folder: Path, ceiling_folder: Path) -> list[str]:
         rate = f"{best[1]:,.0f} ({best[1] / read_gbps:.0%})"
         if impl == "torch_matmul":
             top = max(runs, key=lambda r: r[2])
-            rate += f"; {top[2]:,.0f} TFLOP/s ({top[2] / gemm_tflops:.0%}) at M = {top[3].split('/M=')[1].split('/')[0]}"
+            m = top[3].split('/M=')[1].split('/')[0]
+            rate += f"; {top[2]:,.0f} TFLOP/s ({top[2] / gemm_tflops:.0%}) at M = {m}"
         note = f" ({standin})" if standin else ""
         out.append(f"| `{impl}` | {package} | {kernel}{note} | {len(runs)} | {min(us):.1f} - {max(us):,.1f} | {rate} "
                    f"| `{best[3]}` |")

@@ -45,7 +45,8 @@ def main() -> int:
             try:
                 calls = [(lambda be=be: fam_moe.w4a16_launch(a, wd["w"], wd["s"], c, sorted_ids, be,
                                                              len(hp["block_experts"]), a_div, hp["block_m"],
-                                                             num_warps=warps, num_stages=stages, block_n=bn)) for be in bes]
+                                                             num_warps=warps, num_stages=stages, block_n=bn))
+                         for be in bes]
                 us = time_graph(torch, calls, reps=max(16, len(calls)), replays=10)["median_us"]
             except Exception as exc:  # a config that does not compile or fit
                 us = float("nan")

@@ -97,7 +97,8 @@ def _source(path: Path, name: str) -> types.ModuleType:
     return mod
 
 
-FUSED_MOE_HEADER = """# generated at measurement time from vLLM's fused_moe.py: its Triton kernel and default tile rules only
+FUSED_MOE_HEADER = """# generated at measurement time from vLLM's fused_moe.py: its Triton kernel and default tile
+# rules only
 import triton
 import triton.language as tl
 from types import SimpleNamespace

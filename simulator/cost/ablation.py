@@ -25,10 +25,9 @@ from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans.kernel import DecodeShape
 from simulator.plans.specialized import FUSIONS
 
-# Waterfall order: from the attention side of the layer to the MoE tail, then the launch machinery.
-ORDER = ("fused_kda", "small_batch_proj", "oproj_allreduce_norm", "split_router", "glu_epilogue",
-         "shared_overlap", "moe_finalize", "latent_tail", "pdl_prefetch")
-assert set(ORDER) == set(FUSIONS), "every published fusion has a place in the waterfall"
+# Waterfall order: the order FUSIONS lists them (the plan's docstring table, tests/test_plans.py holds the two
+# equal): the attention side of the layer, the MoE tail, then the launch machinery.
+ORDER = tuple(FUSIONS)
 
 
 @dataclass(frozen=True)
@@ -78,8 +77,8 @@ def ablate(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, tokens_pe
             base_s - stp(frozenset({f})), stp(every - {f}) - full_s, before_s - stp(on), base_k - only_k))
     return {
         "metric": "savings of each fusion: layer time (µs, one KDA+MoE layer by default) and decode-step time (ms)",
-        "model": cfg.name, "hardware": hw.name, "kernel_set": hw.kernels, "tp": tp, "batch": batch, "tokens_per_seq": tokens_per_seq,
-        "context": context, "layer": layer, "draft_tokens": draft,
+        "model": cfg.name, "hardware": hw.name, "kernel_set": hw.kernels, "tp": tp, "batch": batch,
+        "tokens_per_seq": tokens_per_seq, "context": context, "layer": layer, "draft_tokens": draft,
         "standard": {"layer_us": round(base_l, 3), "step_ms": round(base_s, 4), "kernel_count": base_k},
         "specialized": {"layer_us": round(full_l, 3), "step_ms": round(full_s, 4), "kernel_count": full_k},
         "fusions": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(r).items()} for r in rows],

@@ -1,12 +1,10 @@
-"""The timeline's event loop, one draw, in plain Python: the rules of the timeline module docstring on arrays.
+"""The timeline's event loop, one draw, in plain Python: the rules and the event loop of the timeline module
+docstring (the one description of this loop, `lockstep`'s and `streams`'), read literally on arrays.
 
 `timeline.schedule` and `makespan_us` run it for a central value (a layer's ~70 events in ~2 ms), so
 `step` and `layer` run no compiled code (loading Numba's cached code cost ~0.75 s of a cold command).
-Faster forms keep these exact rules: `lockstep.simulate_plans` runs the N draws of the uncertainty
-sample, of several plans at once, in NumPy; `fastsim.simulate` is this loop compiled with Numba for
-sweeps, which schedule thousands of plans (`fastsim.run.py_func` is `run` here, STYLE item 14);
-and `fastsim.simulate_plans` runs a sweep's draws one (plan, draw) row at a time, compiled, on a state per
-stream (`streams.simulate_rows`); tests check they all agree on random plans.
+`fastsim.simulate` is this loop compiled with Numba for sweeps (`fastsim.run.py_func` is `run` here, STYLE
+item 14).
 
 Arrays, one entry per kernel (n kernels, µs and bytes):
     pred[n]        same-stream predecessor (-1: none)        deps[n, d]  cross-stream waits (-1 padded)

@@ -39,7 +39,7 @@ def simulate(*arrays):
 
 
 # without Numba's reference counts (NRT): every array a helper is passed, or a record view is taken of, costs
-# an atomic increment and decrement, and on a 2-vCPU Xeon VM (2026-12) those `lock inc/dec` were ~70 % of the
+# an atomic increment and decrement, and on a 2-vCPU Xeon VM those `lock inc/dec` were ~70 % of the
 # rows loop under `perf` (a 27-kernel layer ~11 µs a row with them, ~4 without). The loop allocates nothing
 # (`streams.simulate_plans` passes its scratch), which is what running without NRT requires.
 simulate_rows = njit(cache=True, _nrt=False)(streams.simulate_rows)

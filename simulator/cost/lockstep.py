@@ -1,11 +1,11 @@
 """The timeline's event loop in NumPy, vectorised over draws: every draw of a plan advances in lockstep.
 
-The rules are exactly those of `events.simulate` (readable form: the timeline module docstring): launch
-gaps, cross-stream waits, fluid sharing of HBM bandwidth, PDL prefetch. What differs is the axis. A plan's
-structure (`pred`, `deps`, bytes, prefetch targets) is the same in every draw of the uncertainty sample;
-only phase lengths and scalars vary. So one loop runs all N draws at once, and several plans side by side
-(`simulate_plans`: a row per (plan, draw)): each iteration every row settles what happens at its own
-`now`, then jumps to its own next event; a finished row stands still, and finished rows are dropped.
+The rules and the event loop are the timeline module docstring's (the one description of them, shared with
+`events` and `streams`). What differs is the axis. A plan's structure (`pred`, `deps`, bytes, prefetch
+targets) is the same in every draw of the uncertainty sample; only phase lengths and scalars vary. So one loop
+runs all N draws at once, and several plans side by side (`simulate_plans`: a row per (plan, draw)): each
+iteration every row settles what happens at its own `now`, then jumps to its own next event; a finished row
+stands still, and finished rows are dropped.
 
 A stream runs its kernels in order (`pred` is the previous kernel on the same stream), so at any moment
 a stream has one kernel of interest, its *current* one (the first not ended: waiting or running), and at
@@ -20,11 +20,9 @@ each. Sweeps schedule their draws with `fastsim.simulate_plans` too: the same fo
 (`streams`), compiled, ~3 µs a row against ~20 here, once Numba is loaded (~0.7 s), which a single command
 does not pay for. tests/test_lockstep.py holds this loop to `events.simulate` on random plans and draws.
 
-Settling at one `now` follows the plain loop's passes (kernels in index order, repeated until nothing changes):
-each pass first finishes the phases that ran out (A), then stops prefetches (B), then starts kernels and
-prefetches, repeated so that a kernel sees what an earlier one started in the same pass (C), as index
-order does; a kernel waits only on earlier ones, so this is the same fixed point reached the same way.
-"Not yet" is NaN (comparisons with it are false, and max propagates it: "not all inputs ended").
+Settling at one `now` takes the timeline docstring's passes A, B, C over the [S, R] state, C repeated so that
+a kernel sees what an earlier one started in the same pass, as index order does. "Not yet" is NaN (comparisons
+with it are false, and max propagates it: "not all inputs ended").
 
 Dimension legend: N draws, n kernels, S streams, w cross-stream waits per kernel (padded).
 """

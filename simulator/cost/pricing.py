@@ -151,8 +151,9 @@ def grouped_gemm_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, floa
 def launch_gap_us(kernel: Kernel, hw: HardwareProfile) -> float:
     """Idle time before the kernel in CUDA-graph replay. Without PDL: the launch gap. With PDL the kernel is
     launched early and hides the boundary only as far as it has independent work to start before its wait:
-    the weights the plan prefetches, and an attention kernel's cache or state (H200: a kernel that streams 8 MiB before its wait hides the whole
-    boundary, one that waits first only `pdl_dependent_hidden_us`, 0.34 µs; calibration/h200/pdl):
+    the weights the plan prefetches, and an attention kernel's cache or state (H200: a kernel that streams
+    8 MiB before its wait hides the whole boundary, one that waits first only `pdl_dependent_hidden_us`,
+    0.34 µs; calibration/h200/pdl):
 
         gap_pdl = max(launch_gap_pdl, gap - pdl_dependent_hidden - W_prefetch / (eta BW))"""
     if not kernel.pdl or (hw.kernel_set is not None and not hw.kernel_set.pdl):

@@ -204,11 +204,11 @@ def mla_decode_fused(
 
 
 def _flash_decode(q_lat: Array, q_pe: Array, cache: Array, length: int, scale: float, kv_tile: int) -> Array:
-    """One sequence, online softmax tile by tile: running max m, denominator l, numerator acc."""
+    """One sequence, online softmax tile by tile: running max m, denominator den, numerator acc."""
     T, N, L = q_lat.shape
     dtype = np.result_type(q_lat, q_pe, cache)
     m = np.full((T, N), -np.inf, dtype)  # [T, N]
-    l = np.zeros((T, N), dtype)  # [T, N]
+    den = np.zeros((T, N), dtype)  # [T, N]
     acc = np.zeros((T, N, L), dtype)  # [T, N, L]
     for s0 in range(0, length + T, kv_tile):
         tile = cache[s0 : min(s0 + kv_tile, length + T)]  # [S_t, L+R]
@@ -218,10 +218,10 @@ def _flash_decode(q_lat: Array, q_pe: Array, cache: Array, length: int, scale: f
         m_new = np.maximum(m, scores.max(axis=-1))  # finite from the first tile on (slot 0 is allowed)
         p = np.exp(scores - m_new[..., None])  # [T, N, S_t]
         rescale = np.exp(m - m_new)  # [T, N]; 0 on the first tile
-        l = l * rescale + p.sum(axis=-1)
+        den = den * rescale + p.sum(axis=-1)
         acc = acc * rescale[..., None] + p @ tile[:, :L]  # [T, N, L]
         m = m_new
-    return acc / l[..., None]  # [T, N, L]
+    return acc / den[..., None]  # [T, N, L]
 
 
 # ============================================================================ kernels of the plans

@@ -157,8 +157,8 @@ class Kernel:
         bytes, notes) share a hash and equality tells them apart."""
         cached = self.__dict__.get("_hash")
         if cached is None:
-            cached = hash((self.key, self.name, self.kind, self.family, self.impl, self.flops, self.math, self.stream, self.deps,
-                           self.collective, self.prefetch_bytes, self.pdl, self.ctas, self.ctas_per_sm,
+            cached = hash((self.key, self.name, self.kind, self.family, self.impl, self.flops, self.math, self.stream,
+                           self.deps, self.collective, self.prefetch_bytes, self.pdl, self.ctas, self.ctas_per_sm,
                            self.serial_steps, self.group_rows, self.floor, self.group_tokens, self.fusions,
                            self.replaces, self.scope, self.weight_bytes, self.read_bytes, self.write_bytes,
                            tuple(t.window for t in self.reads), tuple(t.window for t in self.writes)))

@@ -66,7 +66,8 @@ def kernels_markdown() -> str:
                        for lt in ("kda", "mla", "dense"))
     tp8 = len(standard.build(cfg, 8, DecodeShape(1, 1, 1024), "kda"))
     fusions = "\n".join(f"| `{name}` | {text} |" for name, text in FUSIONS.items())
-    fusions += "\n" + "\n".join(f"| `{name}` (what-if, off by default) | {text} |" for name, text in WHAT_IF_FUSIONS.items())
+    fusions += "\n" + "\n".join(f"| `{name}` (what-if, off by default) | {text} |"
+                                for name, text in WHAT_IF_FUSIONS.items())
     parts = [HEADER.format(counts=counts, tp8=tp8, fusions=fusions)]
     for (lt, variant), plan in plans.items():
         parts.append(f"## {lt.upper()} layer, {variant} ({len(plan)} kernels)\n\n{_plan_table(plan)}\n")

@@ -57,8 +57,8 @@ def _waterfalls(sc: Scenario, rows: list[dict[str, Any]], out: Path) -> list[Pat
         points.setdefault(_point_label(row, axes), []).append(row)
     for label, group in points.items():
         for level, unit, start in (("layer", "µs", "standard_layer_us"), ("step", "ms", "standard_step_ms")):
-            steps = [("standard", group[0][start])] + [(r["fusion"], -r[f"waterfall_{level}_{unit.replace('µs', 'us')}"])
-                                                       for r in group]
+            column = f"waterfall_{level}_{unit.replace('µs', 'us')}"
+            steps = [("standard", group[0][start])] + [(r["fusion"], -r[column]) for r in group]
             title = f"{sc.name} {label}: {level} time, standard -> specialized ({unit})"
             files += plots.plot_waterfall(steps, out, f"{sc.name}-{label}-{level}-waterfall", title, unit)
     return files

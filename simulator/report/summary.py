@@ -100,8 +100,8 @@ def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeSh
     sweep passes the compiled ones, `fastsim.makespan_us`)."""
     tls = layer_timelines(cfg, hw, tp, shape, layer_type, variant, fusions, makespan)
     doc: dict[str, Any] = {
-        "metric": LAYER_METRIC, "model": cfg.name, "hardware": hw.name, "kernel_set": hw.kernels, "tp": tp, "batch": shape.batch,
-        "tokens_per_seq": shape.tokens_per_seq, "tokens": shape.tokens, "context": shape.context,
+        "metric": LAYER_METRIC, "model": cfg.name, "hardware": hw.name, "kernel_set": hw.kernels, "tp": tp,
+        "batch": shape.batch, "tokens_per_seq": shape.tokens_per_seq, "tokens": shape.tokens, "context": shape.context,
         "layer": layer_type, "layer_index": representative_layer(cfg, layer_type),
         "fusions": sorted(fusions if fusions is not None else resolve_fusions()),
         **fit_keys(cfg, hw, tp, shape),
@@ -160,8 +160,8 @@ def step_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, batch: int, cont
                              routing, makespan) for v in variants_of(variant)}
     first = next(iter(ests.values()))
     doc: dict[str, Any] = {
-        "metric": STEP_METRIC, "model": cfg.name, "hardware": hw.name, "kernel_set": hw.kernels, "tp": tp, "batch": batch,
-        "context": context, "draft_tokens": draft_tokens, "acceptance_length": first.tokens_per_step,
+        "metric": STEP_METRIC, "model": cfg.name, "hardware": hw.name, "kernel_set": hw.kernels, "tp": tp,
+        "batch": batch, "context": context, "draft_tokens": draft_tokens, "acceptance_length": first.tokens_per_step,
         "drafter": drafter if draft_tokens else None,
         "speculation": {"draft_tokens": draft_tokens, "drafter": drafter if draft_tokens else None,
                         "acceptance_length": first.tokens_per_step, "assumption": assumption},

@@ -6,7 +6,6 @@ from typing import Any
 
 from rich.console import Console
 
-from simulator.cost.memory import shortfall
 from simulator.report.layout import console, show
 
 

@@ -92,7 +92,8 @@ def _closest(ranking: list[dict[str, Any]]) -> str:
         return (f"the closest engine is '{r['engine']}' (its layer matches {r['matched']} of its {r['plan_kernels']} "
                 f"plan kernels, fit {r['fit']:.2f}): try --engine {r['engine']}.")
     if not r["names_matched"]:
-        return f"no engine's patterns name any of its {r['names']:,} kernel names; pass --patterns with a table of your own."
+        return (f"no engine's patterns name any of its {r['names']:,} kernel names; "
+                "pass --patterns with a table of your own.")
     return (f"the closest engine is '{r['engine']}', whose patterns name {r['names_matched']} of the "
             f"{r['names']} kernel names; choose --engine or pass --patterns with a table of your own.")
 

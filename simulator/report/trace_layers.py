@@ -129,8 +129,8 @@ class NoMatch(UserError):
     """No layer of the trace matches the engine's patterns (the caller may name a closer engine)."""
 
 
-def best_layer(trace: KernelTrace, classify: Classifier,
-               left_out: Callable[[Signature], str | None] = lambda sig: None) -> tuple[LayerShape, dict[tuple[int, int], int]]:
+def best_layer(trace: KernelTrace, classify: Classifier, left_out: Callable[[Signature], str | None] = lambda sig: None
+               ) -> tuple[LayerShape, dict[tuple[int, int], int]]:
     """Over processes and signatures: the layer the plan matches best, then the most repeated. Signatures
     `left_out` gives a reason for (a prefill or mixed layer) and spans over MAX_LAYER_KERNELS (no layer
     boundary found: the alignment is O(n x plan)) are not candidates; of a trace with more processes than

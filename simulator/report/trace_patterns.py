@@ -72,7 +72,8 @@ def compile_pattern(pattern: str, source: Path, engine: str) -> re.Pattern[str]:
     try:
         return re.compile(text, re.IGNORECASE)
     except re.error as exc:
-        raise UserError(f"{source}: engine '{engine}' pattern '{short(pattern)}' is not a valid regex ({exc}).") from None
+        raise UserError(f"{source}: engine '{engine}' pattern '{short(pattern)}' is not a valid regex "
+                        f"({exc}).") from None
 
 
 def partial_plan(plan: Plan, keys: tuple[str, ...] | None) -> Plan:

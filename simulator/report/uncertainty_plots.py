@@ -1,9 +1,9 @@
 """The tornado chart of `moe-sim step --sensitivity --plot DIR`: which parameter widens the step interval.
 
-One panel per variant; one bar per uncertain parameter, from the step time expected with that parameter
-at its 5th percentile to the time at its 95th (a straight-line fit over the interval's draws,
-cost/sensitivity.py), sorted by share of variance, the largest on top. A vertical line marks the central step time; a shaded band the full 90 % interval of the draws,
-so a reader sees both what each parameter does alone and what they do together.
+One panel per variant; one bar per uncertain parameter, from the step time expected with that parameter at its 5th
+percentile to the time at its 95th (a straight-line fit over the interval's draws, cost/sensitivity.py), sorted by
+share of variance, the largest on top. A vertical line marks the central step time; a shaded band the full 90 %
+interval of the draws, so a reader sees both what each parameter does alone and what they do together.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def _tornado_figure(doc: Mapping[str, Any]) -> Figure:
         ax.axvspan(lo, hi, color="#0072B2", alpha=0.10, linewidth=0, label=f"{doc['interval']['level']:.0%} interval")
         for i, r in enumerate(ranking):
             left, right = sorted((r["low_ms"], r["high_ms"]))
-            ax.barh(i, right - left, left=left, height=0.6, color="#D55E00" if r["high_ms"] >= r["low_ms"] else "#009E73")
+            color = "#D55E00" if r["high_ms"] >= r["low_ms"] else "#009E73"
+            ax.barh(i, right - left, left=left, height=0.6, color=color)
             ax.text(right, i, f"  {100 * r['share']:.0f} %", va="center", fontsize=7, color=GREY)
         ax.axvline(central, color="#222222", linewidth=0.9, label=f"central {central:.3f} ms")
         ax.set_yticks(range(len(ranking)), [r["parameter"] for r in ranking], fontsize=7.5)

@@ -92,7 +92,8 @@ def _figure_validation(doc: Mapping[str, Any]) -> Figure:
         ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="#EEEEEE", zorder=0)
         ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured µs", ylabel="predicted µs")
         s = doc["by_family"][fam]
-        ax.set_title(f"{fam}\nheld back: median {s['median_abs_pct_error']:.1f} %, worst {s['worst_abs_pct_error']:.1f} %")
+        ax.set_title(f"{fam}\nheld back: median {s['median_abs_pct_error']:.1f} %, "
+                     f"worst {s['worst_abs_pct_error']:.1f} %")
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_minor_formatter(NullFormatter())
             axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -117,4 +118,5 @@ def print_calibration(doc: Mapping[str, Any], wide: bool = False) -> None:
         show(con, (title, "metric", "published", "model now", "error now %", "model refitted", "error refitted %"),
              [[r["figure"], r["metric"], f"{r['published']:g}", f"{r['model_now']:.2f}", f"{r['error_now_pct']:+.1f}",
                f"{r['model_fitted']:.2f}", f"{r['error_fitted_pct']:+.1f}"] for r in rows], key=2)
-    con.print(f"loss now {doc['loss_now']:.2e}, refitted {doc['loss_fitted']:.2e} ({doc['evaluations']} model evaluations)")
+    con.print(f"loss now {doc['loss_now']:.2e}, refitted {doc['loss_fitted']:.2e} "
+              f"({doc['evaluations']} model evaluations)")
