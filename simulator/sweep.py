@@ -58,7 +58,8 @@ def _interval_spec(interval: bool) -> Any:
 def _step_inputs(point: dict[str, Any]) -> tuple:
     """`step_report`'s leading arguments at a point: (cfg, hw, tp, batch, context, draft tokens, acceptance
     length, variant, drafter, fusions, routing)."""
-    return (_model(point["model"], point["precision"]), _hardware(point["hardware"], point["kernels"]), point["tp"], point["batch"],
+    return (_model(point["model"], point["precision"]), _hardware(point["hardware"], point["kernels"]), point["tp"],
+            point["batch"],
             point["context"], point["draft_tokens"], point["acceptance_length"], point["variant"], point["drafter"],
             _fusions(point), _routing(point))
 
@@ -112,7 +113,8 @@ def _schedule_step_draws(points: list[dict[str, Any]]) -> None:
 def _layer_rows(point: dict[str, Any], interval: bool = True) -> list[dict[str, Any]]:
     from simulator.cost.fastsim import makespan_us
     from simulator.report.summary import layer_report
-    doc = layer_report(_model(point["model"], point["precision"]), _hardware(point["hardware"], point["kernels"]), point["tp"],
+    doc = layer_report(_model(point["model"], point["precision"]), _hardware(point["hardware"], point["kernels"]),
+                       point["tp"],
                        _shape(point), point["layer"], point["variant"], _fusions(point), _interval_spec(interval),
                        makespan_us)
     return [{"variant": variant, "kernel_count": v["kernel_count"], "layer_us": v["layer_us"],

@@ -110,7 +110,8 @@ MINI_LAYER = [
 def torch_trace(layers: int = 4, graph: bool = False, gap_us: float = 2.0, **extra: object) -> dict:
     """A torch.profiler export_chrome_trace-shaped trace of `layers` mini layers on one stream."""
     events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "python"}},
-                          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1234, "tid": 1, "ts": 0.0, "dur": 3.0}]
+                          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1234, "tid": 1, "ts": 0.0,
+                           "dur": 3.0}]
     ts, corr = 1000.0, 1
     for layer in range(layers):
         for node, (name, dur) in enumerate(MINI_LAYER):
@@ -186,8 +187,10 @@ MALFORMED = {
     "not-json": ("this is not json", "not JSON"),
     "truncated": ('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1', "cut short"),
     "no-trace-events": ({"schemaVersion": 1}, "no traceEvents"),
-    "no-kernels": ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1}]}, "no GPU kernel"),
-    "unknown-names": ({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "mystery", "pid": 0, "tid": 7, "ts": 0, "dur": 1}]},
+    "no-kernels": ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1}]},
+                   "no GPU kernel"),
+    "unknown-names": ({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "mystery", "pid": 0, "tid": 7, "ts": 0,
+                                        "dur": 1}]},
                       "matches the"),
     "overlap": (_overlapping(), "lies inside"),
     "ns-declared": (torch_trace(otherData={"timeUnit": "ns"}), "declares its clock in ns"),

@@ -172,12 +172,14 @@ def test_h200_measured_decode_gemms():
     efficiency), and no measurement beats the bytes / peak-bandwidth floor."""
     from simulator.cost.pricing import price_kernel
     from simulator.plans.kernel import Kernel, Tensor
-    hw, measured_law = load_hardware("h200", "datasheet"), load_hardware("h200", "gpu-suite")  # the physics law; the fitted one
+    # the physics law; the fitted one
+    hw, measured_law = load_hardware("h200", "datasheet"), load_hardware("h200", "gpu-suite")
     rows = _measured_h200()
     assert len(rows) == 27 and {r["gpu"] for r in rows} == {"NVIDIA H200"}
     for r in rows:
         k, n, m, measured = int(r["K"]), int(r["N"]), int(r["M"]), float(r["us_per_kernel"])
-        gemm = Kernel("g", "g", "gemm", family="gemm", reads=(Tensor("x", (m, k), "bf16"),), writes=(Tensor("y", (m, n), "bf16"),),
+        gemm = Kernel("g", "g", "gemm", family="gemm", reads=(Tensor("x", (m, k), "bf16"),),
+                      writes=(Tensor("y", (m, n), "bf16"),),
                       weights=(Tensor("w", (k, n), "bf16"),), flops=2 * m * k * n)
         cost = price_kernel(gemm, hw)
         predicted = cost.launch_us + cost.duration_us
@@ -192,7 +194,8 @@ def test_h200_measured_decode_gemms():
     assert all(max(t) / min(t) < 1.2 for t in by_shape.values())  # memory-bound: flat from M = 1 to 64
 
 
-SHAPES = [DecodeShape(4, 1, 512), DecodeShape(3, 4, 77, RoutingStats(1.01, 0.5)), DecodeShape(1, 1, 9000, RoutingStats(0.5, 0.9))]
+SHAPES = [DecodeShape(4, 1, 512), DecodeShape(3, 4, 77, RoutingStats(1.01, 0.5)),
+          DecodeShape(1, 1, 9000, RoutingStats(0.5, 0.9))]
 
 
 @pytest.mark.parametrize("model", ["kimi-k3", "tiny-deepseek"])

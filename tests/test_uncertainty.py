@@ -138,7 +138,8 @@ def test_step_json_carries_the_intervals():
 
 
 def test_layer_json_and_table_carry_the_intervals():
-    doc = json.loads(runner.invoke(app, ["layer", "--json", "--draws", "100", "--hardware", "h200", "--tp", "8"]).output)
+    args = ["layer", "--json", "--draws", "100", "--hardware", "h200", "--tp", "8"]
+    doc = json.loads(runner.invoke(app, args).output)
     for v in doc["variants"].values():
         lo, hi = v["layer_us_interval"]
         assert lo < v["layer_us"] < hi
@@ -151,7 +152,8 @@ def test_layer_json_and_table_carry_the_intervals():
 
 
 def test_sensitivity_ranks_and_plots(tmp_path):
-    r = runner.invoke(app, ["step", "--json", "--sensitivity", "--plot", str(tmp_path), "--hardware", "h200", "--tp", "8"])
+    r = runner.invoke(app, ["step", "--json", "--sensitivity", "--plot", str(tmp_path), "--hardware", "h200",
+                            "--tp", "8"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     for panel in doc["sensitivity"]["variants"].values():

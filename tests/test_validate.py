@@ -115,7 +115,8 @@ def test_two_regime_fit_finds_the_protocol_switch():
 
 def features(row: dict, hw) -> dict:
     """The law's regressors of the kernel a (partial) measurement row describes."""
-    r = normalise({"plan_key": "kda_decode" if row["family"] == "kda" else "mla_decode", "tp": 8, "layer": row["family"],
+    r = normalise({"plan_key": "kda_decode" if row["family"] == "kda" else "mla_decode", "tp": 8,
+                   "layer": row["family"],
                    "impl": "triton" if row["family"] == "kda" else "triton_split_kv", "fmt": "fp8", **row})
     return laws.features(point_kernel(r), law_key(r), hw.sm_count, hw.l2_bytes)
 
@@ -217,7 +218,8 @@ def test_tiled_gemm_law_out_of_sample(monkeypatch):
     assert statistics.median(tiled.values()) <= 9.0 and max(tiled.values()) <= 40.0
     assert statistics.median(tiled.values()) < statistics.median(flat.values())
     with (DATA / "prereg_gemm_probe.csv").open(newline="") as f:  # the registered laws, before the run
-        differ = [r["id"] for r in csv.DictReader(f) if abs(float(r["law_after_us"]) / float(r["law_before_us"]) - 1) > 0.10]
+        differ = [r["id"] for r in csv.DictReader(f)
+                  if abs(float(r["law_after_us"]) / float(r["law_before_us"]) - 1) > 0.10]
     assert len(differ) >= 20
     assert statistics.median(tiled[i] for i in differ) < statistics.median(flat[i] for i in differ) - 5
     assert max(tiled[i] for i in differ) < max(flat[i] for i in differ)

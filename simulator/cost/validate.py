@@ -292,7 +292,8 @@ def refit(points: list[Point], hw: HardwareProfile | None = None) -> dict[str, F
     return fits
 
 
-def family_residuals(points: list[Point], fits: Mapping[str, Fit]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def family_residuals(points: list[Point], fits: Mapping[str, Fit]
+                     ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """log(measured / refit law) per family: the fitted half (sorted, each group's widened by sqrt(n / (n - p))
     for the p constants it spent) and the held-back half in grid order."""
     fitted: dict[str, list[float]] = {}
@@ -358,7 +359,8 @@ def kernel_set_of(folder: str | Path, hw: HardwareProfile) -> KernelSet:
         raise UserError(f"{path}: not valid TOML ({exc}).") from None
     points, fits = fitted_points(folder, hw)
     parts = root.resolve().parts  # calibration/h200[/production], from a clone or the installed package alike
-    label = "/".join(parts[len(parts) - 1 - parts[::-1].index("calibration"):] if "calibration" in parts else parts[-2:])
+    tail = parts[len(parts) - 1 - parts[::-1].index("calibration"):] if "calibration" in parts else parts[-2:]
+    label = "/".join(tail)
     ranks = sorted({p.row["P"] for p in points if p.row["family"] == "collective" and p.row["P"] > 1})
     fitted_res, held = family_residuals(points, fits)
     mapped = {n for names in (meta.get("impls") or {}).values() for n in names}

@@ -180,7 +180,8 @@ def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, sha
     eng = load_engine(engine, patterns)
     plan = plans(eng)
     timeline = schedule(plan, hw)
-    doc = {"trace": str(path), "engine": eng.name, "model": cfg.name, "hardware": hw.name, "kernel_set": hw.kernels, "tp": tp,
+    doc = {"trace": str(path), "engine": eng.name, "model": cfg.name, "hardware": hw.name, "kernel_set": hw.kernels,
+           "tp": tp,
            "batch": shape.batch, "tokens_per_seq": shape.tokens_per_seq, "context": shape.context,
            "layer": layer_type, "variant": plan.variant, "plan_keys": [k.key for k in plan]}
     if detected:

@@ -13,6 +13,7 @@ from rich.table import Column, Table
 
 from simulator.cost.timeline import Timeline
 from simulator.report.tables import _console
+from simulator.report.trace_reader import short
 
 
 def _name_column(header: str, names: list[str]) -> Column:
@@ -23,7 +24,6 @@ def _name_column(header: str, names: list[str]) -> Column:
 def _wrapped(header: str) -> Column:
     """A column of long kernel names: wrapped onto more lines at narrow widths, never cut."""
     return Column(header, overflow="fold", min_width=12)
-from simulator.report.trace_reader import short
 
 
 def print_compare(doc: dict[str, Any]) -> None:
@@ -37,7 +37,8 @@ def print_compare(doc: dict[str, Any]) -> None:
         con.print(_detected(doc["engine_detected"]))
     numbers = [Column(h, no_wrap=True, justify="right") for h in ("model", "meas.", "err %", "gaps")]
     table = Table(_name_column("plan kernel", [k["plan"] for k in doc["kernels"]]), _wrapped("measured kernel"),
-                  *numbers, title=f"{doc['layers_found']} layer(s) found; medians over layers; us; gaps: model / measured")
+                  *numbers,
+                  title=f"{doc['layers_found']} layer(s) found; medians over layers; us; gaps: model / measured")
     for k in doc["kernels"]:  # narrow enough for 80 columns: a long measured name wraps, no number is cut
         gaps = f"{_num(k['model_gap_us'], '.2f')} / {_num(k['measured_gap_us'], '.2f')}"
         table.add_row(k["plan"], escape(short_name(k["measured"])), f"{k['model_us']:.2f}", f"{k['measured_us']:.2f}",
@@ -105,7 +106,8 @@ def plot_compare(doc: dict[str, Any], timeline: Timeline, out: str | Path) -> li
     model = [{"key": s.key, "stream": s.stream, "kind": s.kind, "bound": s.bound, "start_us": s.start_us,
               "duration_us": s.duration_us} for s in timeline.spans]
     by_key = {s.key: s for s in timeline.spans}
-    measured = [{"key": k["plan"] or short_name(k["name"], 24), "stream": k["stream"], "start_us": k["start_us"] + shift,
+    measured = [{"key": k["plan"] or short_name(k["name"], 24), "stream": k["stream"],
+                 "start_us": k["start_us"] + shift,
                  "duration_us": k["duration_us"], "kind": by_key[k["plan"]].kind if k["plan"] else "unmatched",
                  "bound": by_key[k["plan"]].bound if k["plan"] else "unmatched"} for k in doc["measured_layer"]]
     end = shift + doc["makespan_us"]["measured"]
