@@ -95,11 +95,9 @@ def main() -> int:
         return 0
     import torch
     from harness import environment
-    from vllm_wheel import Wheel
-    try:
-        wheel = Wheel(args.wheel_dir, torch)
-    except (FileNotFoundError, OSError, RuntimeError) as exc:
-        print(f"--wheel-dir {args.wheel_dir}: cannot load vLLM's kernels ({exc}).", file=sys.stderr)
+    import vllm_wheel
+    wheel = vllm_wheel.load(args.wheel_dir, torch)
+    if wheel is None:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment(torch)

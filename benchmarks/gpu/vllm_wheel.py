@@ -118,23 +118,37 @@ def should_moe_wna16_use_cuda(*args):
 """
 
 
-def _fused_moe_module(folder: Path) -> types.ModuleType:
-    """FUSED_MOE_FUNCTIONS cut out of fused_moe.py (with their decorators) into a module file of their own,
-    beside FUSED_MOE_HEADER's stand-ins for the few names they use, and imported (Triton reads the source)."""
+def cut(path: Path, functions: tuple[str, ...], header: str, name: str) -> types.ModuleType:
+    """The named top-level functions of a Python source (with their decorators) cut into a module file of
+    their own after `header` (stand-ins for the few names they use), and imported (Triton reads the source)."""
     import ast
     import tempfile
-    source = (folder / "fused_moe.py").read_text()
+    source = path.read_text()
     lines = source.splitlines()
-    parts = [FUSED_MOE_HEADER]
+    parts = [header]
     for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef) and node.name in FUSED_MOE_FUNCTIONS:
+        if isinstance(node, ast.FunctionDef) and node.name in functions:
             start = min([d.lineno for d in node.decorator_list] + [node.lineno])
             parts.append("\n".join(lines[start - 1:node.end_lineno]) + "\n\n\n")
-    if len(parts) != 1 + len(FUSED_MOE_FUNCTIONS):
-        raise RuntimeError(f"{folder / 'fused_moe.py'}: not all of {FUSED_MOE_FUNCTIONS} found")
-    path = Path(tempfile.mkdtemp(prefix="vllm_fused_moe_")) / "vllm_fused_moe_kernel.py"
-    path.write_text("".join(parts))
-    return _source(path, "vllm_fused_moe_kernel")
+    if len(parts) != 1 + len(functions):
+        raise RuntimeError(f"{path}: not all of {functions} found")
+    out = Path(tempfile.mkdtemp(prefix="vllm_cut_")) / f"{name}.py"
+    out.write_text("".join(parts))
+    return _source(out, name)
+
+
+def _fused_moe_module(folder: Path) -> types.ModuleType:
+    """FUSED_MOE_FUNCTIONS cut out of fused_moe.py beside FUSED_MOE_HEADER's stand-ins."""
+    return cut(folder / "fused_moe.py", FUSED_MOE_FUNCTIONS, FUSED_MOE_HEADER, "vllm_fused_moe_kernel")
+
+
+def load(folder: Path, torch) -> "Wheel | None":
+    """Wheel(folder), or None after one sentence on stderr saying why the kernels cannot load."""
+    try:
+        return Wheel(folder, torch)
+    except (FileNotFoundError, OSError, RuntimeError) as exc:
+        print(f"--wheel-dir {folder}: cannot load vLLM's kernels ({exc}).", file=sys.stderr)
+        return None
 
 
 class Wheel:

@@ -1,0 +1,133 @@
+"""The whole-layer replays (issue 30, item 2): vLLM 0.33.0's Hopper kernels in the standard plan's order.
+
+tests/data/traces/vllm-h200-*.json.gz were captured by benchmarks/gpu/layer_replay.py on an H200 (the
+Kimi K3 KDA layer and the DeepSeek-V3 MLA layer at TP8, batch 1 / 8 / 64, 1 and 1 + 3 tokens per sequence,
+4 layers per CUDA graph, all-reduces left out); calibration/h200/production/layers/predictions.csv holds
+the model's makespans, committed before the run. These tests read only committed files: compare-trace
+matches every launch of every replay, and the errors the docs quote (comparison.csv) are the ones the
+traces and the pre-committed predictions give.
+"""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU = ROOT / "benchmarks" / "gpu"
+LAYERS_DIR = ROOT / "calibration" / "h200" / "production" / "layers"
+sys.path[:0] = [str(GPU)]
+
+import layer_table  # noqa: E402
+import predict_layers  # noqa: E402
+
+
+def _rows(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def table() -> list[dict]:
+    return layer_table.table(LAYERS_DIR / "predictions.csv", layer_table.TRACES, layer_table.PREFIX)
+
+
+def test_predictions_cover_every_replay_once():
+    names = [r["replay"] for r in _rows(LAYERS_DIR / "predictions.csv")]
+    want = [predict_layers.replay_name(m, b, t) for m, _ in predict_layers.LAYERS for b in predict_layers.BATCHES
+            for t in predict_layers.TOKENS]
+    assert sorted(names) == sorted(want) and len(want) == 12
+    for r in _rows(LAYERS_DIR / "predictions.csv"):  # the all-reduces, and only they, are left out
+        assert r["left_out"] == "attn_all_reduce;moe_all_reduce" and float(r["left_out_us"]) > 0
+
+
+def test_each_trace_is_the_replay_its_name_says():
+    for p in _rows(LAYERS_DIR / "predictions.csv"):
+        meta = layer_table.read_trace(layer_table.TRACES / f"vllm-h200-{p['replay']}.json.gz")["moeSimReplay"]
+        assert (meta["model"], meta["batch"], meta["tokens_per_seq"], meta["context"], meta["tp"]) == (
+            p["model"], int(p["batch"]), int(p["tokens_per_seq"]), int(p["context"]), int(p["tp"]))
+        assert meta["package"] == "vllm==0.33.0" and meta["layers"] == 4
+
+
+def test_compare_trace_matches_every_launch_of_every_replay(table):
+    for r in table:
+        assert r["matched"] == r["plan_kernels"] > 15, r["replay"]
+        assert r["unmatched_measured"] == 0 and r["unmatched_plan"] == 0, r["replay"]
+
+
+def test_engine_launches_the_plan_does_not_count_are_folded_into_their_plan_kernel():
+    """The router's top-k is followed by vLLM's two alignment launches wherever vLLM aligns (Marlin always),
+    fc1 by the activation, FlashMLA's decode by its combine: one plan kernel, several launches."""
+    from simulator.config import load_model
+    from simulator.hardware import load_hardware
+    from simulator.plans.kernel import DecodeShape
+    from simulator.report.trace_compare import compare_trace
+    for name, model, layer, b, t, want in (("kda-b8t1", "kimi-k3", "kda", 8, 1, {"topk": 3, "fc1": 2}),
+                                            ("mla-b8t4", "deepseek-v3", "mla", 8, 4,
+                                             {"topk": 3, "fc1": 2, "mla_decode": 2}),
+                                            ("mla-b1t1", "deepseek-v3", "mla", 1, 1, {"topk": 1, "mla_decode": 2})):
+        doc, _ = compare_trace(str(layer_table.TRACES / f"vllm-h200-{name}.json.gz"), load_model(model),
+                               load_hardware("h200", "vllm"), 8, DecodeShape(b, t, predict_layers.CONTEXT), layer,
+                               engine="vllm-h200", plan_keys=predict_layers.replay_keys(model, b, t))
+        launches = {r["plan"]: r["launches"] for r in doc["kernels"]}
+        assert {k: launches[k] for k in want} == want, name
+
+
+def test_committed_comparison_is_what_the_traces_and_predictions_give(table):
+    committed = {r["replay"]: r for r in _rows(LAYERS_DIR / "comparison.csv")}
+    assert set(committed) == {r["replay"] for r in table}
+    for r in table:
+        c = committed[r["replay"]]
+        assert float(c["predicted_us"]) == pytest.approx(r["predicted_us"])
+        assert float(c["measured_us"]) == pytest.approx(r["measured_us"], abs=1e-3)
+        assert float(c["error_pct"]) == pytest.approx((r["measured_us"] / r["predicted_us"] - 1) * 100, abs=0.01)
+
+
+def test_errors_against_the_precommitted_makespans(table):
+    """The figures calibration/h200/README.md records: 8 of 12 replays within 10 %; the four misses are
+    under-predictions, the largest at batch 1 of the KDA layer."""
+    errors = {r["replay"]: r["error_pct"] for r in table}
+    misses = {k: v for k, v in errors.items() if abs(v) > 10}
+    assert sorted(misses) == ["kda-b1t1", "kda-b1t4", "kda-b8t1", "mla-b8t4"]
+    assert all(v > 0 for v in misses.values()) and max(misses, key=misses.get) == "kda-b1t1"
+    assert errors["kda-b1t1"] > errors["kda-b8t1"] > errors["kda-b64t1"] > 0
+
+
+def test_every_replayed_layer_agrees_with_the_one_compare_trace_takes(table):
+    """compare-trace finds one of the four KDA layers (the graph put each on other stream ids); the median
+    over all four, cut by kernel count, is within 2 % of it for every replay."""
+    for r in table:
+        assert r["all_layers_us"] is not None
+        assert abs(r["all_layers_us"] / r["measured_us"] - 1) < 0.02, r["replay"]
+
+
+def test_repeat_on_a_fresh_machine_reproduces_the_makespans(table):
+    repeat = {r["replay"]: r for r in _rows(LAYERS_DIR / "repeat" / "comparison.csv")}
+    for r in table:
+        assert abs(float(repeat[r["replay"]]["measured_us"]) / r["measured_us"] - 1) < 0.03, r["replay"]
+
+
+def test_all_layers_makespan_refuses_runs_that_are_not_one_layer_each():
+    def doc(names: list[str], layers: int) -> dict:
+        events = [{"ph": "X", "name": n, "ts": 10.0 * i, "dur": 5.0} for i, n in enumerate(names)]
+        return {"moeSimReplay": {"layers": layers}, "traceEvents": events}
+
+    assert layer_table.all_layers_makespan(doc(["a", "b", "a", "b"], 2)) == pytest.approx(15.0)
+    assert layer_table.all_layers_makespan(doc(["a", "b", "b", "a"], 2)) == pytest.approx(15.0)
+    assert layer_table.all_layers_makespan(doc(["a", "b", "a", "c"], 2)) is None
+    assert layer_table.all_layers_makespan(doc(["a", "b", "a"], 2)) is None
+
+
+def test_layer_table_answers_a_missing_trace_in_one_sentence(tmp_path):
+    r = subprocess.run([sys.executable, str(GPU / "layer_table.py"), "--traces", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "no trace vllm-h200-" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_replay_and_prediction_scripts_without_a_gpu_say_so(tmp_path):
+    r = subprocess.run([sys.executable, str(GPU / "layer_replay.py"), "--wheel-dir", str(tmp_path), "--layer",
+                        "kda", "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert r.returncode == 0 and "nothing replayed" in r.stdout and not (tmp_path / "out").exists()
