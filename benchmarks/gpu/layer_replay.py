@@ -505,9 +505,8 @@ def main() -> int:
         return 2
     extra = load_extra(args.wheel_dir, torch)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"env_{args.layer}.json").write_text(json.dumps({**environment(torch), "package": wheel.version,
-                                                                  "loaded": {k: v is not None for k, v in extra.items()}},
-                                                                 indent=2))
+    env = {**environment(torch), "package": wheel.version, "loaded": {k: v is not None for k, v in extra.items()}}
+    (args.out / f"env_{args.layer}.json").write_text(json.dumps(env, indent=2))
     model = next(m for m, layer in LAYERS if layer == args.layer)
     warm_up(torch)
     with torch.inference_mode():
