@@ -353,13 +353,8 @@ def prefetch(addr: int) -> None:
 
 
 STREAM_AHEAD = 4096  # bytes ahead of an AVX-512 dot's current code line that it asks the cache for (and the
-# scales' line there): on the Xeon of 2026-12-01 the hardware prefetcher alone left the stream short of lines.
-# A C model of the float64 dot from DRAM on 2 cores: 10.0 -> 12.3 GB/s (1 KB ahead less, 2-8 KB the same); the
-# layer at batch 1, three turns each against the build without it (routed experts, best of 2 runs a turn):
-# bf16 median 7.5 -> 8.8 GB/s, best 7.6 -> 9.1; fp64 median 5.4 -> 6.4, best 6.4 -> 6.8. 2 KB until the
-# evening of 2026-12-01: rows of 7,168 weights streamed from DRAM (645 MB, 2 threads, 5 turns) read best
-# 16.4 / 17.0 / 16.4 GB/s at 2 / 4 / 8 KB (medians 13.7 / 15.3 / 15.0), and the layer (benchmarks/ab.py, 4
-# turns): fp64 1.07x (median) / 1.10x (best), bf16 1.11x / 1.27x in one run and 0.97x / 1.07x in the next
+# scales' line there): the hardware prefetcher alone leaves the stream short of lines; 2-8 KB measured alike
+# (docs/history/fast-path.md)
 
 
 def has_avx512() -> bool:
@@ -612,9 +607,8 @@ def e2m1_code(v):  # type: ignore[no-untyped-def]
     The grid's spacing is 0.5 below 2, 1 on [2, 4) and 2 from 4, so on each range the code is an offset plus
     |v| over the spacing rounded to the nearest integer, ties to even (`np.rint`, one vector instruction):
     2|v| (codes 0..4), 2 + |v| (4..6), 4 + |v|/2 (6..7, then the saturation). An even integer there is an
-    even code, so the ties go where ml_dtypes sends them. Scaling by 2, 1 and 1/2 is exact. It replaced
-    seven threshold comparisons summed, which LLVM vectorised poorly: 0.71-0.86 -> 0.38-0.43 ns a weight for
-    a strip's byte pairs on the Xeon of 2026-12-01, the same code for every finite float32 (checked once)."""
+    even code, so the ties go where ml_dtypes sends them. Scaling by 2, 1 and 1/2 is exact, and the one
+    rounding vectorises where seven threshold comparisons did not (docs/history/fast-path.md)."""
     a = abs(v)  # float32 constants: a float32 v stays float32 (twice the lanes of float64)
     step = np.float32(2.0) if a < 2 else (np.float32(1.0) if a < 4 else np.float32(0.5))
     base = np.float32(0.0) if a < 2 else (np.float32(2.0) if a < 4 else np.float32(4.0))
@@ -751,13 +745,11 @@ def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16], ahead: int | None = None
     [M, tile] accumulators, so y sums over k in order, however the columns are split.
 
     A decode projection's shard is K rows of a few hundred bytes each, one row stride (a whole weight's row,
-    7-24 KB for K3) apart: every row is in a page of its own, where the hardware prefetchers do not follow, so
-    each row's lines were waited for in turn. And a row of a strided view is an 'A'-layout slice, which Numba
-    does not vectorise. The form until 2026-12-01 (512-column tiles on the threads, rows sliced from the view)
-    read these shards at 0.7-2.2 GB/s in the batch-1 layer on that day's Xeon. Each row is now read through
+    7-24 KB for K3) apart: every row is in a page of its own, where the hardware prefetchers do not follow, and
+    a row of a strided view is an 'A'-layout slice, which Numba does not vectorise. So each row is read through
     its address (a contiguous array: vectorised), and the row `ahead` bytes of rows on (BF16_AHEAD unless
-    given; 0: none) is asked for while this one is multiplied: 5.6-19 GB/s (medians over shapes and runs;
-    1.8-8.6 without the prefetch, benchmarks/bf16_gemv.py). Same bits as before: the same loop body."""
+    given; 0: none) is asked for while this one is multiplied (benchmarks/bf16_gemv.py measures both;
+    docs/history/fast-path.md)."""
     if x.ndim != 2 or bits.ndim != 2 or x.shape[1] != bits.shape[0]:  # the rows are read by address: no bounds
         raise ValueError(f"bf16_matmul: x {x.shape} and W {bits.shape} do not multiply")
     ahead = BF16_AHEAD if ahead is None else ahead
@@ -775,11 +767,10 @@ def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16], ahead: int | None = None
 
 BF16_TILE = 512  # output columns per tile: [M, 512] float64 accumulators are 4 KB a token row
 BF16_SPLIT = 32  # the threads' column ranges are multiples of this many columns: 64 bytes of a bf16 row
-BF16_AHEAD = 4096  # bytes of rows ahead of the current one that the bf16 GEMM asks the cache for: at 2, 4 and
-# 8 KB the shards of benchmarks/bf16_gemv.py read 5.6-19 GB/s (medians, three runs; 4 KB best or within noise),
-# without 1.8-8.6 (Xeon, 2026-12-01)
-BF16_PARALLEL_BYTES = 512 << 10  # smaller weights run on one thread: two gained 1.07-1.11x at 128-448 KB and
-# 1.19-1.51x from 896 KB (K3-like shards [K, 32-256], medians of 5 turns, Xeon, 2026-12-01)
+BF16_AHEAD = 4096  # bytes of rows ahead of the current one that the bf16 GEMM asks the cache for: 4 KB read best
+# or within noise of 2 and 8 KB (benchmarks/bf16_gemv.py; docs/history/fast-path.md)
+BF16_PARALLEL_BYTES = 512 << 10  # smaller weights run on one thread (two threads gained 1.07-1.11x at 128-448 KB,
+# 1.19-1.51x from 896 KB on K3-like shards; docs/history/fast-path.md)
 
 
 @njit(parallel=True, cache=True)

@@ -359,12 +359,11 @@ def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, x0, nbytes):  # ty
     256-bit step into lanes 0-7, a 16-byte tail (one block) as half of one into lanes 8-15; then the halves
     are added and the 8 lanes summed by a fixed tree.
 
-    Per 128 weights: 4 `vpermw` + 3 shifts + 4 `vdpbf16ps` + the scale. `vdpbf16ps` issues ~0.5 a cycle
-    whatever its width on the Xeon of 2026-12-01 (and Zen 4 splits a 512-bit one in two), so this form does
-    twice the products an issue of the 256-bit one it replaced, and the same arithmetic lane by lane: the
-    same bits (each lane sums the same products in the same order). An instruction-mix loop on that Xeon
-    with the data in L1: 5.2 ns per 128 weights against 4.5 per 64 before. `vdpbf16ps` treats subnormal
-    inputs and results as zero (x below 2^-126, or a partial sum of such terms, which the float path keeps)."""
+    Per 128 weights: 4 `vpermw` + 3 shifts + 4 `vdpbf16ps` + the scale. `vdpbf16ps` issues at about the same
+    rate whatever its width on the CPUs measured (docs/history/fast-path.md), so two 256-bit steps run as one
+    512-bit instruction: the same products summed in the same order lane by lane, the same bits. `vdpbf16ps`
+    treats subnormal inputs and results as zero (x below 2^-126, or a partial sum of such terms, which the
+    float path keeps)."""
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         i1, i8, i16, i32, i64, f32 = (ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64),
                                       ir.FloatType())
