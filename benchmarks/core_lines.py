@@ -65,7 +65,8 @@ def main(argv: list[str]) -> int:
         counts = classify(path.read_text(encoding="utf-8"))
         for k in KINDS:
             total[k] += counts[k]
-        print(f"{str(path.relative_to(ROOT)):40} {sum(counts.values()):6d} " + " ".join(f"{counts[k]:9d}" for k in KINDS))
+        row = " ".join(f"{counts[k]:9d}" for k in KINDS)
+        print(f"{str(path.relative_to(ROOT)):40} {sum(counts.values()):6d} {row}")
     lines = sum(total.values())
     print(f"{'total':40} {lines:6d} " + " ".join(f"{total[k]:9d}" for k in KINDS))
     print(f"metric: physical lines (code + docstrings + comments + blank lines) of the core, {lines:,} against a "

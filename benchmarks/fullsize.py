@@ -244,8 +244,8 @@ def timed_experts(plan: Plan, clock: dict[str, float], weights: LayerWeights) ->
         if hasattr(op, "over_ranks"):
             run.over_ranks = wrap(op.over_ranks, name)  # type: ignore[attr-defined]
         return run
-    return replace(plan, kernels=tuple(replace(k, op=wrap(REPLACEMENTS.get(k.op, k.op), k.name)) if k.kind == "moe" else k
-                                       for k in plan.kernels))
+    return replace(plan, kernels=tuple(replace(k, op=wrap(REPLACEMENTS.get(k.op, k.op), k.name))
+                                       if k.kind == "moe" else k for k in plan.kernels))
 
 
 @contextmanager

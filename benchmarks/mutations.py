@@ -123,7 +123,7 @@ MUTATIONS = [
              "    if not kernel.pdl:", "kernels of a set without PDL still hide their launch gap"),
     Mutation("fast_rms_norm_differs", "simulator/fast/kernels.py", "        inv = 1 / np.sqrt(ss / D + eps)",
              "        inv = 1 / np.sqrt(ss / (D - 1) + eps)",
-             "the fast backend's RMSNorm (a registered replacement) divides by D - 1: it differs from ops.norm.rms_norm"),
+             "the fast backend's RMSNorm (a registered replacement) divides by D - 1, unlike ops.norm.rms_norm"),
 ]
 
 

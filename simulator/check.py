@@ -259,7 +259,8 @@ def guard_memory(cfg: ModelConfig, which: str, tp: int, shape: DecodeShape) -> i
 
 def run_check(cfg: ModelConfig, which: str, tp: int, shape: DecodeShape, precision: str, seed: int = 0,
               all_reduce: str = "one_shot", backend: str = DEFAULT_BACKEND) -> list[LayerCheck]:
-    return [check_layer(cfg, t, tp, shape, precision, seed, all_reduce, backend=backend) for t in layer_types(cfg, which)]
+    return [check_layer(cfg, t, tp, shape, precision, seed, all_reduce, backend=backend)
+            for t in layer_types(cfg, which)]
 
 
 def report_json(checks: list[LayerCheck], precision: str, cfg: ModelConfig, tp: int, shape: DecodeShape) -> dict:

@@ -66,7 +66,8 @@ class Backend:
         float array; None: the float array."""
         return None
 
-    def experts(self, weights: LayerWeights, names: tuple[str, ...], shards: tuple[str, ...], rank: Rank) -> ExpertFn | None:
+    def experts(self, weights: LayerWeights, names: tuple[str, ...], shards: tuple[str, ...],
+                rank: Rank) -> ExpertFn | None:
         """e -> rank's shards of expert e's parts `names`; None: float arrays from the weight store."""
         return None
 

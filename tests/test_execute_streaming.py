@@ -1,7 +1,7 @@
 """Expert-major execution on the fast backend (fast.experts.run_streamed, weights.stream_experts): the
-touched experts stream a chunk at a time and every rank runs its groups of a chunk before the next is drawn. It must compute
-what one call per rank computes, bit for bit, and draw each touched expert part once per pass however
-small the expert cache is (a rank-major pass drew what did not fit once per rank)."""
+touched experts stream a chunk at a time and every rank runs its groups of a chunk before the next is
+drawn. It must compute what one call per rank computes, bit for bit, and draw each touched expert part
+once per pass however small the expert cache is (a rank-major pass drew what did not fit once per rank)."""
 
 import numpy as np
 import pytest

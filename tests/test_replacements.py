@@ -76,7 +76,8 @@ def _fc(name):  # type: ignore[no-untyped-def]
 
 # op -> (op's arguments, replacement's arguments) for random small inputs of a dtype: one per registered op
 EXAMPLES = {norm.rms_norm: _rms_norm, norm.attn_res_mix: _attn_res_mix, router.top_order: _top_order,
-            experts.expert_fc1: _fc("fc1"), experts.expert_fc2: _fc("fc2"), experts.expert_fc2_finalize: _fc("fc2_finalize")}
+            experts.expert_fc1: _fc("fc1"), experts.expert_fc2: _fc("fc2"),
+            experts.expert_fc2_finalize: _fc("fc2_finalize")}
 
 
 def _compare(op, replacement, op_args, fast_args, dtype):  # type: ignore[no-untyped-def]
@@ -144,7 +145,8 @@ def _fast_imports(path: Path) -> list[str]:
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         names = ([node.module] + [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom)
                  and node.module else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-        found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n == "simulator.fast" or n.startswith("simulator.fast.")]
+        found += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                  if n == "simulator.fast" or n.startswith("simulator.fast.")]
     return found
 
 

@@ -43,7 +43,7 @@ class FastBackend:
 
     def run_ranks(self, kernel: Kernel, ranks: list[Any], weights: LayerWeights, args: list[list[Any]],
                   consts: dict[str, Any]) -> list[Any]:
-        """A routed-expert op streamed over the chunks of the touched experts, on all ranks; any other op once per rank."""
+        """A routed-expert op streamed over the touched experts' chunks on all ranks; any other op once a rank."""
         parts, op = routed_parts(kernel), self.replacements.get(kernel.op, kernel.op)
         if not parts or not hasattr(op, "over_ranks"):  # streams: the routed-expert ops of fast/experts.py
             return [kernel.op(*a, **consts) for a in args]

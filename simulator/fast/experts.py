@@ -63,7 +63,8 @@ def expert_fc2(h: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, *,
 def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array, expert: ExpertFn, *,
                         only: Collection[int] | None = None, out: Array | None = None) -> Array:
     """`ops.experts.expert_fc2_finalize`, streamable: the adds into a token's row run in expert order
-    (`kernels.scale_add_rows`, sequential), so chunked calls add in the single call's order.   [M, k, F/P] -> [M, Din]"""
+    (`kernels.scale_add_rows`, sequential), so chunked calls add in the single call's order.
+    [M, k, F/P] -> [M, Din]"""
     return expert_fc2_finalize_ranks([h], [topk_idx], [topk_weight], [expert], only=only, outs=[out])[0]
 
 

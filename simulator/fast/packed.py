@@ -83,7 +83,8 @@ class MXFP4Weight:
                 or self.scale_bits.strides[1] != 1:
             return None
         codes, scales = self.codes.__array_interface__["data"][0], self.scale_bits.__array_interface__["data"][0]
-        return (codes + self.k0 // 2, self.codes.strides[0], scales + self.k0 // MX_BLOCK, self.scale_bits.strides[0], k // 2)
+        return (codes + self.k0 // 2, self.codes.strides[0], scales + self.k0 // MX_BLOCK, self.scale_bits.strides[0],
+                k // 2)
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ def grouped_matmul(xs: list[Array], groups: list[tuple[npt.NDArray[np.int64], tu
     bits = [b.view(f"u{b.itemsize}") for b in blocks]
     shared = np.array([r > 0 and np.array_equal(b, bits[0]) for r, b in enumerate(bits)])  # replicated
     kept = [b for b, s in zip(blocks, shared) if not s]  # [used rows, K] each
-    x = kernels.permute_x(np.stack(kept, axis=1).reshape(-1, kept[0].shape[1]))  # row-major: a row's blocks side by side
+    x = kernels.permute_x(np.stack(kept, axis=1).reshape(-1, kept[0].shape[1]))  # row-major: a row's blocks together
     block = np.where(shared, 0, np.cumsum(~shared) - 1)  # each rank's block of x
     tokens = (tokens[None, :] * len(kept) + block[:, None]).ravel()  # y's rows: rank, group, row
     y = kernels.mxfp4_grouped(x, tokens, np.stack(table, axis=1).reshape(-1, 5),
@@ -226,4 +227,5 @@ def mxfp4_weight_reference(x: Array, w: MXFP4Weight) -> Array:
     whatever the thread count. No BLAS: a GEMV split over OpenBLAS threads contended with the weight store's
     and Numba's for the two cores.   [M, K] -> [M, N] float64"""
     k0, k1 = w.k0, w.k0 + w.shape[0]
-    return kernels.mxfp4_reference_matmul(x, w.codes[:, k0 // 2:k1 // 2], w.scale_bits[:, k0 // MX_BLOCK:k1 // MX_BLOCK])
+    return kernels.mxfp4_reference_matmul(x, w.codes[:, k0 // 2:k1 // 2],
+                                          w.scale_bits[:, k0 // MX_BLOCK:k1 // MX_BLOCK])
