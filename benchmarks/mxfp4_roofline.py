@@ -21,7 +21,7 @@ check's batch 1), each figure the median of 7, in GB/s of packed bytes (codes + 
   2026-12-02, bf16 on 2 threads: 7-11 GB/s through grouped_matmul, 14.6 the call alone).
 
 Half the copy bandwidth needs decode >= copy / 2 before any multiply; the gap between decode and matmul is
-the dot product and the per-row overhead. The grouped kernel's roof is its own arithmetic (fast.py's
+the dot product and the per-row overhead. The grouped kernel's roof is its own arithmetic (kernels.py's
 napkin math): the part is 5.5 MB, so after the first pass it is read from the 48 MB L3, and these figures
 are the compute roof, above what the layer's streaming from memory reaches.
 """

@@ -1,4 +1,4 @@
-"""Numba kernels (simulator/fast.py) == their .py_func == the NumPy forms they replace (STYLE 14-18).
+"""Numba kernels (simulator/fast/kernels.py) == their .py_func == the NumPy forms they replace (STYLE 14-18).
 
 Integer outputs (codes, scale bits, top-k indices, bf16 widening) are compared exactly; float outputs
 with the per-dtype tolerance of tests/numerics.py, reference as `desired`.

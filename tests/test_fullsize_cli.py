@@ -64,7 +64,7 @@ def _fullsize_module():
 
 
 def test_timed_grouped_calls_times_the_grouped_products_and_puts_them_back():
-    """Inside `timed_grouped_calls`, the grouped products that ops/linear.grouped_matmul runs are timed into
+    """Inside `timed_grouped_calls`, the grouped products that fast/packed.grouped_matmul runs are timed into
     clock["calls"] (on AVX-512 hosts, where it runs them) and return what they would; after the block, even
     one left by an error, `fast.mxfp4_grouped` is the library's own again."""
     import numpy as np
