@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from fullsize import call_seconds  # benchmarks/ is the script's folder, first on sys.path
-from simulator import fast, rng
+from simulator.fast import kernels as fast, rng
 from simulator.config import load_model
 from simulator.weights import LayerWeights, _seed
 

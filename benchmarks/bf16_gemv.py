@@ -32,7 +32,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fullsize import copy_gbps, read_gbps  # noqa: E402
 
-from simulator import fast, jit  # noqa: E402
+from simulator import jit  # noqa: E402
+from simulator.fast import kernels as fast  # noqa: E402
 from simulator.weights import column_shard, row_shard  # noqa: E402
 
 TP = 16

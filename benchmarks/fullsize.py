@@ -79,11 +79,12 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from simulator import fast
 from simulator.check import _output_errors, _state_errors, check_layer, make_inputs
 from simulator.config import load_model
 from simulator.dtypes import Precision
 from simulator.execute import run_plan
+from simulator.fast import kernels as fast
+from simulator.fast.replacements import REPLACEMENTS
 from simulator.plans import specialized, standard
 from simulator.plans.common import make_dims
 from simulator.plans.kernel import DecodeShape, Plan
@@ -188,7 +189,7 @@ def compile_kernels(layer: str, precision: str) -> dict[str, Any]:
     """The tiny model's check of this layer type at this precision: every kernel compiled for the dtypes
     the timed run uses (or loaded from the disk cache), so no compile lands in a timed path."""
     t0 = time.perf_counter()
-    check_layer(load_model("tiny-k3"), layer, 4, DecodeShape(2, 1, 4), precision)
+    check_layer(load_model("tiny-k3"), layer, 4, DecodeShape(2, 1, 4), precision, backend="fast")
     warm_parallel_forms(precision)
     seconds = time.perf_counter() - t0
     dispatchers = [v for v in vars(fast).values() if isinstance(v, numba.core.registry.CPUDispatcher)]
@@ -205,7 +206,7 @@ def warm_parallel_forms(precision: str) -> None:
     on a whole and on a column-sliced weight, and the grouped MXFP4 product at the precision's activations
     (bf16: bfloat16 values)."""
     from simulator.dtypes import round_bf16
-    from simulator.ops.linear import MXFP4Weight, grouped_matmul
+    from simulator.fast.packed import MXFP4Weight, grouped_matmul
     dtype = np.float64 if precision == "fp64" else np.float32
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 64)).astype(dtype)
@@ -229,9 +230,9 @@ def layer_weight_names(cfg: Any, layer_type: str) -> list[str]:
 
 
 def timed_experts(plan: Plan, clock: dict[str, float], weights: LayerWeights) -> Plan:
-    """The plan with its routed-expert kernels' ops timed: the per-rank op and its all-ranks form (the one
-    the executor calls, ops/experts.py), into clock["s"] and clock[kernel name]; the expert drawing the
-    streaming does between calls is outside them, and any drawing inside them is taken out."""
+    """The plan with its routed-expert kernels' ops, the fast backend's replacements, timed: the per-rank op and
+    its all-ranks form (the one the executor calls, fast/experts.py), into clock["s"] and clock[kernel name];
+    the expert drawing the streaming does between calls is outside them, and any drawing inside them is taken out."""
     def wrap(op: Callable[..., Any], name: str) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
             g0, t0 = weights.generate_s, time.perf_counter()
@@ -243,13 +244,13 @@ def timed_experts(plan: Plan, clock: dict[str, float], weights: LayerWeights) ->
         if hasattr(op, "over_ranks"):
             run.over_ranks = wrap(op.over_ranks, name)  # type: ignore[attr-defined]
         return run
-    return replace(plan, kernels=tuple(replace(k, op=wrap(k.op, k.name)) if k.kind == "moe" else k
-                                       for k in plan.kernels))
+    return replace(plan, kernels=tuple(replace(k, op=wrap(REPLACEMENTS.get(k.op, k.op), k.name))
+                                       if k.kind == "moe" else k for k in plan.kernels))
 
 
 @contextmanager
 def grouped_calls(on_call: Callable[[tuple[Any, ...], float], None]) -> Iterator[None]:
-    """`fast.mxfp4_grouped` (the grouped products the expert ops call through ops/linear.grouped_matmul, which
+    """`fast.mxfp4_grouped` (the grouped products the expert ops call through fast/packed.grouped_matmul, which
     looks it up on the module at each call) replaced while inside by a wrapper that hands on_call each call's
     arguments and seconds; put back after, also on an error."""
     grouped = fast.mxfp4_grouped
@@ -310,7 +311,7 @@ def run(batch: int, layer: str, tp: int, precision: str, seed: int, cache_gb: fl
                 reads.append(PEAK.leave_out(read_gbps))
             g0, t0 = weights.generate_s, time.perf_counter()
             with timed_grouped_calls(clock) if name == "specialized" else nullcontext():
-                out, new_state, _ = run_plan(plan, d, weights, io, state, prec)
+                out, new_state, _ = run_plan(plan, d, weights, io, state, prec, backend="fast")
             wall.setdefault(name, []).append(time.perf_counter() - t0 - (weights.generate_s - g0))
             draw[name] = draw.get(name, 0.0) + weights.generate_s - g0
             rss[name] = peak_rss_gb()

@@ -131,6 +131,9 @@ MUTATIONS = [
     Mutation("law_pdl_ignored", "simulator/cost/pricing.py",
              "    if not kernel.pdl or (hw.kernel_set is not None and not hw.kernel_set.pdl):",
              "    if not kernel.pdl:", "kernels of a set without PDL still hide their launch gap"),
+    Mutation("fast_rms_norm_differs", "simulator/fast/kernels.py", "        inv = 1 / np.sqrt(ss / D + eps)",
+             "        inv = 1 / np.sqrt(ss / (D - 1) + eps)",
+             "the fast backend's RMSNorm (a registered replacement) divides by D - 1, unlike ops.norm.rms_norm"),
 ]
 
 

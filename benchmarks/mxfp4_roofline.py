@@ -21,7 +21,7 @@ check's batch 1), each figure the median of 7, in GB/s of packed bytes (codes + 
   2026-12-02, bf16 on 2 threads: 7-11 GB/s through grouped_matmul, 14.6 the call alone).
 
 Half the copy bandwidth needs decode >= copy / 2 before any multiply; the gap between decode and matmul is
-the dot product and the per-row overhead. The grouped kernel's roof is its own arithmetic (fast.py's
+the dot product and the per-row overhead. The grouped kernel's roof is its own arithmetic (kernels.py's
 napkin math): the part is 5.5 MB, so after the first pass it is read from the 48 MB L3, and these figures
 are the compute roof, above what the layer's streaming from memory reaches.
 """
@@ -39,7 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fullsize import call_seconds, copy_gbps, grouped_calls, read_gbps  # noqa: E402
 
-from simulator import fast  # noqa: E402
+from simulator.fast import kernels as fast  # noqa: E402
 
 GB = 1e9
 
@@ -78,7 +78,7 @@ def _decode_pairs(packed, pairs, sink):  # type: ignore[no-untyped-def]
 def grouped_figures(rng, codes, bits, down_codes, down_bits, part, threads):  # type: ignore[no-untyped-def]
     """GB/s of `fast.mxfp4_grouped` (packed bytes read): the whole part, and a down part's 16 row shards."""
     from simulator.dtypes import round_bf16
-    from simulator.ops.linear import MXFP4Weight, grouped_matmul
+    from simulator.fast.packed import MXFP4Weight, grouped_matmul
     if not fast.has_avx512():  # grouped_matmul declines (returns None): timing it would time nothing
         return {"grouped": "skipped: no AVX-512 on this host (the plans run shard by shard)"}
     whole, down = MXFP4Weight(codes, bits), MXFP4Weight(down_codes, down_bits)

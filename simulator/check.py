@@ -31,7 +31,7 @@ import numpy as np
 from simulator.config import ModelConfig
 from simulator.dtypes import Precision
 from simulator.errors import UserError
-from simulator.execute import run_plan
+from simulator.execute import DEFAULT_BACKEND, run_plan
 from simulator.plans.builders import BUILDERS
 from simulator.plans.common import Dims, make_dims
 from simulator.plans.kernel import DecodeShape
@@ -98,7 +98,7 @@ def make_inputs(cfg: ModelConfig, d: Dims, rng: np.random.Generator) -> tuple[La
 
 def check_layer(cfg: ModelConfig, layer_type: str, tp: int, shape: DecodeShape, precision: str,
                 seed: int = 0, all_reduce: str = "one_shot", layer: int | None = None,
-                weights: LayerWeights | None = None) -> LayerCheck:
+                weights: LayerWeights | None = None, backend: str = DEFAULT_BACKEND) -> LayerCheck:
     prec = Precision(precision)
     d = make_dims(cfg, tp, shape, layer, layer_type)
     plans = {name: build(cfg, tp, shape, layer_type, d.layer) for name, build in BUILDERS.items()}
@@ -109,7 +109,7 @@ def check_layer(cfg: ModelConfig, layer_type: str, tp: int, shape: DecodeShape, 
     ref_io, ref_state, ref_diag = reference_layer(cfg, d.layer, d.shape, weights, io, state)
     result = LayerCheck(layer_type, d.layer)
     for name, plan in plans.items():
-        out, new_state, diag = run_plan(plan, d, weights, io, state, prec, all_reduce)
+        out, new_state, diag = run_plan(plan, d, weights, io, state, prec, all_reduce, backend)
         flips = _flips(ref_diag, diag, d.shape.tokens)
         keep = np.ones(d.M, dtype=bool)
         keep[[f["token"] for f in flips]] = False
@@ -259,8 +259,9 @@ def guard_memory(cfg: ModelConfig, which: str, tp: int, shape: DecodeShape) -> i
 
 
 def run_check(cfg: ModelConfig, which: str, tp: int, shape: DecodeShape, precision: str, seed: int = 0,
-              all_reduce: str = "one_shot") -> list[LayerCheck]:
-    return [check_layer(cfg, t, tp, shape, precision, seed, all_reduce) for t in layer_types(cfg, which)]
+              all_reduce: str = "one_shot", backend: str = DEFAULT_BACKEND) -> list[LayerCheck]:
+    return [check_layer(cfg, t, tp, shape, precision, seed, all_reduce, backend=backend)
+            for t in layer_types(cfg, which)]
 
 
 def report_json(checks: list[LayerCheck], precision: str, cfg: ModelConfig, tp: int, shape: DecodeShape) -> dict:

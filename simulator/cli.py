@@ -7,6 +7,7 @@ Every command prints a human table by default and one JSON document with `--json
 from __future__ import annotations
 
 import json
+import os
 import sys
 from enum import Enum
 from typing import Annotated, Any, Callable, Optional
@@ -86,6 +87,9 @@ def check(
     precision: Annotated[PrecisionChoice, typer.Option("--precision", case_sensitive=False, help="fp64 proves the algebra; bf16 is GPU-faithful.")] = PrecisionChoice.fp64,
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights, inputs and state.")] = 0,
     all_reduce: Annotated[str, typer.Option("--all-reduce", help="Reduction order: one_shot, two_shot or ring.")] = "one_shot",
+    backend: Annotated[Optional[str], typer.Option("--backend", help=(
+        "How the plans' ops run: numpy (their NumPy forms, the definitions) or fast (compiled replacements and "
+        "packed weights); default: $MOE_SIM_KERNELS, else fast."))] = None,
     as_json: JsonOpt = False,
     wide: WideOpt = False,
 ) -> None:
@@ -103,11 +107,12 @@ def check(
         check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context, seed=seed)
         if all_reduce.lower() not in ("one_shot", "two_shot", "ring"):
             raise UserError(f"--all-reduce '{all_reduce}' is not one of one_shot, two_shot, ring.")
+        runs_on = _backend(backend)
         cfg = load_model(model)
         shape = DecodeShape(batch, tokens_per_seq, context)
         validate_tp(cfg, tp)  # a layout that cannot shard is the first thing to say, before its memory
         need = guard_memory(cfg, layer.value, tp, shape)  # before any weight is generated
-        checks = run_check(cfg, layer.value, tp, shape, precision.value, seed, all_reduce.lower())
+        checks = run_check(cfg, layer.value, tp, shape, precision.value, seed, all_reduce.lower(), runs_on)
         return report_json(checks, precision.value, cfg, tp, shape) | {"memory_estimate_gb": round(need / 1e9, 2)}
 
     doc = _guard(body)
@@ -117,6 +122,18 @@ def check(
         from simulator.report.tables import print_check
         print_check(doc, wide)
     raise typer.Exit(0 if doc["passed"] else 1)
+
+
+def _backend(flag: str | None) -> str:
+    """--backend, else the MOE_SIM_KERNELS environment variable ("numba" is its old name for fast), else fast;
+    an unknown name is one sentence (exit 2)."""
+    from simulator.execute import BACKENDS
+    env = os.environ.get("MOE_SIM_KERNELS")
+    name = flag if flag is not None else {"numba": "fast"}.get(env, env) if env else "fast"
+    if name not in BACKENDS:
+        where = "--backend" if flag is not None else "MOE_SIM_KERNELS"
+        raise UserError(f"{where} '{name}' is not a backend: choose one of {', '.join(BACKENDS)}.")
+    return name
 
 
 HardwareOpt = Annotated[str, typer.Option("--hardware", help="GPU profile name (see `moe-sim list hardware`) or path to a .toml profile.")]

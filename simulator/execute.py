@@ -6,14 +6,17 @@ streams, since every cross-stream dependency points backwards). For each kernel 
 1. fetches exactly the declared tensors: `reads` from the rank's buffers (a `window` reads a slice),
    `weights` from the layer's weight specification, each part sharded as declared (only the shard is
    converted from its held bf16 to the compute dtype) and packed in order; routed experts come as a
-   function e -> the declared parts of expert e's shard, MXFP4 experts as packed views
-   (`ops.linear.MXFP4Weight`: `x @ W` runs the dequantize-and-multiply kernel, no float copy) when the
-   Numba kernels are on, float arrays otherwise;
+   function e -> the declared parts of expert e's shard;
 2. checks every fetched tensor against its declared per-rank shape (and integer vs float dtype);
 3. calls the op, once per rank or once over all ranks for a collective, with the declared consts;
 4. checks the outputs' number and shapes against the declared `writes`, rounds each to its storage
    format (that is where the standard plan's extra intermediate roundings happen and the specialized
    plan's fused kernels skip them) and stores it.
+
+The backend says how the ops run: "numpy" (`Backend`, here) calls each op's NumPy form on float weights;
+"fast" (simulator/fast/backend.py) runs the ops' registered compiled replacements, hands packed weights
+(MXFP4 codes, bf16 bits) to the ops that only multiply by them, and streams the routed experts a chunk at
+a time. Both compute the same functions; the NumPy forms are the definitions.
 
 Anything undeclared fails: a read of a buffer that does not exist, a weight part missing from the
 specification, an output the kernel did not declare. Inputs are replicated on every rank; per-rank
@@ -23,15 +26,15 @@ state (KDA recurrent state and conv history) is sharded by head; the MLA latent 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import ml_dtypes
 import numpy as np
 
-from simulator import fast
 from simulator.dtypes import Array, Precision
-from simulator.ops.experts import ExpertFn, PackedExperts
-from simulator.ops.linear import BF16Weight
+from simulator.errors import UserError
+from simulator.ops.experts import ExpertFn
+from simulator.ops.replaceable import replacing
 from simulator.plans.common import Dims
 from simulator.plans.kernel import EXPERT, Kernel, Plan, RunOption, Tensor
 from simulator.state import LayerIO, LayerState, shard_state, unshard_state
@@ -47,8 +50,41 @@ class Rank:
     buf: dict[str, Any] = field(default_factory=dict)
 
 
-# kinds whose 2-D weights their op only multiplies by: the fast path may hand them bf16 columns
-MATMUL_ONLY_KINDS = ("gemm", "gemm_collective", "router")
+BACKENDS = ("numpy", "fast")
+DEFAULT_BACKEND = "fast"  # the NumPy forms define the ops; the fast backend runs a full-size layer in seconds
+
+
+class Backend:
+    """How the ops run: this one ("numpy") calls each op's NumPy form on float weights, one call per rank.
+    The fast backend (simulator/fast/backend.py) has the same members."""
+
+    name = "numpy"
+    replacements: Mapping[Callable[..., Any], Callable[..., Any]] = {}  # op -> what runs in its place
+
+    def matmul_weight(self, kind: str, held: list[np.ndarray], axis: int, dtype: type) -> Any | None:
+        """What a kernel of `kind` gets for the held parts of a weight (packed along `axis`) in place of a
+        float array; None: the float array."""
+        return None
+
+    def experts(self, weights: LayerWeights, names: tuple[str, ...], shards: tuple[str, ...],
+                rank: Rank) -> ExpertFn | None:
+        """e -> rank's shards of expert e's parts `names`; None: float arrays from the weight store."""
+        return None
+
+    def run_ranks(self, kernel: Kernel, ranks: list[Rank], weights: LayerWeights, args: list[list[Any]],
+                  consts: dict[str, Any]) -> list[Any]:
+        """A rank-scoped kernel's op on every rank: args[r] are rank r's arguments."""
+        return [kernel.op(*a, **consts) for a in args]
+
+
+def make_backend(name: str) -> Any:
+    """The backend called `name` (BACKENDS)."""
+    if name == "fast":
+        from simulator.fast.backend import FastBackend  # the annex: imported only when asked for
+        return FastBackend()
+    if name != "numpy":
+        raise UserError(f"unknown backend '{name}': choose one of {', '.join(BACKENDS)}.")
+    return Backend()
 
 
 class BindingError(AssertionError):
@@ -56,15 +92,18 @@ class BindingError(AssertionError):
 
 
 def run_plan(plan: Plan, dims: Dims, weights: LayerWeights, io: LayerIO, state: LayerState,
-             prec: Precision, all_reduce: str = "one_shot") -> tuple[LayerIO, LayerState, dict[str, Any]]:
-    """Execute `plan`; return the outgoing stream, the new state and rank 0's diagnostics."""
+             prec: Precision, all_reduce: str = "one_shot", backend: str = DEFAULT_BACKEND,
+             ) -> tuple[LayerIO, LayerState, dict[str, Any]]:
+    """Execute `plan` on `backend` (BACKENDS); return the outgoing stream, the new state and rank 0's diagnostics."""
+    runner = make_backend(backend)
     ranks = [Rank(r, plan.tp) for r in range(plan.tp)]
     for rank, st in zip(ranks, shard_state(state, plan.tp)):
         rank.buf.update(_initial_buffers(io, dims.boundary, prec))
         rank.buf.update({k: np.asarray(v, dtype=prec.dtype) if v.dtype.kind == "f" else v for k, v in st.items()})
     options = {"all_reduce": all_reduce, "store_bf16": lambda x: prec.store(x, "bf16")}
-    for kernel in plan.kernels:
-        run_kernel(kernel, ranks, weights, prec, options)
+    with replacing(runner.replacements):
+        for kernel in plan.kernels:
+            run_kernel(kernel, ranks, weights, prec, options, runner)
     _check_replicated(ranks, ("prefix", "moe_out"))
     buf = ranks[0].buf
     out = LayerIO(prefix=buf["prefix"], delta=buf["moe_out"],
@@ -77,17 +116,16 @@ def run_plan(plan: Plan, dims: Dims, weights: LayerWeights, io: LayerIO, state: 
 
 
 def run_kernel(kernel: Kernel, ranks: list[Rank], weights: LayerWeights, prec: Precision,
-               options: dict[str, Any]) -> None:
+               options: dict[str, Any], runner: Backend | None = None) -> None:
     """Fetch, check, call, check, store: one kernel on every rank."""
     if kernel.op is None:
         raise BindingError(f"kernel '{kernel.key}' names no op")
     consts = {k: options[v.name] if isinstance(v, RunOption) else v for k, v in kernel.consts}
-    args = [[_read(kernel, rank, t) for t in kernel.reads] + [_weight(kernel, rank, weights, prec, t)
+    runner = runner or Backend()
+    args = [[_read(kernel, rank, t) for t in kernel.reads] + [_weight(kernel, rank, weights, prec, t, runner)
                                                                 for t in kernel.weights] for rank in ranks]
-    if kernel.scope == "rank" and _routed_parts(kernel):
-        outs = [_outputs(kernel, out) for out in _expert_major(kernel, ranks, weights, args, consts)]
-    elif kernel.scope == "rank":
-        outs = [_outputs(kernel, kernel.op(*a, **consts)) for a in args]
+    if kernel.scope == "rank":
+        outs = [_outputs(kernel, out) for out in runner.run_ranks(kernel, ranks, weights, args, consts)]
     else:
         per_output = _outputs(kernel, kernel.op(*[list(col) for col in zip(*args)], **consts))
         if any(len(o) != len(ranks) for o in per_output):
@@ -98,30 +136,6 @@ def run_kernel(kernel: Kernel, ranks: list[Rank], weights: LayerWeights, prec: P
             _store(kernel, rank, t, prec.store(value, t.dtype))
         for name, value in zip(kernel.diagnostics, out[len(kernel.writes):]):
             rank.buf[f"diag.{name}"] = value
-
-
-def _routed_parts(kernel: Kernel) -> list[str]:
-    """The routed-expert parts ("w_gate", ...) a kernel's weights declare; none for other kernels."""
-    return [name[len(EXPERT):] for t in kernel.weights for name, _ in (t.parts or ((t.name, "full"),))
-            if name.startswith(EXPERT)]
-
-
-def _expert_major(kernel: Kernel, ranks: list[Rank], weights: LayerWeights, args: list[list[Any]],
-                  consts: dict[str, Any]) -> list[Any]:
-    """A routed-expert kernel on every rank, expert-major: the touched experts stream a chunk at a time
-    (each chunk's parts drawn once, on all cores) and every rank runs its groups of the chunk before the
-    next chunk is drawn. Each rank's op continues its own output (`only` / `out`, ops/experts.py), so
-    the result is one call per rank's, bit for bit, while memory holds one chunk of experts, not all."""
-    idx = [ranks[0].buf[t.name] for t in kernel.reads if t.dtype == "int32"]  # topk.idx, the same on every rank
-    touched = np.unique(idx[0]) if idx else np.empty(0, np.int64)
-    outs: list[Any] = [None] * len(ranks)
-    over_ranks = getattr(kernel.op, "over_ranks", None)  # the op on every rank in one call (ops/experts.py)
-    for chunk in weights.stream_experts(touched, _routed_parts(kernel)):
-        if over_ranks is not None:
-            outs = over_ranks(*[list(col) for col in zip(*args)], **consts, only=chunk, outs=outs)
-        else:
-            outs = [kernel.op(*a, **consts, only=chunk, out=out) for a, out in zip(args, outs)]
-    return outs
 
 
 def _outputs(kernel: Kernel, result: Any) -> tuple[Any, ...]:
@@ -170,27 +184,21 @@ def _shard(w: Array, shard: str, rank: Rank) -> Array:
     return row_shard(w, rank.r, rank.tp) if shard == "row" else w
 
 
-def _weight(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, t: Tensor) -> Any:
+def _weight(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, t: Tensor, runner: Backend) -> Any:
     """The declared weight: its spec parts, sharded, packed; for routed experts a function of e."""
     parts = t.parts or ((t.name, "full"),)
     if parts[0][0].startswith(EXPERT):
-        return _expert_weights(kernel, rank, weights, prec, t, parts)
+        return _expert_weights(kernel, rank, weights, prec, t, parts, runner)
     for name, _ in parts:
         weight_spec(weights.cfg, name)  # KeyError for a name the specification does not hold
     held = [weights.shard(name, None, shard, rank.r, rank.tp) for name, shard in parts]
-    if kernel.kind in MATMUL_ONLY_KINDS and fast.numba_enabled() and _bf16_columns(held, t.pack_axis):
-        value = BF16Weight(tuple(h.view(np.uint16) for h in held), np.dtype(prec.dtype))  # x @ W reads the bits
-    elif len(held) > 1 or parts[0][1] != "full":
+    value = runner.matmul_weight(kernel.kind, held, t.pack_axis, prec.dtype)
+    if value is None and (len(held) > 1 or parts[0][1] != "full"):
         value = widen(held[0] if len(held) == 1 else _pack(held, t.pack_axis), prec.dtype)
-    else:
+    elif value is None:
         value = weights.get(parts[0][0], prec.dtype)  # a replicated weight: one copy the ranks share
     _check(kernel, t, value, "is handed weight")
     return value
-
-
-def _bf16_columns(held: list[np.ndarray], axis: int) -> bool:
-    """bf16 matrices packed side by side (or one): a GEMM operand `BF16Weight` can multiply in place."""
-    return all(h.ndim == 2 and h.dtype == ml_dtypes.bfloat16 for h in held) and (len(held) == 1 or axis in (1, -1))
 
 
 def _pack(held: list[np.ndarray], axis: int) -> np.ndarray:
@@ -202,19 +210,18 @@ def _pack(held: list[np.ndarray], axis: int) -> np.ndarray:
 
 
 def _expert_weights(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, t: Tensor,
-                    parts: tuple[tuple[str, str], ...]) -> ExpertFn:
-    """e -> the declared parts of expert e's shard: packed views (`PackedExperts`) when the experts are packed and
-    the Numba kernels on, float arrays otherwise. Every expert's parts have the specification's shapes, so the
-    shard is checked against the declared per-expert shape once, not per expert."""
+                    parts: tuple[tuple[str, str], ...], runner: Backend) -> ExpertFn:
+    """e -> the declared parts of expert e's shard: the backend's (packed views on "fast"), else float arrays.
+    Every expert's parts have the specification's shapes, so the shard is checked against the declared
+    per-expert shape once, not per expert."""
     names, shards = tuple(name[len(EXPERT):] for name, _ in parts), tuple(shard for _, shard in parts)
     got = [shard_shape(weight_spec(weights.cfg, f"expert.0.{name}")[0], shard, rank.tp) for name, shard in zip(names, shards)]
     shape = list(got[0])
     shape[t.pack_axis] = sum(g[t.pack_axis] for g in got)
     if tuple(shape) != (t.unpadded or t.shape)[1:]:
         raise BindingError(f"kernel '{kernel.key}' is handed experts as {tuple(shape)}, declared {(t.unpadded or t.shape)[1:]}")
-    if weights.packs_experts and fast.numba_enabled():
-        return PackedExperts(weights.expert_part, names, shards, rank.r, rank.tp)
-    return lambda e: tuple(_shard(weights.get(f"expert.{e}.{name}", prec.dtype), shard, rank)
+    fn = runner.experts(weights, names, shards, rank)
+    return fn if fn is not None else lambda e: tuple(_shard(weights.get(f"expert.{e}.{name}", prec.dtype), shard, rank)
                            for name, shard in zip(names, shards))
 
 

@@ -25,7 +25,7 @@ from simulator.config import ModelConfig
 from simulator.ops import experts as ex
 from simulator.ops import kda as kda_ops
 from simulator.ops import mla as mla_ops
-from simulator.ops.linear import BF16Weight, MXFP4Weight
+from simulator.fast.packed import BF16Weight, MXFP4Weight
 from simulator.ops.norm import attn_res_mix_reference, rms_norm_reference
 from simulator.ops.pointwise import sigmoid
 from simulator.ops.router import Routing, route_reference

@@ -5,7 +5,7 @@ Every tensor is drawn from its own stream, `SeedSequence([seed, layer, crc32(nam
 values do not depend on which other tensors were generated first. That is what lets the routed
 experts be lazy: a full-size Kimi K3 layer at batch 1 generates only the k selected experts
 (16 x 17.5 MB in MXFP4 instead of 896 of them), regenerate one that was evicted, and stream the
-442 a batch of 64 touches a chunk at a time in any order. Routed experts are drawn by rng.py (NumPy's
+442 a batch of 64 touches a chunk at a time in any order. Routed experts are drawn by fast/rng.py (NumPy's
 PCG64 and ziggurat in Numba: the same numbers, 3-5x as fast, packed as they are drawn), the dense weights
 by the same kernel a chunk at a time (rng.NormalStream).
 
@@ -35,7 +35,7 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from simulator import fast, rng
+from simulator.fast import kernels, rng
 from simulator.config import ModelConfig
 from simulator.dtypes import Array, round_bf16, round_fp8, round_mxfp4
 
@@ -65,9 +65,10 @@ def _quantize(w: Array, fmt: str) -> Array:
 
 
 def widen(w: np.ndarray, dtype: type) -> Array:
-    """A float copy of a held weight (or a shard view of it); bf16 bits are widened exactly."""
-    if w.dtype == ml_dtypes.bfloat16 and fast.numba_enabled():
-        return fast.bf16_to(w.view(np.uint16), dtype)
+    """A float copy of a held weight (or a shard view of it); bf16 bits are widened exactly (in one compiled
+    pass: NumPy's cast of the custom dtype goes element by element)."""
+    if w.dtype == ml_dtypes.bfloat16:
+        return kernels.bf16_to(w.view(np.uint16), dtype)
     return w.astype(dtype)
 
 
@@ -166,7 +167,7 @@ class LayerWeights:
         def make() -> Array:
             if not self.packs_experts:
                 return self._make(f"expert.{e}.{part}").astype(dtype)
-            return fast.mxfp4_dequantize_t(*self.expert_part(e, part), dtype)
+            return kernels.mxfp4_dequantize_t(*self.expert_part(e, part), dtype)
         return self._copies.get((f"expert.{e}.{part}", np.dtype(dtype).name), make, _array_bytes)
 
     def expert_part(self, e: int, part: str) -> Packed:

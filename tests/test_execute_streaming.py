@@ -1,7 +1,7 @@
-"""Expert-major execution (execute._expert_major, weights.stream_experts): the touched experts stream a
-chunk at a time and every rank runs its groups of a chunk before the next is drawn. It must compute
-what one call per rank computes, bit for bit, and draw each touched expert part once per pass however
-small the expert cache is (a rank-major pass drew what did not fit once per rank)."""
+"""Expert-major execution on the fast backend (fast.experts.run_streamed, weights.stream_experts): the
+touched experts stream a chunk at a time and every rank runs its groups of a chunk before the next is
+drawn. It must compute what one call per rank computes, bit for bit, and draw each touched expert part
+once per pass however small the expert cache is (a rank-major pass drew what did not fit once per rank)."""
 
 import numpy as np
 import pytest
@@ -9,6 +9,7 @@ import pytest
 from simulator.check import make_inputs
 from simulator.dtypes import Precision
 from simulator.execute import run_plan
+from simulator.fast import experts as fx
 from simulator.ops import experts as ex
 from simulator.ops.router import route_reference
 from simulator.plans import specialized, standard
@@ -36,13 +37,17 @@ def test_chunked_grouped_ops_equal_one_call(tiny, m, dtype):
     weight = r.topk_weight.astype(dtype)
     expert = lambda e: tuple(t.astype(dtype) for t in w.expert(e))  # noqa: E731
     gate_up, down = (lambda e: expert(e)[:2]), (lambda e: expert(e)[2:])
-    h = ex.expert_fc1(z, r.topk_idx, gate_up, tiny)
-    whole = {"fc1": h, "fc2": ex.expert_fc2(h, r.topk_idx, down),
-             "fc2_finalize": ex.expert_fc2_finalize(h, r.topk_idx, weight, down),
+    h = fx.expert_fc1(z, r.topk_idx, gate_up, tiny)
+    whole = {"fc1": h, "fc2": fx.expert_fc2(h, r.topk_idx, down),
+             "fc2_finalize": fx.expert_fc2_finalize(h, r.topk_idx, weight, down),
              "outputs_reference": ex.expert_outputs_reference(z, r.topk_idx, expert, tiny)}
-    calls = {"fc1": lambda c, o: ex.expert_fc1(z, r.topk_idx, gate_up, tiny, only=c, out=o),
-             "fc2": lambda c, o: ex.expert_fc2(h, r.topk_idx, down, only=c, out=o),
-             "fc2_finalize": lambda c, o: ex.expert_fc2_finalize(h, r.topk_idx, weight, down, only=c, out=o),
+    numpy_forms = {"fc1": ex.expert_fc1(z, r.topk_idx, gate_up, tiny), "fc2": ex.expert_fc2(h, r.topk_idx, down),
+                   "fc2_finalize": ex.expert_fc2_finalize(h, r.topk_idx, weight, down)}
+    for name, value in numpy_forms.items():  # on float experts the replacement is the op, bit for bit
+        np.testing.assert_array_equal(whole[name], value, err_msg=name)
+    calls = {"fc1": lambda c, o: fx.expert_fc1(z, r.topk_idx, gate_up, tiny, only=c, out=o),
+             "fc2": lambda c, o: fx.expert_fc2(h, r.topk_idx, down, only=c, out=o),
+             "fc2_finalize": lambda c, o: fx.expert_fc2_finalize(h, r.topk_idx, weight, down, only=c, out=o),
              "outputs_reference": lambda c, o: ex.expert_outputs_reference(z, r.topk_idx, expert, tiny, only=c, out=o)}
     for name, call in calls.items():
         out = None
@@ -54,12 +59,11 @@ def test_chunked_grouped_ops_equal_one_call(tiny, m, dtype):
 
 @pytest.mark.parametrize("layer", ["kda", "mla"])
 @pytest.mark.parametrize("precision", ["fp64", "bf16"])
-@pytest.mark.parametrize("backend", ["numba", "numpy"])
-def test_streamed_layer_equals_one_chunk_bit_for_bit(tiny, layer, precision, backend, monkeypatch):
+@pytest.mark.parametrize("backend", ["fast", "numpy"])
+def test_streamed_layer_equals_one_chunk_bit_for_bit(tiny, layer, precision, backend):
     """One expert per chunk and a cache of one part against one chunk holding every expert: the same
-    bits out of all three paths, and each touched part drawn once per pass in the streamed run, with
-    the Numba kernels and with the NumPy forms (which ask the weight store for float copies)."""
-    monkeypatch.setenv("MOE_SIM_KERNELS", backend)
+    bits out of all three paths, and on the fast backend each touched part drawn once per pass in the
+    streamed run (the NumPy backend calls each op once per rank and asks the weight store for float copies)."""
     shape = DecodeShape(5, 1, 6)
     d = make_dims(tiny, 4, shape, None, layer)
     io, state = make_inputs(tiny, d, np.random.default_rng(7))
@@ -73,8 +77,9 @@ def test_streamed_layer_equals_one_chunk_bit_for_bit(tiny, layer, precision, bac
         outs = [ref_io]
         for build in (standard.build, specialized.build):
             made = w.expert_generations
-            out, _, _ = run_plan(build(tiny, 4, shape, layer, d.layer), d, w, io, state, Precision(precision))
-            assert w.expert_generations - made <= touched * len(PARTS)  # not once per rank
+            out, _, _ = run_plan(build(tiny, 4, shape, layer, d.layer), d, w, io, state, Precision(precision),
+                                 backend=backend)
+            assert backend == "numpy" or w.expert_generations - made <= touched * len(PARTS)  # not once per rank
             outs.append(out)
         results.append(outs)
     for streamed, whole in zip(*results):
@@ -88,23 +93,23 @@ def test_executor_runs_a_chunk_of_a_grouped_op_on_all_ranks_in_one_compiled_call
     widened so that each rank's shard holds whole 32-blocks: L = 64, F/P = 128/4)."""
     from dataclasses import replace
 
-    from simulator import fast
-    if not fast.has_avx512() or not fast.numba_enabled():
-        pytest.skip("the grouped kernel runs on AVX-512 hosts with the Numba kernels on")
+    from simulator.fast import kernels as fast
+    if not fast.has_avx512():
+        pytest.skip("the grouped kernel runs on AVX-512 hosts")
     calls, grouped = [], fast.mxfp4_grouped
     monkeypatch.setattr(fast, "mxfp4_grouped", lambda *a: calls.append(len(a[1])) or grouped(*a))
     cfg, shape = replace(tiny, latent_dim=64, moe_intermediate=128), DecodeShape(5, 1, 6)
     d = make_dims(cfg, 4, shape, None, "kda")
     io, state = make_inputs(cfg, d, np.random.default_rng(7))
     _, _, diag = run_plan(specialized.build(cfg, 4, shape, "kda", d.layer), d, LayerWeights(cfg, d.layer, 7), io,
-                          state, Precision("bf16"))
+                          state, Precision("bf16"), backend="fast")
     assert calls == [4 * diag["topk_idx"].size] * 2  # every rank's (token, slot) rows, in one call per op
 
 
 def test_reference_rows_together_equal_rows_alone(tiny):
     """The reference runs the rows that chose an expert together; on packed experts each row is still its
     own product with each dequantized chunk, so every row has the bits of the token-by-token form."""
-    from simulator.ops.linear import MXFP4Weight
+    from simulator.fast.packed import MXFP4Weight
     w = LayerWeights(tiny, 1, 3)
     rng = np.random.default_rng(3)
     z = rng.standard_normal((6, tiny.expert_in_dim))
@@ -124,9 +129,9 @@ def test_grouped_ops_over_all_ranks_equal_each_rank_alone(tiny, dtype, avx512, m
     the grouped kernel, and with the shard-by-shard fallback of hosts without AVX-512. bfloat16: float32
     activations holding bfloat16 values (the W4A16 path), which the grouped kernel multiplies with the bf16
     dot where the host has one."""
-    from simulator import fast
+    from simulator.fast import kernels as fast
     from simulator.dtypes import round_bf16
-    from simulator.ops.linear import MXFP4Weight
+    from simulator.fast.packed import MXFP4Weight
     if avx512 and not fast.has_avx512():
         pytest.skip("no AVX-512 on this host")
     monkeypatch.setattr(fast, "has_avx512", lambda: avx512)
@@ -146,20 +151,20 @@ def test_grouped_ops_over_all_ranks_equal_each_rank_alone(tiny, dtype, avx512, m
 
     def shards(r, names, form=None):  # type: ignore[no-untyped-def]
         if form is None:  # as the executor hands them: the all-ranks forms build every rank's table at once
-            return ex.PackedExperts(part, names, tuple(how[p] for p in names), r, tp)
+            return fx.PackedExperts(part, names, tuple(how[p] for p in names), r, tp)
         return lambda e: tuple(form(MXFP4Weight(*packed[(e, p)]).shard(how[p], r, tp)) for p in names)
     dense = lambda w: np.asarray(w, np.float64).astype(dtype)  # noqa: E731
-    hs = ex.expert_fc1.over_ranks(zs, [topk_idx] * tp, [shards(r, ("gate", "up")) for r in range(tp)], tiny)
+    hs = fx.expert_fc1.over_ranks(zs, [topk_idx] * tp, [shards(r, ("gate", "up")) for r in range(tp)], tiny)
     for r in range(tp):
-        np.testing.assert_array_equal(hs[r], ex.expert_fc1(zs[r], topk_idx, shards(r, ("gate", "up")), tiny))
-        assert_close(hs[r], ex.expert_fc1(zs[r], topk_idx, shards(r, ("gate", "up"), dense), tiny), dtype)
+        np.testing.assert_array_equal(hs[r], fx.expert_fc1(zs[r], topk_idx, shards(r, ("gate", "up")), tiny))
+        assert_close(hs[r], fx.expert_fc1(zs[r], topk_idx, shards(r, ("gate", "up"), dense), tiny), dtype)
     hs = [values(h) for h in hs]  # bfloat16: FC1 writes its output as bfloat16
     downs = [shards(r, ("down",)) for r in range(tp)]
     for name, ranks_form, one in (
-            ("fc2", lambda: ex.expert_fc2.over_ranks(hs, [topk_idx] * tp, downs),
-             lambda r, d: ex.expert_fc2(hs[r], topk_idx, d)),
-            ("fc2_finalize", lambda: ex.expert_fc2_finalize.over_ranks(hs, [topk_idx] * tp, [weight] * tp, downs),
-             lambda r, d: ex.expert_fc2_finalize(hs[r], topk_idx, weight, d))):
+            ("fc2", lambda: fx.expert_fc2.over_ranks(hs, [topk_idx] * tp, downs),
+             lambda r, d: fx.expert_fc2(hs[r], topk_idx, d)),
+            ("fc2_finalize", lambda: fx.expert_fc2_finalize.over_ranks(hs, [topk_idx] * tp, [weight] * tp, downs),
+             lambda r, d: fx.expert_fc2_finalize(hs[r], topk_idx, weight, d))):
         together = ranks_form()
         for r in range(tp):
             np.testing.assert_array_equal(together[r], one(r, downs[r]), err_msg=name)

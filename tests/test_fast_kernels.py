@@ -1,4 +1,4 @@
-"""Numba kernels (simulator/fast.py) == their .py_func == the NumPy forms they replace (STYLE 14-18).
+"""Numba kernels (simulator/fast/kernels.py) == their .py_func == the NumPy forms they replace (STYLE 14-18).
 
 Integer outputs (codes, scale bits, top-k indices, bf16 widening) are compared exactly; float outputs
 with the per-dtype tolerance of tests/numerics.py, reference as `desired`.
@@ -9,10 +9,14 @@ import numba
 import numpy as np
 import pytest
 
-from simulator import fast
+from simulator.fast import kernels as fast
 from simulator.dtypes import mxfp4_dequantize, mxfp4_quantize, round_bf16
+from simulator.errors import UserError
+from simulator.execute import make_backend
 from simulator.ops import norm
-from simulator.ops.linear import BF16Weight, MXFP4Weight, mxfp4_linear_reference
+from simulator.ops.replaceable import replacing
+from simulator.fast.packed import BF16Weight, MXFP4Weight
+from simulator.ops.linear import mxfp4_linear_reference
 from simulator.ops.router import route_fused, route_reference
 from simulator.weights import LayerWeights, column_shard, row_shard
 
@@ -209,19 +213,19 @@ def test_topk_order_is_the_stable_argsort():
         np.testing.assert_array_equal(py, want)
 
 
-@pytest.mark.parametrize("backend", ["numba", "numpy"])
-def test_route_fused_same_under_both_backends(tiny, monkeypatch, backend):
-    monkeypatch.setenv("MOE_SIM_KERNELS", backend)
+@pytest.mark.parametrize("backend", ["fast", "numpy"])
+def test_route_fused_same_under_both_backends(tiny, backend):
     rng = np.random.default_rng(3)
     logits, bias = rng.standard_normal((9, tiny.num_experts)), rng.standard_normal(tiny.num_experts) * 0.05
-    np.testing.assert_array_equal(route_fused(logits, bias, tiny).topk_idx, route_reference(logits, bias, tiny).topk_idx)
+    with replacing(make_backend(backend).replacements):
+        got = route_fused(logits, bias, tiny).topk_idx
+    np.testing.assert_array_equal(got, route_reference(logits, bias, tiny).topk_idx)
 
 
-def test_backend_switch(monkeypatch):
-    monkeypatch.setenv("MOE_SIM_KERNELS", "numpy")
-    assert not fast.numba_enabled()
-    monkeypatch.setenv("MOE_SIM_KERNELS", "numba")
-    assert fast.numba_enabled()
+def test_backend_names():
+    assert make_backend("numpy").replacements == {} and make_backend("fast").replacements
+    with pytest.raises(UserError, match="unknown backend 'numba'"):
+        make_backend("numba")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
@@ -336,8 +340,6 @@ def test_permute_x_takes_the_bf16_layout_only_for_bfloat16_values(monkeypatch):
     assert fast.permute_x(x).dtype == np.float32  # not bfloat16 values: the float32 dot
     assert fast.permute_x(round_bf16(x).astype(np.float64)).dtype == np.float64
     assert fast.permute_x(round_bf16(x)).dtype == (np.uint16 if fast.has_bf16_dot() else np.float32)
-    monkeypatch.setenv("MOE_SIM_KERNELS", "numpy")
-    assert fast.permute_x(round_bf16(x)).dtype == np.float32
 
 
 @BF16_DOT
@@ -490,7 +492,7 @@ def _items(weights: list[MXFP4Weight], m: int) -> np.ndarray:
 
 
 def linear_grouped(xs, groups, shards=None):  # type: ignore[no-untyped-def]
-    from simulator.ops.linear import grouped_matmul
+    from simulator.fast.packed import grouped_matmul
     y = grouped_matmul(xs, groups, shards)
     assert y is not None
     return y

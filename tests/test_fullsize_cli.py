@@ -65,13 +65,13 @@ def _fullsize_module():
 
 
 def test_timed_grouped_calls_times_the_grouped_products_and_puts_them_back():
-    """Inside `timed_grouped_calls`, the grouped products that ops/linear.grouped_matmul runs are timed into
+    """Inside `timed_grouped_calls`, the grouped products that fast/packed.grouped_matmul runs are timed into
     clock["calls"] (on AVX-512 hosts, where it runs them) and return what they would; after the block, even
     one left by an error, `fast.mxfp4_grouped` is the library's own again."""
     import numpy as np
 
-    from simulator import fast
-    from simulator.ops.linear import MXFP4Weight, grouped_matmul
+    from simulator.fast import kernels as fast
+    from simulator.fast.packed import MXFP4Weight, grouped_matmul
     fullsize, original = _fullsize_module(), fast.mxfp4_grouped
     rng = np.random.default_rng(0)
     w = MXFP4Weight(*fast.mxfp4_quantize_t(rng.standard_normal((64, 64), dtype=np.float32)))
@@ -100,8 +100,8 @@ def test_roofline_kernel_args_replay_the_grouped_call():
 
     import numpy as np
 
-    from simulator import fast
-    from simulator.ops.linear import MXFP4Weight, grouped_matmul
+    from simulator.fast import kernels as fast
+    from simulator.fast.packed import MXFP4Weight, grouped_matmul
     if not fast.has_avx512():
         pytest.skip("grouped_matmul declines without AVX-512: there is no call to capture")
     spec = importlib.util.spec_from_file_location("roofline_bench", SCRIPT.parent / "mxfp4_roofline.py")
@@ -169,7 +169,8 @@ def test_warm_parallel_forms_calls_what_the_full_size_calls(monkeypatch, precisi
     passes, so that their compile lands there: the bf16 GEMM's on a whole and on a column-sliced weight, and
     the grouped MXFP4 product's, at the precision's x dtype. (A size threshold the warm-up did not lower once
     let the standard path's first run compile the GEMM's: 8.9 s.) The thresholds are put back after."""
-    from simulator import fast, jit
+    from simulator import jit
+    from simulator.fast import kernels as fast
     jit.compile_all()
     calls = []
 

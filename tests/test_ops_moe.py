@@ -5,7 +5,7 @@ import pytest
 
 from simulator.ops import collectives as col
 from simulator.ops import experts as ex
-from simulator.ops import expert_kernels
+from simulator.fast import kernels as expert_kernels
 from simulator.ops import norm
 from simulator.ops.router import route_fused, route_reference
 from simulator.weights import LayerWeights
@@ -126,18 +126,16 @@ def test_sigmoid_exp_is_its_two_branches_bit_for_bit(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float64", "float32"])
 def test_scale_add_rows_is_scale_then_add_at(monkeypatch, dtype):
-    """Compiled, its .py_func and the NumPy form == scale in out's dtype, then np.add.at, bit for bit: a row
-    repeated adds in order, a float64 weight rounds to float32 before the product (no FMA either)."""
+    """Compiled and its .py_func == scale in out's dtype, then np.add.at, bit for bit: a row repeated adds in
+    order, a float64 weight rounds to float32 before the product (no FMA either)."""
     rng = np.random.default_rng(0)
     rows, weight = np.array([2, 0, 2, 1, 2]), rng.random(5)
     values, start = rng.standard_normal((5, 37)).astype(dtype), rng.standard_normal((3, 37)).astype(dtype)
     want = start.copy()
     np.add.at(want, rows, weight.astype(dtype)[:, None] * values)
-    for backend in ("numba", "numpy"):
-        monkeypatch.setenv("MOE_SIM_KERNELS", backend)
-        got = start.copy()
-        expert_kernels.scale_add_rows(got, rows, weight, values)
-        np.testing.assert_array_equal(got, want)
+    got = start.copy()
+    expert_kernels.scale_add_rows(got, rows, weight, values)
+    np.testing.assert_array_equal(got, want)
     py = start.copy()
     expert_kernels._scale_add_rows.py_func(py, rows, weight.astype(dtype), values)
     np.testing.assert_array_equal(py, want)
@@ -194,9 +192,9 @@ def test_mxfp4_weight_reference_is_the_float64_product(rows):
     compiled and its .py_func, equals x @ dequantize(W) in float64 to rounding (within the bound of two
     length-K sums, 2 K eps sum_k |x_k w_kn|), on whole weights and on a row shard (a strided view of the
     codes), and a row alone has the same bits as among others."""
-    from simulator import fast
+    from simulator.fast import kernels as fast
     from simulator.dtypes import mxfp4_dequantize, mxfp4_quantize
-    from simulator.ops.linear import MXFP4Weight, mxfp4_weight_reference
+    from simulator.fast.packed import MXFP4Weight, mxfp4_weight_reference
     rng = np.random.default_rng(7)
     w_t = mxfp4_quantize(rng.standard_normal((40, 608)) * 0.05)  # [N, K]
     k0, k1 = rows
@@ -221,7 +219,7 @@ def test_mxfp4_reference_product_with_scales_float32_cannot_hold():
     """Rows holding a scale from 2^126 (E8M0 bits 253, 254: 6 x 2^127 overflows float32) are decoded by the
     float64 table instead of the float32 byte shuffle; their products stay finite and within the rounding
     bound of the exact float64 product, beside ordinary rows of the same weight."""
-    from simulator import fast
+    from simulator.fast import kernels as fast
     rng = np.random.default_rng(9)
     codes = rng.integers(0, 256, (6, 48), dtype=np.uint8)  # [N, K/2], K = 96: three blocks a row
     bits = rng.integers(110, 140, (6, 3)).astype(np.uint8)

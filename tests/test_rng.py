@@ -7,7 +7,7 @@ multiply is an LLVM intrinsic, which only compiled code can call)."""
 import numpy as np
 import pytest
 
-from simulator import fast, rng
+from simulator.fast import kernels as fast, rng
 from simulator.dtypes import mxfp4_quantize
 
 

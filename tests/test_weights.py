@@ -55,7 +55,8 @@ def test_dense_weights_drawn_in_chunks_are_numpys_drawn_whole(tiny, monkeypatch)
 
 
 def test_packed_experts_are_the_packer_on_numpys_draws(tiny):
-    from simulator import fast, weights
+    from simulator import weights
+    from simulator.fast import kernels as fast
     w = LayerWeights(tiny, 1, 4)
     for part in ("w_gate", "w_down"):
         shape, _ = weights.weight_spec(tiny, f"expert.2.{part}")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, Collection
+from typing import Callable, Collection
 
 import numpy as np
 import numpy.typing as npt
@@ -33,32 +33,10 @@ from simulator.config import ModelConfig
 from simulator.dtypes import Array
 from simulator.errors import UserError
 from simulator.ops.collectives import all_reduce_one_shot
-from simulator.ops.expert_kernels import scale_add_rows
-from simulator.ops.linear import MXFP4Weight, grouped_matmul
 from simulator.ops.pointwise import sigmoid, sigmoid_exp
-from simulator.weights import Packed
+from simulator.ops.replaceable import replaceable
 
 ExpertFn = Callable[[int], tuple[Array, ...]]  # e -> the parts of expert e's TP shard a kernel declares
-
-
-@dataclass(frozen=True, eq=False)
-class PackedExperts:
-    """The ExpertFn of rank `rank` of `tp` over packed experts: e -> its shards (`shards`: "col", "row" or "full"
-    per part) of expert e's parts `names`, `part(e, name)` the whole part (LayerWeights.expert_part). What the
-    executor hands the routed-expert ops: their all-ranks forms see every rank's shard of the same parts and
-    build all ranks' weight table from the whole parts (`grouped_matmul`), without P shard objects an expert."""
-
-    part: Callable[[int, str], Packed]
-    names: tuple[str, ...]
-    shards: tuple[str, ...]
-    rank: int = 0
-    tp: int = 1
-
-    def whole(self, e: int) -> tuple[MXFP4Weight, ...]:
-        return tuple(MXFP4Weight(*self.part(e, name)) for name in self.names)
-
-    def __call__(self, e: int) -> tuple[MXFP4Weight, ...]:
-        return tuple(w.shard(how, self.rank, self.tp) for w, how in zip(self.whole(e), self.shards))
 
 
 def glu(g: Array, u: Array, cfg: ModelConfig) -> Array:
@@ -74,7 +52,7 @@ def glu_product(gu: Array, cfg: ModelConfig) -> Array:
     """`glu` as the kernels run it, on the gate+up product: [..., 2F] = [gate | up] -> [..., F]. The same
     formula and order of products, with `sigmoid_exp` (NumPy's SIMD exp, not logaddexp's scalar loop) and in
     place on its temporaries: SiTU on FC1's [16 ranks, 16 rows, 192] float32 at batch 1 ~0.9 -> 0.6 ms, and
-    0.28 ms since `sigmoid_exp` picks its numerator without `np.where` (2026-12-02). Within a few ulp of `glu`,
+    0.28 ms with `sigmoid_exp` picking its numerator without `np.where`. Within a few ulp of `glu`,
     which the float64 reference keeps. (A Numba loop was slower: scalar tanhf, ~19 ns.)"""
     g, u = np.split(gu, 2, axis=-1)
     h = sigmoid_exp(g)
@@ -109,8 +87,9 @@ def expert_outputs_reference(z: Array, topk_idx: npt.NDArray[np.int64], expert: 
                              only: Collection[int] | None = None, out: Array | None = None) -> Array:
     """MLP_e(z_t) for every (token t, slot j) choosing e, in float64, expert by expert: the rows that
     chose e together (a packed expert's reference product still takes them one row at a time, sharing
-    each dequantized row of W^T: ops.linear.mxfp4_weight_reference).   [M, Din] -> [M, k, Din].
-    `only` / `out`: see `expert_fc1`."""
+    each dequantized row of W^T: fast.packed.mxfp4_weight_reference).   [M, Din] -> [M, k, Din].
+    `only` / `out`: run only the experts in `only` and continue `out` (the reference streams the experts a
+    chunk at a time, reference._routed_experts)."""
     if out is None:
         out = np.zeros(topk_idx.shape + (z.shape[1],), dtype=z.dtype)  # [M, k, Din]
     for e, rows, slots in _groups(topk_idx, only):
@@ -128,22 +107,30 @@ def routed_sum_reference(slots: Array, topk_weight: Array) -> Array:
 
 
 # ===================================================================== unfused kernels (standard plan)
-# The grouped kernels take `only` and `out` so that the executor can stream the touched experts a chunk
-# at a time (weights.stream_experts): a call runs the groups of the experts in `only` and continues
-# `out`, what the call over the chunks before returned. The groups run in expert order either way, so
-# the chunked calls compute the single call's result bit for bit (tests/test_execute_streaming.py).
-def expert_fc1(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, cfg: ModelConfig, *,
-               only: Collection[int] | None = None, out: Array | None = None) -> Array:
+@replaceable
+def expert_fc1(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, cfg: ModelConfig) -> Array:
     """FC1: gate+up GEMM per selected expert, activation in the epilogue; expert(e) = (w_gate, w_up).
     [M, Din] -> [M, k, F/P]"""
-    return expert_fc1_ranks([z], [topk_idx], [expert], cfg, only=only, outs=[out])[0]
+    groups = list(_groups(topk_idx))
+    gu = np.concatenate([np.concatenate([z[rows] @ w for w in expert(e)], axis=1) for e, rows, _ in groups])
+    return _scatter(glu_product(gu, cfg), groups, topk_idx.shape, z.dtype)
 
 
-def expert_fc2(h: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, *,
-               only: Collection[int] | None = None, out: Array | None = None) -> Array:
+@replaceable
+def expert_fc2(h: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn) -> Array:
     """FC2: down GEMM per selected expert, one output row per (token, slot); expert(e) = (w_down,).
     [M, k, F/P] -> [M, k, Din]"""
-    return expert_fc2_ranks([h], [topk_idx], [expert], only=only, outs=[out])[0]
+    groups = list(_groups(topk_idx))
+    y = np.concatenate([h[rows, slots] @ expert(e)[0] for e, rows, slots in groups])  # [rows of all groups, Din]
+    return _scatter(y, groups, topk_idx.shape, h.dtype)
+
+
+def _scatter(values: Array, groups: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]],
+             shape: tuple[int, ...], dtype: np.dtype) -> Array:
+    """The groups' rows of `values`, group after group, at their (token, slot) of a zero [M, k, N]."""
+    out = np.zeros(shape + (values.shape[1],), dtype=dtype)
+    out[np.concatenate([g[1] for g in groups]), np.concatenate([g[2] for g in groups])] = values
+    return out
 
 
 def expert_finalize(y: Array, topk_weight: Array) -> Array:
@@ -152,111 +139,18 @@ def expert_finalize(y: Array, topk_weight: Array) -> Array:
 
 
 # ===================================================================== fused
-def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array, expert: ExpertFn, *,
-                        only: Collection[int] | None = None, out: Array | None = None) -> Array:
+@replaceable
+def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array, expert: ExpertFn) -> Array:
     """FC2 with the routing weight and the scatter-add in its epilogue; expert(e) = (w_down,).
     [M, k, F/P] -> [M, Din]. Never writes the [M, k, Din] slot outputs: at M = 8, k = 16, Din = 3584
     that is 0.9 MB of bf16 not written and not re-read, and one launch fewer. The adds into a token's
-    row run in expert order (`scale_add_rows`, sequential), so chunked calls add in the single call's order."""
-    return expert_fc2_finalize_ranks([h], [topk_idx], [topk_weight], [expert], only=only, outs=[out])[0]
-
-
-# ===================================================================== the grouped ops on all ranks at once
-# The executor calls a grouped op's `over_ranks` form (when it has one) with one list per argument, rank by
-# rank: every rank's groups go into one compiled call (`ops.linear.grouped_matmul`), and each rank's output
-# is what the op computes on that rank alone, bit for bit (each output element is one dot product,
-# whatever was computed beside it; tests/test_execute_streaming.py). A row shard's rows are then read
-# whole: rank r's slice of a down-projection row is the 96 bytes after rank r - 1's.
-def expert_fc1_ranks(zs: list[Array], topk_idx: list[npt.NDArray[np.int64]], experts: list[ExpertFn], cfg: ModelConfig,
-                     *, only: Collection[int] | None = None, outs: list[Array | None] | None = None) -> list[Array]:
-    """`expert_fc1` on every rank: P x [M, Din] -> P x [M, k, F/P]."""
-    groups = list(_groups(topk_idx[0], only))
-    rows, slots = (_cat(groups, 1), _cat(groups, 2)) if groups else (None, None)
-    gu = _products_over_ranks(zs, [(e, r) for e, r, _ in groups], experts) if groups else []
-    hs = glu_product(gu, cfg) if groups else []  # [P, rows of all groups, F/P]
-
-    def write(out: Array, h: Array) -> None:
-        out[rows, slots] = h
-    return _continue(outs, len(zs), hs, lambda h: topk_idx[0].shape + (h.shape[1],), zs[0].dtype, write)
-
-
-def expert_fc2_ranks(hs: list[Array], topk_idx: list[npt.NDArray[np.int64]], experts: list[ExpertFn], *,
-                     only: Collection[int] | None = None, outs: list[Array | None] | None = None) -> list[Array]:
-    """`expert_fc2` on every rank: P x [M, k, F/P] -> P x [M, k, Din]."""
-    def write(out: Array, product: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], Array]) -> None:
-        rows, slots, y = product
-        out[rows, slots] = y
-    return _continue(outs, len(hs), _down_products(hs, topk_idx[0], experts, only),
-                     lambda p: topk_idx[0].shape + (p[2].shape[1],), hs[0].dtype, write)
-
-
-def expert_fc2_finalize_ranks(hs: list[Array], topk_idx: list[npt.NDArray[np.int64]], topk_weight: list[Array],
-                              experts: list[ExpertFn], *, only: Collection[int] | None = None,
-                              outs: list[Array | None] | None = None) -> list[Array]:
-    """`expert_fc2_finalize` on every rank: P x [M, k, F/P] -> P x [M, Din]."""
-    products = [p + (w,) for p, w in zip(_down_products(hs, topk_idx[0], experts, only), topk_weight)]
-
-    def write(out: Array, product: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], Array, Array]) -> None:
-        rows, slots, y, weight = product
-        scale_add_rows(out, rows, weight[rows, slots], y)
-    return _continue(outs, len(hs), products, lambda p: (topk_idx[0].shape[0], p[2].shape[1]), hs[0].dtype, write)
-
-
-def _continue(outs: list[Array | None] | None, ranks: int, results: list[Any], shape: Callable[[Any], tuple[int, ...]],
-              dtype: np.dtype, write: Callable[[Array, Any], None]) -> list[Array]:
-    """Each rank's output continued with its result of this chunk (`write`), started as zeros of `shape` on the
-    rank's first chunk; the outputs as they were when no group of the chunk was selected (`results` empty)."""
-    outs = list(outs or [None] * ranks)
-    for r, result in enumerate(results):
-        if outs[r] is None:
-            outs[r] = np.zeros(shape(result), dtype=dtype)
-        write(outs[r], result)
-    return outs
-
-
-def _down_products(hs: list[Array], topk_idx: npt.NDArray[np.int64], experts: list[ExpertFn],
-                   only: Collection[int] | None) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], Array]]:
-    """Per rank (token rows, slots, h[rows, slots] @ W_down of each row's expert), group after group; [] when
-    no selected expert is in `only`."""
-    groups = list(_groups(topk_idx, only))
-    if not groups:
-        return []
-    rows, slots, k = _cat(groups, 1), _cat(groups, 2), topk_idx.shape[1]
-    ys = _products_over_ranks([h.reshape(-1, h.shape[-1]) for h in hs], [(e, r * k + s) for e, r, s in groups], experts)
-    return [(rows, slots, y) for y in ys]
-
-
-expert_fc1.over_ranks = expert_fc1_ranks  # type: ignore[attr-defined]
-expert_fc2.over_ranks = expert_fc2_ranks  # type: ignore[attr-defined]
-expert_fc2_finalize.over_ranks = expert_fc2_finalize_ranks  # type: ignore[attr-defined]
-
-
-def _products_over_ranks(xs: list[Array], groups: list[tuple[int, npt.NDArray[np.int64]]],
-                         experts: list[ExpertFn]) -> Array:
-    """For every rank's (x, expert): x[rows] @ [W_1 | ... | W_p] for each group (e, rows), (W_1, ..., W_p) =
-    expert(e), stacked group after group: [P, rows of all groups, N]. One compiled call over all ranks where
-    they are the `PackedExperts` shards of the same parts, rank by rank, and `grouped_matmul` applies; else
-    one per rank where it applies; else group by group."""
-    first = experts[0]
-    if all(isinstance(f, PackedExperts) and (f.part, f.names, f.shards, f.rank, f.tp) ==
-           (first.part, first.names, first.shards, r, len(experts)) for r, f in enumerate(experts)):
-        y = grouped_matmul(xs, [(rows, first.whole(e)) for e, rows in groups], first.shards)
-        if y is not None:
-            return y
-    return np.stack([_products(x, [(rows, expert(e)) for e, rows in groups]) for x, expert in zip(xs, experts)])
-
-
-def _products(x: Array, groups: list[tuple[npt.NDArray[np.int64], tuple[Array, ...]]]) -> Array:
-    """x[rows] @ [W_1 | ... | W_p] for each group (rows, (W_1, ..., W_p)), stacked group after group."""
-    y = grouped_matmul([x], groups)
-    if y is not None:
-        return y[0]
-    return np.concatenate([np.concatenate([x[rows] @ w for w in parts], axis=1) for rows, parts in groups])
-
-
-def _cat(groups: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]], i: int) -> npt.NDArray[np.int64]:
-    """The token rows (i = 1) or slots (i = 2) of all groups, group after group."""
-    return np.concatenate([g[i] for g in groups])
+    row run in expert order, each product rounded to h's dtype before its add."""
+    out = None
+    for e, rows, slots in _groups(topk_idx):
+        y = h[rows, slots] @ expert(e)[0]  # [n_e, Din]; a token picks an expert once: rows are distinct
+        out = np.zeros((h.shape[0], y.shape[1]), dtype=h.dtype) if out is None else out
+        out[rows] += topk_weight[rows, slots].astype(h.dtype)[:, None] * y
+    return out
 
 
 def routed_experts_fused(z: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array,

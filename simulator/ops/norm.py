@@ -22,9 +22,9 @@ import numpy as np
 
 from typing import Callable
 
-from simulator import fast
 from simulator.dtypes import Array
 from simulator.ops.collectives import all_reduce_one_shot
+from simulator.ops.replaceable import replaceable
 
 
 def rms_norm_reference(x: Array, w: Array, eps: float) -> Array:
@@ -34,11 +34,9 @@ def rms_norm_reference(x: Array, w: Array, eps: float) -> Array:
     return y.astype(x.dtype)
 
 
+@replaceable
 def rms_norm(x: Array, w: Array, eps: float) -> Array:
-    """RMSNorm in x's dtype (the way a GPU kernel computes it in FP32 registers); one pass per row
-    through `fast.rms_norm` when the Numba kernels are on."""
-    if fast.numba_enabled() and x.dtype in (np.float32, np.float64):
-        return fast.rms_norm(x, w, eps)
+    """RMSNorm in x's dtype (the way a GPU kernel computes it in FP32 registers)."""
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w.astype(x.dtype)
 
 
@@ -57,11 +55,9 @@ def attn_res_mix_reference(sources: list[Array], norm_w: Array, proj_w: Array, e
     return np.asarray(out, dtype=sources[0].dtype)  # [M, D]
 
 
+@replaceable
 def attn_res_mix(sources: list[Array], norm_w: Array, proj_w: Array, eps: float) -> Array:
-    """The same mix vectorised in the sources' dtype: one read of each source, as the kernel does
-    (`fast.attn_res_mix` reads each source row once for its rms, its score and the sum)."""
-    if fast.numba_enabled() and sources[0].dtype in (np.float32, np.float64):
-        return fast.attn_res_mix(sources, norm_w, proj_w, eps)
+    """The same mix vectorised in the sources' dtype, as the kernel computes it."""
     v = np.stack(sources)  # [S, M, D]
     query = (norm_w * proj_w).astype(v.dtype)  # [D]
     rms = np.sqrt(np.mean(v * v, axis=-1) + eps)  # [S, M]

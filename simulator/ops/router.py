@@ -25,10 +25,10 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from simulator import fast
 from simulator.config import ModelConfig
 from simulator.dtypes import Array
 from simulator.ops.pointwise import sigmoid
+from simulator.ops.replaceable import replaceable
 
 
 class Routing(NamedTuple):
@@ -94,7 +94,7 @@ def route_fused(logits: Array, bias: Array, cfg: ModelConfig) -> Routing:
     eligible, group_margin = _group_mask(biased, cfg)
     masked = np.where(eligible, biased, -np.inf)
     k = cfg.top_k
-    order = _top_order(masked, k + 1)  # [M, k+1]
+    order = top_order(masked, k + 1)  # [M, k+1]
     ranked = np.take_along_axis(masked, order, axis=-1)
     gap = ranked[:, k - 1] - ranked[:, k] if order.shape[1] > k else np.full(len(order), np.inf)
     margin = np.minimum(np.where(np.isfinite(gap), gap, np.inf), group_margin)
@@ -102,11 +102,9 @@ def route_fused(logits: Array, bias: Array, cfg: ModelConfig) -> Routing:
     return Routing(idx, _combine(scores, idx, cfg), margin)
 
 
-def _top_order(masked: Array, n: int) -> npt.NDArray[np.int64]:
-    """First n of the stable descending order: insertion in `fast.topk_order` (E = 896 scores read once,
-    no sort) when the Numba kernels are on, a full stable argsort otherwise; identical indices."""
-    if fast.numba_enabled():
-        return fast.topk_order(masked, n)
+@replaceable
+def top_order(masked: Array, n: int) -> npt.NDArray[np.int64]:
+    """First n of the stable descending order (lower index first among equals).   [M, E] -> [M, n]"""
     return np.argsort(-masked, axis=-1, kind="stable")[:, :n]
 
 

@@ -9,7 +9,7 @@ weights.py and ops/ (they import neither) so the weight store can pack and widen
                       reads the packed nibbles (0.5 B) and the E8M0 scale (1/32 B) per weight: 0.53 B
                       instead of the 4 B of a float32 dequantized copy (or 8 B of a float64 one)
     mxfp4_grouped     the same product for many packed weights and gathered token rows in one call: the
-                      routed experts of a streamed chunk on every TP rank (ops/experts.py), both cores
+                      routed experts of a streamed chunk on every TP rank (fast/experts.py), both cores
     mxfp4_dot         one row of W^T times one token row; on AVX-512 a register-table lookup per nibble
                       and one scale per block (numba_ext.mxfp4_dot_avx512), nothing written; bfloat16 x
                       (the W4A16 path) with AVX-512 BF16: bf16 lookups and `vdpbf16ps` (mxfp4_dot_bf16)
@@ -23,48 +23,16 @@ weights.py and ops/ (they import neither) so the weight store can pack and widen
 Dimension legend: M rows (tokens), K reduction width, N output width, S sources, E experts, k picks.
 
 Napkin math for the routed experts. A full-size K3 expert shard at TP16 is 3 x 192 x 3584 weights = 1.06 MB
-packed; at batch 1 a rank touches 16 of them, 16 ranks -> 280 MB per layer, 7 ms at 40 GB/s, 14 ms at half
-of it. The dequantize-then-GEMM form moves 8x (float32) or 15x (float64) those bytes and writes them
-first. `mxfp4_dot` reads each byte once, and on a CPU its arithmetic is the roof, not the memory (one core
-of either machine below reads 30 GB/s with NumPy's sum; benchmarks/mxfp4_roofline.py and
-benchmarks/fullsize.py measure the rest):
-- float kernel, per 64 code bytes (128 weights) and token row, float32: 8 shifts, 8 `vpermps`, 8
-  multiply-adds, 1 add and the block-scale build and FMA, ~30 vector ops; float64 (8 lanes): 16 + 16 + 16
-  + ~4, ~52. On 2 Ice Lake-server cores at 2.8 GHz (the development machine until 2026-11-30; shifts on
-  port 0 and permutes on port 5 only for 512-bit vectors) >= 15 and >= 26 cycles per 68 packed bytes: at
-  most 12.7 and 7.3 GB/s per core. The FMAs alone would allow 47 GB/s at float64 on 2 cores: the shift and
-  the lookup per weight, not the multiply, bind. Measured there with the data in cache: float32 9-12 GB/s,
-  float64 5-8.5 per core; on the 2 Zen 4 (EPYC, ~3.65 GHz) cores of the machine since 2026-12-01: 10.7-12.9
-  and 6.1-7.0 per core, 16-25 and 7.5-11 on both.
-- bfloat16 x (the W4A16 path: `--precision bf16` activations are bfloat16 values) on AVX-512 BF16 hosts,
-  per 64 code bytes (128 weights): 4 `vpermw` lookups + 3 shifts + 4 `vdpbf16ps` (32 exact products each)
-  + the scale, ~17 ops against the float32 kernel's ~30, with an eighth of its multiply-add instructions.
-  Until 2026-12-01 the same per 32 bytes, in 256-bit vectors; the Zen 4 figures are that form's. Zen 4 runs
-  the 256-bit shuffles and shifts on two pipes, a `vpermw` apparently as two: ~7 cycles a step, measured
-  13-17.6 GB/s per core, 19-33 on both (1.25-1.45x the float32 kernel).
-- a TP16 down-projection row shard is 96 bytes a row (3 bf16 steps; a float step and a half one), and
-  each dot pays its setup and horizontal sum: bf16 8.4-9 ns a slice on one Zen 4 core (6.3 ns when the
-  loop's trip count and width are constants), so the down projection reads ~2/3 as fast as FC1's long rows.
-  The ranks' slices of one row are read as one run, row by row (`_grouped_run`), and the rare wide-scale
-  rows are redone after the loop: that check inside it cost as much as the dot.
-- in the layer (batch 1, bf16, 2 Zen 4 cores, 2026-12-01): FC1 6.3-7.5 ms for 187 MB (25-30 GB/s), FC2
-  5.1-5.3 ms for 94 MB (18 GB/s), ~2 ms of Python around them: 17.7-18.5 GB/s for the routed experts in
-  quiet spells, 0.60 of the in-process copy (best run over best copy, benchmarks/fullsize.py), which itself
-  reads 26-48 GB/s on this VM from one hour to the next. At fp64 8.7 GB/s (0.29): float64 arithmetic caps it.
-- on the Xeon (Sapphire / Emerald Rapids class, 2 vCPUs) that replaced it the same afternoon: Ice Lake's
-  ports for 512-bit vectors, and `vdpbf16ps` at ~0.5 an instruction a cycle whether ymm or zmm (8 cycles of
-  latency), so the 256-bit bf16 dot was no faster than the float64 one: with the data in L3 4.4 and 5.2 GB/s
-  on one core, 6.5 and 7.4 on both. The dot now runs two steps a 512-bit instruction (same bits): an
-  instruction-mix loop in L1 5.2 ns per 128 weights against 4.5 per 64; 1,536 rows of 7,168 weights from L3
-  on one core 5.5-6.7 -> 8.9-9.5 GB/s, 192-weight rows 4.2-4.9 -> 5.1-6.3. In the layer (2 KB software
-  prefetch, `STREAM_AHEAD`), 256-bit: 8.7-9.1 GB/s at bf16 (0.19-0.21 of the copy) and 5.3-9.5 at fp64
-  (0.13-0.21) from one spell to the next; 512-bit: 10.4-12.9 at bf16 (0.24-0.29 of the copy), FC1's rows
-  at 11-14 GB/s, FC2's 96-byte slices at 8-8.6. A read alone reaches 22-25 GB/s there (2 threads) while
-  the copy counts 38-47, so half the copy is 0.8-0.9 of a read alone, and the arithmetic's roof (68 bytes a
-  5.2 ns step, 13 GB/s a core) is no higher than the memory's: docs/architecture.md, "The fifth session".
+packed; at batch 1 a rank touches 16 of them, 16 ranks -> 280 MB per layer, 7 ms at 40 GB/s. The
+dequantize-then-GEMM form moves 8x (float32) or 15x (float64) those bytes and writes them first.
+`mxfp4_dot` reads each byte once; per 64 code bytes (128 weights) and token row it issues ~30 vector ops
+in float32 (8 shifts, 8 table permutes, 8 multiply-adds, the block scale) and ~52 in float64, so on a CPU
+the shift and the lookup per weight, not the multiply or the memory, bind. With bfloat16 x on AVX-512 BF16
+hosts the same step is ~17 ops (4 `vpermw` lookups, 3 shifts, 4 `vdpbf16ps`). benchmarks/mxfp4_roofline.py
+and benchmarks/fullsize.py measure it; docs/history/fast-path.md keeps the figures measured so far.
 
-Backend switch: `numba_enabled()` is true unless the environment says MOE_SIM_KERNELS=numpy (tests
-run the NumPy forms that way); every fused op in ops/ asks it per call, so there is no module state.
+The ops in simulator/ops stay the definitions (and the oracle): simulator/fast/__init__.py registers each
+kernel here as the replacement of the op it computes, and the executor runs them on `backend="fast"`.
 Each kernel's `.py_func` is its pure-Python original (STYLE item 14); tests hold jitted == .py_func
 == the NumPy form.
 """
@@ -74,7 +42,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import os
 
 import numpy as np
 import numpy.typing as npt
@@ -82,7 +49,7 @@ import numpy.typing as npt
 from simulator.jit import jitable, lazy_njit as njit, on_compile, threads
 
 prange = range  # numba.prange once the kernels compile (simulator/jit.py)
-on_compile("simulator.numba_ext")  # the byte-shuffle form of decode_block, for the compiled kernels
+on_compile("simulator.fast.numba_ext")  # the byte-shuffle form of decode_block, for the compiled kernels
 
 Array = npt.NDArray[np.floating]
 FAST = {"reassoc", "contract", "nsz"}  # reassociation lets LLVM vectorise the dot products; no nnan/ninf
@@ -90,11 +57,6 @@ E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5,
 E8M0 = np.ldexp(1.0, np.arange(256) - 127)  # scale of E8M0 bits e: 2^(e - 127) (255 = NaN, never written)
 with np.errstate(over="ignore"):
     E8M0_F32 = E8M0.astype(np.float32)  # bits 255 overflow float32; mxfp4_matmul never looks them up
-
-
-def numba_enabled() -> bool:
-    """True unless the environment says MOE_SIM_KERNELS=numpy (then the fused ops run their NumPy forms)."""
-    return os.environ.get("MOE_SIM_KERNELS", "numba") != "numpy"
 
 
 # ===================================================================== MXFP4 x activations
@@ -233,7 +195,7 @@ def permute_x(x: Array) -> Array:
     float32 x whose values are all bfloat16 (the W4A16 path's activations) on a host with the AVX-512
     bf16 dot comes back as `permute_x_bf16(x)` instead: uint16 bits that `mxfp4_dot` then multiplies with
     `vdpbf16ps` (`has_bf16_dot`)."""
-    if x.dtype == np.float32 and has_bf16_dot() and numba_enabled() and _all_bf16(x):
+    if x.dtype == np.float32 and has_bf16_dot() and _all_bf16(x):
         return permute_x_bf16(x)
     m, k = x.shape
     width = lanes(x.dtype)
@@ -391,13 +353,8 @@ def prefetch(addr: int) -> None:
 
 
 STREAM_AHEAD = 4096  # bytes ahead of an AVX-512 dot's current code line that it asks the cache for (and the
-# scales' line there): on the Xeon of 2026-12-01 the hardware prefetcher alone left the stream short of lines.
-# A C model of the float64 dot from DRAM on 2 cores: 10.0 -> 12.3 GB/s (1 KB ahead less, 2-8 KB the same); the
-# layer at batch 1, three turns each against the build without it (routed experts, best of 2 runs a turn):
-# bf16 median 7.5 -> 8.8 GB/s, best 7.6 -> 9.1; fp64 median 5.4 -> 6.4, best 6.4 -> 6.8. 2 KB until the
-# evening of 2026-12-01: rows of 7,168 weights streamed from DRAM (645 MB, 2 threads, 5 turns) read best
-# 16.4 / 17.0 / 16.4 GB/s at 2 / 4 / 8 KB (medians 13.7 / 15.3 / 15.0), and the layer (benchmarks/ab.py, 4
-# turns): fp64 1.07x (median) / 1.10x (best), bf16 1.11x / 1.27x in one run and 0.97x / 1.07x in the next
+# scales' line there): the hardware prefetcher alone leaves the stream short of lines; 2-8 KB measured alike
+# (docs/history/fast-path.md)
 
 
 def has_avx512() -> bool:
@@ -650,9 +607,8 @@ def e2m1_code(v):  # type: ignore[no-untyped-def]
     The grid's spacing is 0.5 below 2, 1 on [2, 4) and 2 from 4, so on each range the code is an offset plus
     |v| over the spacing rounded to the nearest integer, ties to even (`np.rint`, one vector instruction):
     2|v| (codes 0..4), 2 + |v| (4..6), 4 + |v|/2 (6..7, then the saturation). An even integer there is an
-    even code, so the ties go where ml_dtypes sends them. Scaling by 2, 1 and 1/2 is exact. It replaced
-    seven threshold comparisons summed, which LLVM vectorised poorly: 0.71-0.86 -> 0.38-0.43 ns a weight for
-    a strip's byte pairs on the Xeon of 2026-12-01, the same code for every finite float32 (checked once)."""
+    even code, so the ties go where ml_dtypes sends them. Scaling by 2, 1 and 1/2 is exact, and the one
+    rounding vectorises where seven threshold comparisons did not (docs/history/fast-path.md)."""
     a = abs(v)  # float32 constants: a float32 v stays float32 (twice the lanes of float64)
     step = np.float32(2.0) if a < 2 else (np.float32(1.0) if a < 4 else np.float32(0.5))
     base = np.float32(0.0) if a < 2 else (np.float32(2.0) if a < 4 else np.float32(4.0))
@@ -789,13 +745,11 @@ def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16], ahead: int | None = None
     [M, tile] accumulators, so y sums over k in order, however the columns are split.
 
     A decode projection's shard is K rows of a few hundred bytes each, one row stride (a whole weight's row,
-    7-24 KB for K3) apart: every row is in a page of its own, where the hardware prefetchers do not follow, so
-    each row's lines were waited for in turn. And a row of a strided view is an 'A'-layout slice, which Numba
-    does not vectorise. The form until 2026-12-01 (512-column tiles on the threads, rows sliced from the view)
-    read these shards at 0.7-2.2 GB/s in the batch-1 layer on that day's Xeon. Each row is now read through
+    7-24 KB for K3) apart: every row is in a page of its own, where the hardware prefetchers do not follow, and
+    a row of a strided view is an 'A'-layout slice, which Numba does not vectorise. So each row is read through
     its address (a contiguous array: vectorised), and the row `ahead` bytes of rows on (BF16_AHEAD unless
-    given; 0: none) is asked for while this one is multiplied: 5.6-19 GB/s (medians over shapes and runs;
-    1.8-8.6 without the prefetch, benchmarks/bf16_gemv.py). Same bits as before: the same loop body."""
+    given; 0: none) is asked for while this one is multiplied (benchmarks/bf16_gemv.py measures both;
+    docs/history/fast-path.md)."""
     if x.ndim != 2 or bits.ndim != 2 or x.shape[1] != bits.shape[0]:  # the rows are read by address: no bounds
         raise ValueError(f"bf16_matmul: x {x.shape} and W {bits.shape} do not multiply")
     ahead = BF16_AHEAD if ahead is None else ahead
@@ -813,11 +767,10 @@ def bf16_matmul(x: Array, bits: npt.NDArray[np.uint16], ahead: int | None = None
 
 BF16_TILE = 512  # output columns per tile: [M, 512] float64 accumulators are 4 KB a token row
 BF16_SPLIT = 32  # the threads' column ranges are multiples of this many columns: 64 bytes of a bf16 row
-BF16_AHEAD = 4096  # bytes of rows ahead of the current one that the bf16 GEMM asks the cache for: at 2, 4 and
-# 8 KB the shards of benchmarks/bf16_gemv.py read 5.6-19 GB/s (medians, three runs; 4 KB best or within noise),
-# without 1.8-8.6 (Xeon, 2026-12-01)
-BF16_PARALLEL_BYTES = 512 << 10  # smaller weights run on one thread: two gained 1.07-1.11x at 128-448 KB and
-# 1.19-1.51x from 896 KB (K3-like shards [K, 32-256], medians of 5 turns, Xeon, 2026-12-01)
+BF16_AHEAD = 4096  # bytes of rows ahead of the current one that the bf16 GEMM asks the cache for: 4 KB read best
+# or within noise of 2 and 8 KB (benchmarks/bf16_gemv.py; docs/history/fast-path.md)
+BF16_PARALLEL_BYTES = 512 << 10  # smaller weights run on one thread (two threads gained 1.07-1.11x at 128-448 KB,
+# 1.19-1.51x from 896 KB on K3-like shards; docs/history/fast-path.md)
 
 
 @njit(parallel=True, cache=True)
@@ -933,3 +886,48 @@ def _topk_order(scores, out):  # type: ignore[no-untyped-def]
                 j -= 1
             out[m, j] = e
             n = min(n + 1, k)
+
+
+# ===================================================================== around the routed experts' grouped products
+def scale_add_rows(out: Array, rows: npt.NDArray[np.int64], weight: Array, values: Array) -> None:
+    """out[rows[i]] += weight[i] values[i] for i in order, each product rounded to out's dtype before its add:
+    FC2's finalize epilogue, one pass over values (NumPy's scale then `np.add.at` writes and re-reads the
+    scaled [rows, Din] and pays ~15 us of Python a rank: 16 ranks at batch 1, 0.38 -> 0.11 ms)."""
+    _scale_add_rows(out, rows, weight.astype(out.dtype), values)
+
+
+@njit(cache=True)
+def _scale_add_rows(out, rows, weight, values):  # type: ignore[no-untyped-def]
+    for i in range(rows.shape[0]):
+        o, w, v = out[rows[i]], weight[i], values[i]
+        for d in range(v.shape[0]):
+            o[d] += w * v[d]
+
+
+@njit(cache=True)
+def tiles(lengths, widths, ranks, tile):  # type: ignore[no-untyped-def]
+    """Work items (weight, n0, n1, col0, r0, r1) of `tile` output columns for groups of `lengths` rows times
+    parts of `widths` columns on every rank: weight (group, part, rank) of the table, output rows (rank,
+    group); ordered by group, part, tile, then rank (`fast.packed.grouped_matmul`). One pass writing each
+    item once: NumPy's strided column stores took ~130 us for FC2's 28,672 items at batch 1, TP16 (~50 us)."""
+    total, parts = lengths.sum(), widths.shape[0]
+    count = 0
+    for n in widths:
+        count += (n + tile - 1) // tile
+    items = np.empty((lengths.shape[0] * count * ranks, 6), np.int64)
+    i = row = 0
+    for g in range(lengths.shape[0]):
+        col = 0
+        for p in range(parts):
+            for n0 in range(0, widths[p], tile):
+                for r in range(ranks):
+                    items[i, 0] = (g * parts + p) * ranks + r
+                    items[i, 1] = n0
+                    items[i, 2] = min(n0 + tile, widths[p])
+                    items[i, 3] = col + n0
+                    items[i, 4] = r * total + row
+                    items[i, 5] = r * total + row + lengths[g]
+                    i += 1
+            col += widths[p]
+        row += lengths[g]
+    return items

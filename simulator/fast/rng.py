@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-from simulator import fast
+from simulator.fast import kernels as fast
 from simulator.jit import lazy_njit as njit, on_compile
 
 PCG_MULT = 0x2360ED051FC65DA4_4385DF649FCCF645  # PCG64's 128-bit multiplier
@@ -62,7 +62,7 @@ def tables() -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32], npt.NDArra
 
 
 on_compile(tables)  # the kernels read NOR_R and NOR_INV_R as constants: bind them before they compile
-on_compile("simulator.numba_ext")  # _mulhi as one 128-bit multiply
+on_compile("simulator.fast.numba_ext")  # _mulhi as one 128-bit multiply
 
 
 def pcg64_words(seed: np.random.SeedSequence) -> npt.NDArray[np.uint64]:

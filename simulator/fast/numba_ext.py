@@ -1,19 +1,19 @@
 """Numba extensions: compiled forms of plain functions, written in LLVM IR.
 
-    fast.decode_block   one MXFP4 block decoded with one byte shuffle per nibble. Numba's own vectoriser
+    kernels.decode_block  one MXFP4 block decoded with one byte shuffle per nibble. Numba's own vectoriser
                         makes a 16-entry table lookup a gather or scalar loads; this form is 2.5-3x
                         faster (benchmarks/mxfp4_roofline.py)
-    fast.mxfp4_dot      one MXFP4 row times one token row in AVX-512 registers: `vpermps` / `vpermi2pd`
+    kernels.mxfp4_dot   one MXFP4 row times one token row in AVX-512 registers: `vpermps` / `vpermi2pd`
                         table lookups, FMAs, one scale per block, nothing written (hosts with AVX-512F;
                         elsewhere the weight-by-weight form compiles); for bfloat16 x (uint16 bits) on hosts
                         with AVX-512 BF16, `vpermw` lookups and `vdpbf16ps` dot products (mxfp4_dot_bf16)
-    fast.packed_at      the bytes at an address as an array (a packed expert where the store holds it)
-    fast.prefetch       `llvm.prefetch` of a cache line
-    fast.transpose_16   a 16 x 16 byte tile transposed with two-source byte shuffles (`vpermt2b` on
+    kernels.packed_at   the bytes at an address as an array (a packed expert where the store holds it)
+    kernels.prefetch    `llvm.prefetch` of a cache line
+    kernels.transpose_16  a 16 x 16 byte tile transposed with two-source byte shuffles (`vpermt2b` on
                         AVX-512 VBMI): byte pairs into W^T's rows (packer, fused draw), 0.26 -> 0.11 ns a weight
     rng._mulhi          the high half of a 64 x 64-bit product, one `mul` instruction on x86-64
 
-Imported by `simulator/jit.py` when the kernels first compile (fast.py and rng.py ask for it with
+Imported by `simulator/jit.py` when the kernels first compile (kernels.py and rng.py ask for it with
 `on_compile`), never at start-up: it needs Numba and llvmlite. The plain forms stay the definitions, and
 tests hold each pair equal. Numba's on-disk cache keys a kernel on its own source file only; jit.py adds a
 digest of this file and of every kernel module to our kernels' cache stamps, so editing it recompiles them.
@@ -28,9 +28,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from simulator.fast import (E2M1, E2M1_X2, FAST, STEP_WEIGHTS, STREAM_AHEAD, _dot_loops, decode_block,
-                            has_avx512, has_bf16_dot, lanes, mxfp4_dot, packed_at, prefetch, transpose_16)
-from simulator.rng import _mulhi
+from simulator.fast.kernels import (E2M1, E2M1_X2, FAST, STEP_WEIGHTS, STREAM_AHEAD, _dot_loops, decode_block,
+                                    has_avx512, has_bf16_dot, lanes, mxfp4_dot, packed_at, prefetch,
+                                    transpose_16)
+from simulator.fast.rng import _mulhi
 
 
 @overload(decode_block, jit_options={"fastmath": FAST})
@@ -73,7 +74,7 @@ def _transpose_16_compiled(src, n0, dst, c0):  # type: ignore[no-untyped-def]
 
 @intrinsic
 def transpose_16_simd(typingctx, src, n0, dst, c0):  # type: ignore[no-untyped-def]
-    """`fast.transpose_16` in LLVM vector IR: the 16 source rows' 16 bytes loaded, joined four rows to a
+    """`kernels.transpose_16` in LLVM vector IR: the 16 source rows' 16 bytes loaded, joined four rows to a
     64-byte vector, and each group of four output rows picked out of them by two-source shuffles (on
     AVX-512 VBMI, `vpermt2b`), then stored 16 bytes a row. Both arrays C-ordered uint8 [rows, columns]."""
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
@@ -172,7 +173,7 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, x0, nbytes):  # type:
     """`mxfp4_dot` in AVX-512, nothing written but the result. A step loads 64 code bytes as L lanes (16
     dwords for float32, 8 qwords for float64); for each nibble j of a lane, a shift right by 4j puts it in
     the lane's low 4 bits, which is all `vpermps` (float32: a 16-entry table in one register) or
-    `vpermi2pd` (float64: the table in two) look at; an FMA with the permuted x (`fast.permute_x`) adds it
+    `vpermi2pd` (float64: the table in two) look at; an FMA with the permuted x (`kernels.permute_x`) adds it
     to one of 2 partial sums. The step's 4 blocks sit in lanes L/4 apart: their E8M0 bits, broadcast and
     shifted per lane, become 2^(e - 127) by moving e into the exponent field, and one FMA per step scales
     the partial sums into the accumulator. A tail of 1 or 3 blocks loads with a lane mask; a tail of 2 (where
@@ -265,7 +266,7 @@ def mxfp4_dot_avx512(typingctx, codes, c0, scales, s0, xp, x0, nbytes):  # type:
 def _block_scales(builder: ir.IRBuilder, word: ir.Value, vf: ir.VectorType, lanes_per_block: int) -> ir.Value:
     """2^(e - 127) of the E8M0 bytes of a little-endian 32-bit word, byte b in lanes b L .. (b + 1) L - 1 of a
     float32 or float64 vector (L = lanes_per_block), made by putting e in the exponent field; in float32, e = 0
-    is the subnormal 2^-127 (bit 22) and e = 255 comes out infinite, as `fast.value_lut` has them."""
+    is the subnormal 2^-127 (bit 22) and e = 255 comes out infinite, as `kernels.value_lut` has them."""
     f32 = vf.element == ir.FloatType()
     lane = ir.IntType(32 if f32 else 64)
     vi = ir.VectorType(lane, vf.count)
@@ -286,7 +287,7 @@ def _block_scales(builder: ir.IRBuilder, word: ir.Value, vf: ir.VectorType, lane
 
 
 def _stream_ahead(builder: ir.IRBuilder, cbase: ir.Value, sbase: ir.Value, offset: ir.Value) -> None:
-    """Ask for the code line `fast.STREAM_AHEAD` bytes past offset, and its scales' line, while this step runs
+    """Ask for the code line `kernels.STREAM_AHEAD` bytes past offset, and its scales' line, while this step runs
     (every 64 code bytes: the scales' line is asked for 16 times, which costs a load slot each, not a miss)."""
     i64 = ir.IntType(64)
     ahead = builder.add(offset, ir.Constant(i64, STREAM_AHEAD))
@@ -345,7 +346,7 @@ E2M1_BF16 = E2M1.astype(np.float32).view(np.uint32) >> 16  # the E2M1 values as 
 
 @intrinsic
 def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, x0, nbytes):  # type: ignore[no-untyped-def]
-    """`mxfp4_dot` for bfloat16 x (bits in `fast.permute_x_bf16`'s order) with AVX-512 BF16, float32 sums.
+    """`mxfp4_dot` for bfloat16 x (bits in `kernels.permute_x_bf16`'s order) with AVX-512 BF16, float32 sums.
 
     A step is 32 code bytes (2 blocks) = 64 weights as 16 words of 4 nibbles; the loop takes two steps at once,
     64 bytes in one 512-bit vector (lanes 0-7 step 2p, 8-15 step 2p + 1). For nibble j of every word, a shift
@@ -358,12 +359,11 @@ def mxfp4_dot_bf16(typingctx, codes, c0, scales, s0, lut, xb, x0, nbytes):  # ty
     256-bit step into lanes 0-7, a 16-byte tail (one block) as half of one into lanes 8-15; then the halves
     are added and the 8 lanes summed by a fixed tree.
 
-    Per 128 weights: 4 `vpermw` + 3 shifts + 4 `vdpbf16ps` + the scale. `vdpbf16ps` issues ~0.5 a cycle
-    whatever its width on the Xeon of 2026-12-01 (and Zen 4 splits a 512-bit one in two), so this form does
-    twice the products an issue of the 256-bit one it replaced, and the same arithmetic lane by lane: the
-    same bits (each lane sums the same products in the same order). An instruction-mix loop on that Xeon
-    with the data in L1: 5.2 ns per 128 weights against 4.5 per 64 before. `vdpbf16ps` treats subnormal
-    inputs and results as zero (x below 2^-126, or a partial sum of such terms, which the float path keeps)."""
+    Per 128 weights: 4 `vpermw` + 3 shifts + 4 `vdpbf16ps` + the scale. `vdpbf16ps` issues at about the same
+    rate whatever its width on the CPUs measured (docs/history/fast-path.md), so two 256-bit steps run as one
+    512-bit instruction: the same products summed in the same order lane by lane, the same bits. `vdpbf16ps`
+    treats subnormal inputs and results as zero (x below 2^-126, or a partial sum of such terms, which the
+    float path keeps)."""
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         i1, i8, i16, i32, i64, f32 = (ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64),
                                       ir.FloatType())
