@@ -11,7 +11,6 @@ source (ast), nothing is imported.
 import ast
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "simulator"
