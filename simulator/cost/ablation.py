@@ -24,10 +24,14 @@ from simulator.hardware import HardwareProfile
 from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans.kernel import DecodeShape
 from simulator.plans.specialized import FUSIONS
+from simulator.plans.standard import arch_of
 
 # Waterfall order: from the attention side of the layer to the MoE tail, then the launch machinery.
 ORDER = ("fused_kda", "small_batch_proj", "oproj_allreduce_norm", "split_router", "glu_epilogue",
-         "shared_overlap", "moe_finalize", "latent_tail", "pdl_prefetch")
+         "shared_overlap", "moe_finalize", "latent_tail", "pdl_prefetch",
+         # the merges vLLM 0.33.0's source adds (docs/vllm-k3-source.md)
+         "kda_fb_in_kernel", "mla_query_value", "persistent_experts", "unpadded_experts", "one_kernel_tail",
+         "small_batch_chain", "l2_prefetch")
 assert set(ORDER) == set(FUSIONS), "every published fusion has a place in the waterfall"
 
 
@@ -45,7 +49,7 @@ class AblationRow:
 
 def _layer_us(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer: str,
               fusions: frozenset[str], makespan: Makespan) -> tuple[float, int]:
-    plan = build_plan(cfg, "specialized", tp, shape, layer, fusions)
+    plan = build_plan(cfg, "specialized", tp, shape, layer, fusions, arch=arch_of(hw))
     return makespan(plan, hw), len(plan)
 
 

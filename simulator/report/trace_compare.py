@@ -33,6 +33,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from simulator.plans.standard import arch_of
 from simulator.config import ModelConfig
 from simulator.cost.timeline import Timeline, schedule
 from simulator.errors import UserError
@@ -167,7 +168,7 @@ def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, sha
     """Read `path`, find its engine (unless named) and its decode layers, build the plan of the same
     configuration and compare; the doc and the model timeline."""
     trace = read_kernels(path, console)
-    plans = _PlanMaker(cfg, tp, shape, layer_type, variant, plan_keys)
+    plans = _PlanMaker(cfg, tp, shape, layer_type, variant, plan_keys, arch_of(hw))
     step = step_check(trace, shape, patterns)
     detected = None
     if engine is None:
@@ -200,10 +201,11 @@ class _PlanMaker:
     layer_type: str
     variant: str | None
     plan_keys: tuple[str, ...] | None
+    arch: str = "sm100"  # the stock path the GPU runs (plans.standard.arch_of)
 
     def __call__(self, eng: Engine) -> Plan:
         from simulator.cost.step import build_plan
         chosen = self.variant or eng.variant or "standard"
-        plan = build_plan(self.cfg, chosen, self.tp, self.shape, self.layer_type)
+        plan = build_plan(self.cfg, chosen, self.tp, self.shape, self.layer_type, arch=self.arch)
         return partial_plan(plan, self.plan_keys or eng.plan_keys)
 
