@@ -269,6 +269,11 @@ def kda_fb_proj(d: Dims, launch: Launch = PLAIN, stream: str = "main", deps: tup
                   note="f_b_proj GEMM (1536x128 at TP8; V-LLG dsv3_fused_a table)")
 
 
+# vLLM's standalone all-reduce (CudaCommunicator.all_reduce, VLLM_ALLREDUCE_USE_FLASHINFER=1): FlashInfer's MNNVL
+# allreduce_fusion, Lamport buffers, one- or two-shot chosen inside FlashInfer; no NVLS (multimem) all-reduce
+FLASHINFER_AR = ("one_shot", "two_shot")
+
+
 @context_free
 def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: str, launch: Launch = PLAIN,
                       source: str = "vllm/distributed/device_communicators/flashinfer_all_reduce.py:FlashInferAllReduce.all_reduce"
@@ -278,7 +283,8 @@ def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: s
     return Kernel(key=key, name="allreduce", kind="collective", family="collective",
                   scope="ranks", op=coll_ops.all_reduce,
                   consts=(("algorithm", RunOption("all_reduce")),), reads=(t,), writes=(act(dst, d.M, width),),
-                  collective=Collective("all_reduce", t.nbytes, d.P), pdl=launch.pdl, note=note, source=source)
+                  collective=Collective("all_reduce", t.nbytes, d.P, algorithms=FLASHINFER_AR), pdl=launch.pdl, note=note,
+                  source=source)
 
 
 # ---------------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ class Collective:
     nbytes: int
     ranks: int
     in_kernel: bool = False  # done inside a computing kernel via symmetric-memory flags: no collective launch
+    algorithms: tuple[str, ...] = ()  # a standalone all-reduce: the algorithms its library picks among (() any)
 
 
 @dataclass(frozen=True, slots=True)
