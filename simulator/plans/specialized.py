@@ -103,8 +103,8 @@ def fusion_set(disable: list[str] | None = None, enable: list[str] | None = None
     for name in sorted(set(enable or ()) & set(disable or ())):
         raise UserError(f"--enable-fusion and --disable-fusion both name {name}: choose one.")
     for name in sorted(set(enable or ()) & set(FUSIONS)):
-        raise UserError(f"--enable-fusion {name} changes nothing: it is on by default "
-                        f"(--enable-fusion takes a what-if fusion: {', '.join(WHAT_IF_FUSIONS)}).")
+        takes = f"a what-if fusion: {', '.join(WHAT_IF_FUSIONS)}" if WHAT_IF_FUSIONS else "a what-if fusion, and there is none now"
+        raise UserError(f"--enable-fusion {name} changes nothing: it is on by default (--enable-fusion takes {takes}).")
     for name in sorted(set(disable or ()) & set(WHAT_IF_FUSIONS)):
         raise UserError(f"--disable-fusion {name} changes nothing: it is off unless --enable-fusion turns it on.")
     return on
@@ -157,7 +157,7 @@ def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer:
     elif k3_moe(d, on):
         kernels += latent_moe(d, on, go, x2_from)
     else:
-        kernels += moe_block(d, on, go)
+        kernels += moe_block(d, on, go, x2_from)
     return Plan("specialized", layer_type, tp, shape, tuple(kernels), fusions=on)
 
 
@@ -264,9 +264,8 @@ def latent_moe(d: Dims, on: frozenset[str], go: Launches, x2_from: str) -> list[
     return ks + moe.stock_tail(d, e, finalize_in=not weighted)
 
 
-def moe_block(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
+def moe_block(d: Dims, on: frozenset[str], go: Launches, x2_from: str) -> list[Kernel]:
     cfg, e = d.cfg, go.every
-    x2_from = "oproj_ar_norm" if "oproj_allreduce_norm" in on else "attn_res_post"  # aux kernels wait for x2
     split = "split_router" in on and bool(cfg.latent_dim)
     if split:
         kernels = moe.split_router(d, e)
