@@ -88,7 +88,7 @@ def test_layer_cli_default_and_json():
     assert r.exit_code == 0
     doc = json.loads(r.output)
     std, spec = doc["variants"]["standard"], doc["variants"]["specialized"]
-    assert (std["kernel_count"], spec["kernel_count"]) == (23, 13)
+    assert (std["kernel_count"], spec["kernel_count"]) == (23, 8)  # one token: vLLM 0.33.0 launches 23 and 8
     assert doc["speedup"] == pytest.approx(std["layer_us"] / spec["layer_us"], rel=1e-3)
     for k in std["kernels"]:
         assert {"name", "stream", "start_us", "duration_us", "bytes", "flops", "bound"} <= set(k)

@@ -185,3 +185,23 @@ def test_the_cover_check_can_fail(k3):
     launches = dict(MAP["launch"], extra=dict(MAP["launch"][lid], plan_keys=["mla_decode"]))
     added = dict(cfg, launches=cfg["launches"] + ["extra"], count_delta=cfg["count_delta"] + 1)
     assert any("mla_decode" in p for p in cover_problems(added, plan, launches))
+
+
+def test_the_pattern_table_names_every_launch_the_map_lists():
+    """compare-trace's vllm-k3 engines have a pattern for every plan kernel of their variant in every map
+    configuration, and that pattern matches the launch's name as the source gives it (external launches are
+    named inside FlashInfer / TRT-LLM: the map describes them instead)."""
+    from simulator.report.trace_patterns import load_engine
+    engines = {"standard": load_engine("vllm-k3"), "specialized": load_engine("vllm-k3-specialized")}
+    missing, unmatched = set(), set()
+    for cfg in MAP["config"]:
+        patterns = engines[cfg["path"]].patterns
+        for lid in cfg["launches"]:
+            key = MAP["launch"][lid]["plan_keys"][0]
+            if key not in patterns:
+                missing.add(key)
+            elif MAP["launch"][lid]["external"]:  # named inside FlashInfer / TRT-LLM: the map describes it
+                continue
+            elif not any(p.search(name.strip()) for p in patterns[key] for name in MAP["launch"][lid]["name"].split(" / ")):
+                unmatched.add(lid)
+    assert missing == set() and unmatched == set()
