@@ -1,9 +1,9 @@
 """The specialized plan: the fused decode path of vLLM PR #61867 ("latency_specialized"), one rank.
 
-Reconstructed from the published description (docs/published.md) and the public precursors of each
-fusion (docs/sources.md §K3). Each fusion is a named switch; turning one off puts back
+Read from the released vLLM 0.33.0 (docs/vllm-k3-source.md, docs/vllm_k3_map.toml); each kernel's
+`source` names the function that launches it. Each fusion is a named switch; turning one off puts back
 the standard kernels it replaced (called by name from the kernel modules), so a user can ablate one at
-a time. The listing below is the whole plan; every kernel's stream, dependencies, PDL and prefetch
+a time, and with none the plan is the standard plan. The listing below is the whole plan; every kernel's stream, dependencies, PDL and prefetch
 are set in the call that builds it.
 
     fused_kda             conv + gate + delta rule + norm + output gate in one kernel, also for
@@ -14,10 +14,11 @@ are set in the call that builds it.
                           picks the top-k
     glu_epilogue          the activation runs in the gate/up GEMM's epilogue (no separate kernel)
     shared_overlap        the shared expert runs on an aux stream, overlapped with routed experts
+                          (Kimi K3's stock path already does: it changes the generic MoE only)
     moe_finalize          FC2 and the routing-weighted sum in one kernel
     latent_tail           AR(latent) + RMSNorm + reduce-scatter(shared) in one collective kernel,
                           then a sharded up-projection whose epilogue adds the shared slice and
-                          all-gathers (vLLM tier-0 tail, V-TAIL)
+                          all-gathers (vLLM tier-0 tail, V-TAIL; Kimi K3's stock path already runs it)
     small_batch_proj      at small M, the MLA g_proj shard joins the fused q_a/kv_a skinny GEMM
     pdl_prefetch          programmatic dependent launch everywhere; every kernel whose weights do
                           not depend on data loads them while its predecessor (often a collective)
@@ -35,7 +36,7 @@ are set in the call that builds it.
 The plan follows vLLM 0.33.0's specialized decode (docs/vllm-k3-source.md; each kernel's `source`):
 KDA + MoE at TP16, 1 x 8 tokens: 13 launches (8 main, 3 shared-expert launches on the aux stream, 2 L2
 prefetches); at 1 x 1 the small-batch chain: 8. The source serves 1-8, 16, 32 and 64 tokens and runs the
-stock forward otherwise (`SERVED_TOKENS`; `plans.builders` prices those steps with the standard plan).
+stock forward otherwise (`serves`: `build` returns the standard plan's kernels for those steps).
 Dimension legend: M tokens, D hidden, P TP degree, E experts, L latent, k active experts.
 """
 
