@@ -10,6 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from simulator.plans.fuse import Chain
+
 from simulator.check import make_inputs
 from simulator.config import load_model
 from simulator.dtypes import Precision
@@ -61,12 +63,16 @@ def test_every_op_takes_exactly_the_declared_tensors(k3, tp):
     for plan in _plans(k3, tp):
         for k in plan:
             assert k.op is not None, k.key
-            n, variadic = _positional(k.op)
-            params = inspect.signature(k.op).parameters
-            positional_consts = sum(c in params and params[c].kind != params[c].KEYWORD_ONLY for c, _ in k.consts)
-            assert variadic or n == len(k.reads) + len(k.weights) + positional_consts, \
-                f"{k.key}: {k.op.__name__} takes {n} tensors, the kernel declares {len(k.reads)} + {len(k.weights)}"
-            assert all(c in params for c, _ in k.consts), f"{k.key}: a const the op does not take"
+            # a fused kernel (plans/fuse.py): each merged op takes its part's tensors and consts
+            calls = ([(p.op, len(p.reads), p.weights, p.consts) for p in k.op.parts] if isinstance(k.op, Chain)
+                     else [(k.op, len(k.reads), len(k.weights), tuple(c for c, _ in k.consts))])
+            for op, reads, weights, consts in calls:
+                n, variadic = _positional(op)
+                params = inspect.signature(op).parameters
+                assert variadic or n == reads + weights + sum(c in params and params[c].kind != params[c].KEYWORD_ONLY
+                                                              for c in consts), \
+                    f"{k.key}: {op.__name__} takes {n} tensors, the kernel declares {reads} + {weights}"
+                assert all(c in params for c in consts), f"{k.key}: a const the op does not take"
 
 
 def _run(cfg, plan, layer_type, seed=0):

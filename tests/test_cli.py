@@ -27,7 +27,7 @@ def test_check_json_contract():
     doc = json.loads(r.output)
     assert doc["passed"] is True and doc["precision"] == "fp64"
     layer = doc["layers"][0]
-    assert layer["layer"] == "kda" and layer["kernel_counts"] == {"standard": 23, "specialized": 13}
+    assert layer["layer"] == "kda" and layer["kernel_counts"] == {"standard": 22, "specialized": 13}
     assert isinstance(layer["max_abs_error"], float) and isinstance(layer["rel_rms_error"], float)
     assert layer["routing_flips"] == 0
 
@@ -98,7 +98,7 @@ def test_range_errors_name_the_flag_as_typed_one_fact(args, needle, absent):
     (("step", "--enable-fusion", "latent_tail"), "on by default"),
     (("layer", "--enable-fusion", "unpadded_experts", "--disable-fusion", "unpadded_experts"),
      "both name unpadded_experts"),
-    (("layer", "--disable-fusion", "unpadded_experts"), "--disable-fusion unpadded_experts changes nothing"),
+    (("layer", "--enable-fusion", "unpadded_experts"), "--enable-fusion unpadded_experts changes nothing"),
     (("layer", "--variant", "standard", "--disable-fusion", "fused_kda"), "--variant standard prices only"),
     (("step", "--variant", "standard", "--enable-fusion", "unpadded_experts"),
      "--enable-fusion changes the specialized"),
@@ -113,7 +113,7 @@ def test_options_that_change_nothing_are_refused(args, needle):
 
 
 def test_useful_fusion_flags_still_work():
-    assert run("layer", "--enable-fusion", "unpadded_experts", "--json").exit_code == 0
+    assert run("layer", "--disable-fusion", "unpadded_experts", "--json").exit_code == 0
     assert run("layer", "--variant", "specialized", "--disable-fusion", "fused_kda", "--json").exit_code == 0
     assert run("ablation", "--tokens-per-seq", "8", "--acceptance-length", "6", "--json").exit_code == 0
 

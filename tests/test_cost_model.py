@@ -88,7 +88,7 @@ def test_layer_cli_default_and_json():
     assert r.exit_code == 0
     doc = json.loads(r.output)
     std, spec = doc["variants"]["standard"], doc["variants"]["specialized"]
-    assert (std["kernel_count"], spec["kernel_count"]) == (23, 13)
+    assert (std["kernel_count"], spec["kernel_count"]) == (23, 8)  # one token: vLLM 0.33.0 launches 23 and 8
     assert doc["speedup"] == pytest.approx(std["layer_us"] / spec["layer_us"], rel=1e-3)
     for k in std["kernels"]:
         assert {"name", "stream", "start_us", "duration_us", "bytes", "flops", "bound"} <= set(k)
@@ -113,7 +113,7 @@ def test_trace_cli(tmp_path):
     assert r.exit_code == 0
     trace = json.loads(out.read_text())
     xs = [e for e in trace["traceEvents"] if e["ph"] == "X" and e.get("cat") != "prefetch"]
-    assert len(xs) == 23 + 13 and all(e["dur"] >= 0 for e in xs)
+    assert len(xs) == 23 + 8 and all(e["dur"] >= 0 for e in xs)  # one token: vLLM 0.33.0 launches 23 and 8
     r = runner.invoke(app, ["trace", "--out", str(tmp_path / "s.json"), "--step", "--tokens-per-seq", "1",
                             "--variant", "specialized"])
     assert r.exit_code == 0

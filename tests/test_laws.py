@@ -127,7 +127,7 @@ def test_kernels_no_set_measured_fall_back_to_the_datasheet_law(h200):
     cfg = load_model("kimi-k3")
     from simulator.cost.step import build_plan
     plan = build_plan(cfg, "specialized", 8, DecodeShape(1, 1, 512), "kda")
-    fused = plan.kernel("oproj_ar_norm")  # a GEMM with an in-kernel all-reduce: nobody measured it
+    fused = plan.kernel("oproj_producer")  # a GEMM with an in-kernel all-reduce: nobody measured it
     assert laws.role_of(fused) == (None, "") and not price_kernel(fused, h200).measured
     conv = build_plan(cfg, "standard", 8, DecodeShape(1, 2, 512), "kda").kernel("kda_conv")
     assert laws.law_us(conv, h200.kernel_set, h200.sm_count, h200.l2_bytes) is None  # no floor of its own

@@ -46,10 +46,10 @@ def test_skew_and_correlation_lower_u_and_the_plan_streams_fewer_expert_bytes():
     bytes_of = {}
     for name, routing in {"uniform": RoutingStats(), "skew": RoutingStats(1.2), "corr": RoutingStats(0, 1.0)}.items():
         plan = build_plan(cfg, "specialized", 16, DecodeShape(1, 8, 512, routing), "kda")
-        bytes_of[name] = plan.kernel("fc1").weight_bytes
+        bytes_of[name] = plan.kernel("experts").weight_bytes
     assert bytes_of["skew"] < 0.7 * bytes_of["uniform"]
-    fc1 = build_plan(cfg, "specialized", 16, DecodeShape(1, 1, 512), "kda").kernel("fc1")
-    assert bytes_of["corr"] == fc1.weight_bytes
+    experts = build_plan(cfg, "specialized", 16, DecodeShape(1, 1, 512), "kda").kernel("experts")
+    assert bytes_of["corr"] == experts.weight_bytes
 
 
 def test_full_draft_correlation_routes_a_verify_like_one_token():

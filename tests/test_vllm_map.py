@@ -1,9 +1,9 @@
 """docs/vllm_k3_map.toml (the launches vLLM 0.33.0 makes for a Kimi K3 layer) held against moe-sim's plans.
 
-Every plan kernel must be the work of some source launch, every source launch must name the plan kernels
-it does (or none), and where the map and a plan differ in count, stream or PDL the configuration must list
-a difference that docs/vllm-k3-source.md explains. When a plan changes, these tests say which map entries
-(or which differences) no longer hold.
+Every configuration's launches are the plan's kernels one for one (count_delta = 0): each launch names the
+plan kernel that does its work, and that kernel cites the launch's source function. Where a stream or PDL
+still differs the configuration lists an open difference that docs/vllm-k3-source.md explains. When a plan
+changes, these tests say which map entries (or which differences) no longer hold.
 """
 
 import re
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from simulator.config import load_model
 from simulator.plans import specialized, standard
 from simulator.plans.kernel import DecodeShape
 
@@ -21,7 +22,7 @@ DOC = (ROOT / "docs" / "vllm-k3-source.md").read_text()
 LAUNCH_FIELDS = {"name": str, "source": str, "stream": str, "pdl": (bool, str), "prefetch": str, "collective": str,
                  "reads": str, "writes": str, "plan_keys": list, "external": bool}
 CONFIG_FIELDS = {"path", "layer", "tp", "batch", "tokens_per_seq", "launches", "differences", "count_delta"}
-STREAMS = {"main": "main", "aux": "aux", "attn_aux": "aux", "prefetch": None}  # map stream -> plan stream
+STREAMS = {"main": "main", "aux": "aux", "attn_aux": "aux", "prefetch": "prefetch"}  # map stream -> plan stream
 SOURCE = re.compile(r"^vllm/[\w/]+\.py:[A-Za-z_][\w.]*")
 BUILD = {"standard": standard.build, "specialized": specialized.build}
 
@@ -82,8 +83,9 @@ def test_launch_entries_are_complete(lid):
     assert entry["pdl"] in (True, False, "unknown"), f"{lid}: pdl {entry['pdl']!r}"
     assert SOURCE.match(entry["source"]), f"{lid}: source {entry['source']!r} is not 'vllm/<path>.py:<function>'"
     assert entry["name"] and all(isinstance(k, str) for k in entry["plan_keys"])
-    if entry["stream"] == "prefetch":  # an L2 prefetch does no plan kernel's work
-        assert entry["plan_keys"] == [], lid
+    assert len(entry["plan_keys"]) == 1, f"{lid}: one launch, one plan kernel"
+    if entry["stream"] == "prefetch":  # an L2 prefetch is the plan's L2 prefetch launch
+        assert entry["plan_keys"][0].startswith("l2_prefetch_"), lid
 
 
 def test_configs_are_well_formed_and_everything_is_used():
@@ -99,6 +101,7 @@ def test_configs_are_well_formed_and_everything_is_used():
         for d in cfg["differences"]:
             assert d in MAP["difference"], f"{config_id(cfg)}: unknown difference {d}"
             assert MAP["difference"][d]["path"] == cfg["path"], f"{config_id(cfg)}: {d} is about the other path"
+            assert MAP["difference"][d]["status"] == "open", f"{config_id(cfg)}: {d} is resolved"
         used_launches |= set(cfg["launches"])
         used_diffs |= set(cfg["differences"])
     assert not set(MAP["launch"]) - used_launches, "launches no configuration uses"
@@ -117,6 +120,29 @@ def test_map_covers_the_published_and_tp8_configurations():
 @pytest.mark.parametrize("cfg", MAP["config"], ids=config_id)
 def test_source_launches_do_the_plans_kernels(cfg, k3):
     assert cover_problems(cfg, plan_of(cfg, k3), MAP["launch"]) == []
+    assert cfg["count_delta"] == 0, "the plan launches what the source launches"
+
+
+@pytest.mark.parametrize("cfg", MAP["config"], ids=config_id)
+def test_each_plan_kernel_cites_the_function_that_launches_it(cfg, k3):
+    """One launch, one kernel, in host issue order: the kernel's `source` is the launch's function."""
+    plan = plan_of(cfg, k3)
+    wrong = []
+    for lid, kernel in zip(cfg["launches"], plan.kernels):
+        entry = MAP["launch"][lid]
+        if entry["plan_keys"] != [kernel.key]:
+            wrong.append(f"{lid} is plan kernel {entry['plan_keys']}, the plan launches {kernel.key} there")
+        if not SOURCE.fullmatch(kernel.source) or kernel.source != SOURCE.match(entry["source"]).group(0):
+            wrong.append(f"{kernel.key} cites {kernel.source!r}, the map {entry['source']!r}")
+    assert wrong == []
+
+
+@pytest.mark.parametrize("path", sorted(BUILD))
+@pytest.mark.parametrize("layer", ["kda", "mla"])
+@pytest.mark.parametrize("tp, batch, tokens", [(16, 1, 8), (16, 1, 1)] + [(8, b, 1) for b in (*range(1, 9), 16, 32, 64)])
+def test_every_kernel_cites_its_source_function(path, layer, tp, batch, tokens, k3):
+    plan = plan_of({"path": path, "layer": layer, "tp": tp, "batch": batch, "tokens_per_seq": tokens}, k3)
+    assert [k.key for k in plan.kernels if not SOURCE.fullmatch(k.source)] == []
 
 
 @pytest.mark.parametrize("cfg", MAP["config"], ids=config_id)
@@ -140,11 +166,13 @@ def test_the_published_specialized_count_is_the_sources():
     cfg = next(c for c in MAP["config"] if config_id(c) == "specialized-kda-tp16-1x8")
     streams = [MAP["launch"][lid]["stream"] for lid in cfg["launches"]]
     assert len(streams) == 13 and streams.count("prefetch") == 2
+    assert [k.stream for k in plan_of(cfg, load_model("kimi-k3")).kernels].count("prefetch") == 2
 
 
 def test_every_difference_is_in_the_doc_table():
     table = set(re.findall(r"^\| \*\*([SP]\d+)\*\* \|", DOC, flags=re.M))
     assert table == set(MAP["difference"])
+    assert all(d["status"] in ("open", "resolved") for d in MAP["difference"].values())
 
 
 def test_the_cover_check_can_fail(k3):
@@ -157,3 +185,23 @@ def test_the_cover_check_can_fail(k3):
     launches = dict(MAP["launch"], extra=dict(MAP["launch"][lid], plan_keys=["mla_decode"]))
     added = dict(cfg, launches=cfg["launches"] + ["extra"], count_delta=cfg["count_delta"] + 1)
     assert any("mla_decode" in p for p in cover_problems(added, plan, launches))
+
+
+def test_the_pattern_table_names_every_launch_the_map_lists():
+    """compare-trace's vllm-k3 engines have a pattern for every plan kernel of their variant in every map
+    configuration, and that pattern matches the launch's name as the source gives it (external launches are
+    named inside FlashInfer / TRT-LLM: the map describes them instead)."""
+    from simulator.report.trace_patterns import load_engine
+    engines = {"standard": load_engine("vllm-k3"), "specialized": load_engine("vllm-k3-specialized")}
+    missing, unmatched = set(), set()
+    for cfg in MAP["config"]:
+        patterns = engines[cfg["path"]].patterns
+        for lid in cfg["launches"]:
+            key = MAP["launch"][lid]["plan_keys"][0]
+            if key not in patterns:
+                missing.add(key)
+            elif MAP["launch"][lid]["external"]:  # named inside FlashInfer / TRT-LLM: the map describes it
+                continue
+            elif not any(p.search(name.strip()) for p in patterns[key] for name in MAP["launch"][lid]["name"].split(" / ")):
+                unmatched.add(lid)
+    assert missing == set() and unmatched == set()

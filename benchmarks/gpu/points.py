@@ -111,13 +111,9 @@ SMALL_KEYS = ("attn_res_pre", "attn_res_post", "shared_act", "topk", "finalize",
 
 
 def _plan(model: str, variant: str, tp: int, batch: int, tokens: int, context: int, layer: str):
-    from simulator.config import load_model
-    from simulator.cost.step import build_plan, head_plan
-    from simulator.plans.kernel import DecodeShape
-    cfg, shape = load_model(model), DecodeShape(batch, tokens, context)
-    if layer == "head":
-        return head_plan(cfg, tp, shape, variant, False)
-    return build_plan(cfg, variant, tp, shape, layer)
+    """The plan the H200 suite measures: the stock kernels Hopper runs, the specialized kernels at any size."""
+    from simulator.cost.measured import _plan as measured_plan
+    return measured_plan(model, variant, tp, batch, tokens, context, layer)
 
 
 def _dense_gemm_shapes() -> list[tuple[str, str, str, int, int, int, str]]:

@@ -24,6 +24,7 @@ from simulator.hardware import HardwareProfile
 from simulator.ops.experts import UNIFORM, RoutingStats
 from simulator.plans.kernel import DecodeShape
 from simulator.plans.specialized import FUSIONS
+from simulator.plans.standard import arch_of
 
 # Waterfall order: the order FUSIONS lists them (the plan's docstring table, tests/test_plans.py holds the two
 # equal): the attention side of the layer, the MoE tail, then the launch machinery.
@@ -44,7 +45,7 @@ class AblationRow:
 
 def _layer_us(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer: str,
               fusions: frozenset[str], makespan: Makespan) -> tuple[float, int]:
-    plan = build_plan(cfg, "specialized", tp, shape, layer, fusions)
+    plan = build_plan(cfg, "specialized", tp, shape, layer, fusions, arch=arch_of(hw))
     return makespan(plan, hw), len(plan)
 
 

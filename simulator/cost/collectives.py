@@ -147,15 +147,18 @@ def _cost(op: CollectiveOp, algorithm: Algorithm, nbytes: int, ranks: int, alpha
     return CollectiveCost(op, algorithm, nbytes, ranks, alpha, transfer)
 
 
-def choose_algorithm(op: CollectiveOp, nbytes: int, ranks: int, hw: HardwareProfile) -> CollectiveCost:
-    """The standalone collective: for an all-reduce the cheapest of one-shot, two-shot and NVLS (module doc)."""
+def choose_algorithm(op: CollectiveOp, nbytes: int, ranks: int, hw: HardwareProfile,
+                     algorithms: tuple[str, ...] = ()) -> CollectiveCost:
+    """The standalone collective: for an all-reduce the cheapest of one-shot, two-shot and NVLS, or of the
+    `algorithms` the launching library picks among (FlashInfer's MNNVL all-reduce: one- or two-shot)."""
     if op == "reduce_scatter":
         return reduce_scatter(nbytes, ranks, hw)
     if op == "all_gather":
         return all_gather(nbytes, ranks, hw)
     if op != "all_reduce":
         raise ValueError(f"unknown collective op {op!r}")
-    return min(one_shot(nbytes, ranks, hw), two_shot(nbytes, ranks, hw), nvls(nbytes, ranks, hw),
+    picks = {"one_shot": one_shot, "two_shot": two_shot, "nvls": nvls}
+    return min((f(nbytes, ranks, hw) for name, f in picks.items() if name in (algorithms or picks)),
                key=lambda c: c.time_us)
 
 
@@ -176,7 +179,7 @@ def collective_cost(collective: Collective, hw: HardwareProfile,
     if algorithm is None:
         if collective.in_kernel:
             return in_kernel(collective.op, collective.nbytes, collective.ranks, hw)
-        return choose_algorithm(collective.op, collective.nbytes, collective.ranks, hw)
+        return choose_algorithm(collective.op, collective.nbytes, collective.ranks, hw, collective.algorithms)
     if collective.op != "all_reduce" or algorithm not in ALL_REDUCE_ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r} does not apply to {collective.op}")
     pick = {"one_shot": one_shot, "two_shot": two_shot, "nvls": nvls, "ring": ring}[algorithm]
@@ -187,8 +190,13 @@ def collective_time_us(collective: Collective, hw: HardwareProfile) -> Any:
     """`collective_cost(collective, hw).time_us` without the record, so that it also holds when the profile's
     constants are arrays of draws (cost/uncertainty.py): the cheapest all-reduce is then a minimum per draw."""
     if collective.op == "all_reduce" and not collective.in_kernel:
-        n, p = collective.nbytes, collective.ranks
-        return np.minimum(np.minimum(one_shot(n, p, hw).time_us, two_shot(n, p, hw).time_us), nvls(n, p, hw).time_us)
+        n, p, allowed = collective.nbytes, collective.ranks, collective.algorithms or ("one_shot", "two_shot", "nvls")
+        times = [f(n, p, hw).time_us for name, f in (("one_shot", one_shot), ("two_shot", two_shot), ("nvls", nvls))
+                 if name in allowed]
+        best = times[0]
+        for t in times[1:]:
+            best = np.minimum(best, t)
+        return best
     return collective_cost(collective, hw).time_us
 
 

@@ -49,7 +49,14 @@ def _plan(model: str, variant: str, tp: int, batch: int, tokens: int, context: i
     cfg, shape = load_model(model), DecodeShape(batch, tokens, context)
     if layer == "head":
         return head_plan(cfg, tp, shape, variant, False)
-    return build_plan(cfg, variant, tp, shape, layer)
+    if variant == "standard":  # the rows are H200 (SM90) measurements: the stock kernels Hopper runs
+        from simulator.cost.step import representative_layer
+        from simulator.plans import standard
+        return standard.build(cfg, tp, shape, layer, representative_layer(cfg, layer), arch="sm90")
+    from simulator.cost.step import representative_layer
+    from simulator.plans import specialized  # the kernels the measurements were taken of, at any size
+    return specialized.build(cfg, tp, shape, layer, representative_layer(cfg, layer),
+                             frozenset(specialized.FUSIONS) - specialized.SOURCE_MERGES, fallback=False)
 
 
 def _act(name: str, *shape: int, dtype: str = "bf16") -> Tensor:
@@ -119,7 +126,7 @@ def _kda(r: dict) -> Kernel:
         from simulator.plans.common import Dims
         cfg = load_model(r["model"])
         d = Dims(cfg, r["tp"], DecodeShape(r["B"], r["T"], 512), representative_layer(cfg, "kda"))
-        kernel = kda_kernels.kda_recurrent(d)
+        kernel = kda_kernels.kda_recurrent(d, bv=kda_kernels.KDA_BV)  # the grid the H200 rows ran
     else:
         kernel = _plan(r["model"], "specialized", r["tp"], r["B"], r["T"], 512, "kda").kernel("kda_decode")
     final = tuple(t for t in kernel.writes if len(t.shape) != 5)

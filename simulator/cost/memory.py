@@ -57,7 +57,9 @@ def weight_bytes_per_gpu(cfg: ModelConfig, tp: int) -> int:
 
 def _layer_weight_bytes(cfg: ModelConfig, tp: int, layer_type: str) -> int:
     """One layer's resident weights: each spec weight the standard plan declares, once, as sharded there."""
-    plan = build_plan(cfg, "standard", tp, DecodeShape(1, 1, 0), layer_type)
+    # the layout the stock loader stores: the tier-0 tail (arch sm100) reads a row shard of the replicated
+    # latent up-projection, which the stock path also keeps whole for its larger-batch tiers (arch sm90's plan)
+    plan = build_plan(cfg, "standard", tp, DecodeShape(1, 1, 0), layer_type, arch="sm90")
     layout = {name: (shard, t.dtype) for k in plan for t in k.weights for name, shard in t.parts}
     total = 0
     for name, (shard, dtype) in layout.items():

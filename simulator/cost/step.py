@@ -48,23 +48,23 @@ def representative_layer(cfg: ModelConfig, layer_type: str) -> int:
 
 
 def build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, layer_type: str,
-               fusions: frozenset[str] | None = None, layer: int | None = None) -> Plan:
+               fusions: frozenset[str] | None = None, layer: int | None = None, arch: str = "sm100") -> Plan:
     """The plan of one layer; one object per distinct plan (the default fusions asked for by name or as None
     build the same), so pricings that remember plans by identity (the uncertainty draws) price it once."""
     if variant == "specialized":
         fusions = specialized.resolve_fusions(fusions)
-    return _build_plan(cfg, variant, tp, shape, layer_type, fusions if variant == "specialized" else None, layer)
+    return _build_plan(cfg, variant, tp, shape, layer_type, fusions if variant == "specialized" else None, layer, arch)
 
 
 @lru_cache(maxsize=4096)  # plans are immutable and pure in their (hashable) arguments: sweeps reuse them
 def _build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, layer_type: str,
-                fusions: frozenset[str] | None, layer: int | None) -> Plan:
+                fusions: frozenset[str] | None, layer: int | None, arch: str = "sm100") -> Plan:
     if variant not in BUILDERS:
         raise UserError(f"variant '{variant}' is not one of {', '.join(BUILDERS)}.")
     index = representative_layer(cfg, layer_type) if layer is None else layer
     if variant == "specialized":
         return specialized.build(cfg, tp, shape, layer_type, index, fusions=fusions)
-    return standard.build(cfg, tp, shape, layer_type, index)
+    return standard.build(cfg, tp, shape, layer_type, index, arch=arch)
 
 
 def layer_us(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
@@ -79,7 +79,7 @@ def _layer(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: 
            fusions: frozenset[str] | None, makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> tuple[Any, int]:
     """The plan of the shape's `plan_shape`: one object for every shape that builds the same kernels, so a
     pricing that remembers plans (the uncertainty draws do, by identity) prices it once."""
-    plan = build_plan(cfg, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions)
+    plan = build_plan(cfg, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions, arch=standard.arch_of(hw))
     return makespan(plan, hw), len(plan)
 
 
@@ -124,7 +124,7 @@ draft_us = lru_cache(maxsize=8192)(_draft)
 def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape,
                    layer_type: str, fusions: frozenset[str] | None = None,
                    makespan: Makespan = makespan_us) -> Timeline:
-    return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions), hw, makespan.loop)
+    return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions, arch=standard.arch_of(hw)), hw, makespan.loop)
 
 
 @lru_cache(maxsize=1024)  # the same plan objects for the same drafting: pricings that remember plans hit

@@ -389,9 +389,11 @@ def figure_values(cfg: Any, sample: Sample, figures: tuple) -> Array:
 def _figure(cfg: Any, sample: Sample, fig: Any, makespan: Callable[[Plan, HardwareProfile], Array]) -> Array:
     from simulator.cost.step import build_plan, estimate_step
     from simulator.plans.kernel import DecodeShape
+    from simulator.plans.standard import arch_of
     if fig.metric == "layer_us":
         shape = DecodeShape(fig.batch, fig.tokens_per_seq, fig.context)
-        return makespan(build_plan(cfg, fig.variant, fig.tp, shape, fig.layer or "kda"), sample.stacked)
+        return makespan(build_plan(cfg, fig.variant, fig.tp, shape, fig.layer or "kda", arch=arch_of(sample.stacked)),
+                        sample.stacked)
     step = estimate_step(cfg, sample.stacked, fig.variant, fig.tp, fig.batch, fig.context, makespan=makespan)
     us = np.asarray(step.step_us)
     return us / 1000.0 if fig.metric == "step_ms" else fig.batch * step.tokens_per_step / (us * 1e-6)

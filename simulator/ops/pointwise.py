@@ -52,3 +52,8 @@ def add(*xs: Array) -> Array:
 def concat(*xs: Array) -> Array:
     """Concatenate along the last axis (one buffer so one collective carries both).   -> [M, sum n]"""
     return np.concatenate(xs, axis=-1)
+
+
+def nothing() -> tuple[()]:
+    """A launch with no numerical effect (an L2 prefetch): no inputs, no outputs."""
+    return ()

@@ -23,7 +23,7 @@ from simulator.memo import remember
 from simulator.ops import collectives as coll_ops
 from simulator.ops import linear as lin
 from simulator.ops import norm
-from simulator.plans.kernel import ALL_WEIGHTS, Collective, Kernel, RunOption, Shard, Tensor
+from simulator.plans.kernel import ALL_WEIGHTS, K3, LLG, SD, Collective, Kernel, RunOption, Shard, Tensor
 from simulator.state import DecodeShape, block_boundary, blocks_before
 
 
@@ -209,7 +209,7 @@ def blocks(d: Dims, n: int) -> Tensor:
 # ---------------------------------------------------------------------------------------
 
 @context_free
-def attn_res_pre(d: Dims, launch: Launch = PLAIN) -> Kernel:
+def attn_res_pre(d: Dims, launch: Launch = PLAIN, source: str = K3 + "ops/attn_res.py:attn_res") -> Kernel:
     """prefix += delta (previous layer's MLP output); mix over blocks + prefix; [snapshot]; RMSNorm.
     One kernel in the stock path already (vLLM's fused AttnRes + norm, V-ATTNRES)."""
     M, D, nb = d.M, d.D, d.n_blocks
@@ -221,7 +221,7 @@ def attn_res_pre(d: Dims, launch: Launch = PLAIN) -> Kernel:
         weights=(weight("attn_res_norm", D), weight("attn_res_proj", D), weight("input_norm", D)),
         writes=(act("prefix", M, D), act("x", M, D)) + snapshot,
         flops=M * D + norm.attn_res_mix_flops(nb + 1, M, D) + norm.rms_norm_flops(M, D),
-        pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+        pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=source,
         note="prefix += previous MLP output, [block snapshot], softmax mix over sources, input RMSNorm; "
              "fused in stock vLLM (V-ATTNRES, PR #57464 folds the MLP add in)")
 
@@ -242,7 +242,7 @@ def o_proj_weight(d: Dims) -> Tensor:
     return weight(f"{d.attn}.w_o", d.attn_width, d.D, shard="row")
 
 
-def kda_in_proj(d: Dims, name: str, launch: Launch = PLAIN) -> Kernel:
+def kda_in_proj(d: Dims, name: str, launch: Launch = PLAIN, source: str = LLG) -> Kernel:
     """x @ [W_q | W_k | W_v | W_g | W_fa | W_b] per rank: q, k, v, g column shards, f_a replicated."""
     M, D, C, Nh, H = d.M, d.D, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim
     n = 4 * C + H + Nh
@@ -255,28 +255,36 @@ def kda_in_proj(d: Dims, name: str, launch: Launch = PLAIN) -> Kernel:
         op=lin.linear_split, consts=(("widths", (3 * C, C, H, Nh)),),
         reads=(act("x", M, D),), weights=(w,),
         writes=(act("kda.qkv", M, 3 * C), act("kda.g", M, C), act("kda.fa", M, H), act("kda.b", M, Nh)),
-        flops=lin.gemm_flops(M, D, n_pad), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+        flops=lin.gemm_flops(M, D, n_pad), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=source,
         note="in_proj_qkvgfab: 4 column shards + replicated f_a (N = 6288 at TP8, 3216 at TP16; V-LLG)")
 
 
-def kda_fb_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
+def kda_fb_proj(d: Dims, launch: Launch = PLAIN, stream: str = "main", deps: tuple[str, ...] = ()) -> Kernel:
     """z = f_a(x) @ W_fb (column shard): the low-rank decay path."""
     M, C, H = d.M, d.kda_w_r, d.cfg.kda_head_dim
     return Kernel(key="kda_fb_proj", name="gemm_f_b_proj", kind="gemm", family="gemm", op=lin.linear,
                   reads=(act("kda.fa", M, H),), weights=(weight("kda.w_fb", H, C, shard="col"),),
-                  writes=(act("kda.z", M, C),), flops=lin.gemm_flops(M, H, C),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  writes=(act("kda.z", M, C),), flops=lin.gemm_flops(M, H, C), stream=stream, deps=deps,
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=LLG,
                   note="f_b_proj GEMM (1536x128 at TP8; V-LLG dsv3_fused_a table)")
 
 
+# vLLM's standalone all-reduce (CudaCommunicator.all_reduce, VLLM_ALLREDUCE_USE_FLASHINFER=1): FlashInfer's MNNVL
+# allreduce_fusion, Lamport buffers, one- or two-shot chosen inside FlashInfer; no NVLS (multimem) all-reduce
+FLASHINFER_AR = ("one_shot", "two_shot")
+
+
 @context_free
-def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: str, launch: Launch = PLAIN) -> Kernel:
+def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: str, launch: Launch = PLAIN,
+                      source: str = "vllm/distributed/device_communicators/flashinfer_all_reduce.py:FlashInferAllReduce.all_reduce"
+                      ) -> Kernel:
     """A standalone TP all-reduce of [M, width] bf16, in the run's reduction order."""
     t = act(src, d.M, width)
     return Kernel(key=key, name="allreduce", kind="collective", family="collective",
                   scope="ranks", op=coll_ops.all_reduce,
                   consts=(("algorithm", RunOption("all_reduce")),), reads=(t,), writes=(act(dst, d.M, width),),
-                  collective=Collective("all_reduce", t.nbytes, d.P), pdl=launch.pdl, note=note)
+                  collective=Collective("all_reduce", t.nbytes, d.P, algorithms=FLASHINFER_AR), pdl=launch.pdl, note=note,
+                  source=source)
 
 
 # ---------------------------------------------------------------------------------------
@@ -288,7 +296,7 @@ def o_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, n = d.M, d.D, d.attn_width
     return Kernel(key="o_proj", name="cutlass_gemm_o_proj", kind="gemm", family="gemm", op=lin.linear,
                   reads=(act("attn.core", M, n),), weights=(o_proj_weight(d),), writes=(act("attn.partial", M, D),),
-                  flops=lin.gemm_flops(M, n, D), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  flops=lin.gemm_flops(M, n, D), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=LLG,
                   note="row-parallel o_proj; its partial sum still needs the all-reduce")
 
 
@@ -306,6 +314,7 @@ def attn_res_post(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   consts=(("eps", d.cfg.rms_norm_eps), ("store", RunOption("store_bf16"))),
                   reads=(reads[0], act("attn.out", d.M, d.D), reads[1]), writes=writes, weights=weights,
                   flops=attn_res_post_flops(d), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  source=K3 + "ops/attn_res.py:attn_res",
                   note="prefix += attention output, softmax mix, post-attention RMSNorm (V-ATTNRES)")
 
 
@@ -323,6 +332,7 @@ def oproj_allreduce_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
         flops=lin.gemm_flops(M, n, D) + attn_res_post_flops(d),
         collective=Collective("all_reduce", payload.nbytes, d.P, in_kernel=True), fusions=("oproj_allreduce_norm",),
         replaces=("o_proj", "attn_all_reduce", "attn_res_post"), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+        source=SD + "cutedsl/oproj/prepared.py:PreparedOproj.run",
         note="GEMM epilogue pushes bf16 partials to peers (one-shot, Lamport flags), reduces in FP32, "
              "adds to the AttnRes prefix, mixes and normalises; the [M, D] partial and reduced outputs "
              "never round-trip HBM (vLLM gemm_rs_ar #53053, SGLang #30753, TRT-LLM min-latency AR+norm)")

@@ -43,6 +43,11 @@ FAMILIES: tuple[str, ...] = ("gemm", "moe", "small", "kda", "mla", "collective")
 TENSOR_CORE_FAMILIES = frozenset({"gemm", "moe"})  # pay the tensor-core GEMM fixed cost (pricing)
 CollectiveOp = Literal["all_reduce", "reduce_scatter", "all_gather"]
 
+# where vLLM 0.33.0 keeps the code that launches each kernel (Kernel.source; docs/vllm-k3-source.md)
+K3 = "vllm/models/kimi_k3/nvidia/"  # the stock Kimi K3 path
+SD = K3 + "specialized_decode/"  # the specialized decode path
+LLG = K3 + "low_latency_gemm.py:KimiK3LowLatencyLinearMethod.apply"  # every stock dense projection
+
 ALL_WEIGHTS = -1  # prefetch_bytes meaning "every weight byte this kernel declares" (resolved on build)
 EXPERT = "expert.*."  # weight-part prefix of a routed expert's weight, bound per touched expert
 Shard = Literal["full", "col", "row"]  # replicated, output columns r/P, input rows r/P (weights.py)
@@ -90,6 +95,7 @@ class Collective:
     nbytes: int
     ranks: int
     in_kernel: bool = False  # done inside a computing kernel via symmetric-memory flags: no collective launch
+    algorithms: tuple[str, ...] = ()  # a standalone all-reduce: the algorithms its library picks among (() any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +134,7 @@ class Kernel:
     fusions: tuple[str, ...] = ()  # named fusions of the specialized plan this kernel embodies
     replaces: tuple[str, ...] = ()  # keys of the standard-plan kernels this fused kernel replaces
     note: str = ""  # source or reasoning (docs/kernels.md is generated from these)
+    source: str = ""  # the vLLM 0.33.0 function that launches it, "vllm/<package path>.py:<qualified name>" (docs/vllm_k3_map.toml)
     op: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
     consts: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
     scope: Literal["rank", "ranks"] = "rank"

@@ -19,7 +19,16 @@ from simulator.ops import norm, pointwise
 from simulator.ops.experts import expected_unique_experts
 from simulator.ops.router import allgather_topk, route_flops, route_fused
 from simulator.plans.common import PLAIN, Dims, Launch, act, all_reduce_kernel, context_free, packed, weight
-from simulator.plans.kernel import Collective, Kernel, Tensor
+from simulator.plans.fuse import cite, fuse
+from simulator.plans.kernel import K3, SD, Collective, Kernel, Tensor
+
+FUSED_MOE = "vllm/model_executor/layers/fused_moe/"
+TRTLLM_MOE = FUSED_MOE + "experts/trtllm_mxfp4_moe.py:TrtLlmMxfp4ExpertsMonolithic.apply"
+TAIL_OP = K3 + "ops/latent_moe_tail.py:KimiK3LatentMoETailOp.__call__"
+SHARED = {"gate_up": FUSED_MOE + "runner/shared_experts.py:SharedExperts.maybe_forward_async",
+          "act": "vllm/model_executor/layers/activation.py:SituAndMul", "down": K3 + "model.py:KimiMLP.forward"}
+FRONT = SD + "cutedsl/moe/front.py:SharedFront."
+CHAIN = SD + "cutedsl/moe/small_batch/chain.py:SmallBatchChain.run"
 
 # The stock loader pads each rank's slice of the expert intermediate to at least 256 (V-MODEL: 3072 / 16
 # = 192 -> 256 at TP16); the padded rows are zeros but are streamed like any other weight bytes.
@@ -65,7 +74,7 @@ def router(d: Dims, launch: Launch = PLAIN) -> Kernel:
     return Kernel(key="router", name="router_gemm_bf16_fp32", kind="gemm", family="gemm", op=lin.linear,
                   reads=(act("x2", M, D),), weights=(weight("router.w", D, E),),
                   writes=(act("router.logits", M, E, dtype="fp32"),), flops=lin.gemm_flops(M, D, E),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=FUSED_MOE + "router/gate_linear.py:GateLinear",
                   note="replicated router GEMM with FP32 logits (V-MODEL GateLinear; PR #53524)")
 
 
@@ -76,6 +85,7 @@ def latent_down(d: Dims, deps: tuple[str, ...], launch: Launch = PLAIN) -> Kerne
                   stream="aux", deps=deps, reads=(act("x2", M, D),), weights=(weight("latent.w_down", D, L),),
                   writes=(act("latent.z", M, L),), flops=lin.gemm_flops(M, D, L),
                   pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  source=K3 + "model.py:KimiMoE._maybe_overlap_router_and_down_proj",
                   note="replicated routed_expert_down_proj on an aux stream beside the router (V-MODEL, <= 256 tokens)")
 
 
@@ -87,8 +97,8 @@ def topk(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   reads=(act("router.logits", M, E, dtype="fp32"),), weights=(weight("router.bias", E, dtype="fp32"),),
                   writes=(act("topk.idx", M, k, dtype="int32"), act("topk.weight", M, k, dtype="fp32")),
                   diagnostics=("margin",), flops=route_flops(M, E), math="fp32",
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
-                  note="sigmoid + selection bias + top-k + renormalise (TRT-LLM-gen MoE routing kernel)")
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=TRTLLM_MOE,
+                  note="sigmoid + selection bias + top-k + renormalise (TRT-LLM-gen routingMainKernel)")
 
 
 @context_free
@@ -106,7 +116,7 @@ def split_router(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
                op=lin.linear_split,
                consts=(("widths", (E // P, L // P)),), reads=(act("x2", M, D),), weights=(w,), writes=shards,
                flops=lin.gemm_flops(M, D, (E + L) // P), fusions=("split_router",), replaces=("router", "latent_down"),
-               pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+               pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=FRONT + "route",
                note="router logits and latent down-projection, both column-sharded over ranks "
                     "(local-inference-lab vllm #343; TokenSpeed #1038 packs them into one projection)"),
         Kernel(key="router_gather_topk", name="allgather_sigmoid_bias_topk", kind="collective", family="collective",
@@ -116,7 +126,9 @@ def split_router(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
                writes=(act("latent.z", M, L), act("topk.idx", M, k, dtype="int32"), act("topk.weight", M, k, dtype="fp32")),
                diagnostics=("margin",), flops=route_flops(M, E), math="fp32",
                collective=Collective("all_gather", sum(t.nbytes for t in shards), P, in_kernel=True),
-               fusions=("split_router",), replaces=("topk",), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+               fusions=("split_router",), replaces=("topk", "topk_indices", "mxfp8_quant"), pdl=launch.pdl,
+               prefetch_bytes=launch.prefetch_bytes,
+               source=FRONT + "route",
                note="one collective kernel: all-gather the logit and latent shards, exact top-k on the full "
                     "logits (b12x issue #225: top-16 kernel 6.2-7.0 us)"),
     ]
@@ -139,10 +151,11 @@ def gated_mlp(d: Dims, prefix: str, F: int, what: str, stream: str = "main", dep
     return [
         Kernel(key=f"{prefix}_gate_up", name=f"gemm_{prefix}_gate_up", kind="gemm", family="gemm", op=lin.linear,
                reads=(act("x2", M, D),), weights=(_gate_up(prefix, D, F),), writes=(act(f"{prefix}.gu", M, 2 * F),),
-               flops=lin.gemm_flops(M, D, 2 * F), deps=deps, **on, note=f"{what} gate+up, column shard"),
+               flops=lin.gemm_flops(M, D, 2 * F), deps=deps, **on, note=f"{what} gate+up, column shard",
+               source=SHARED["gate_up"] if prefix == "shared" else SHARED["down"]),
         Kernel(key=f"{prefix}_act", name=f"{cfg.hidden_act}_and_mul", kind="pointwise", family="small", op=ex.glu_split,
                consts=(("cfg", cfg),), reads=(act(f"{prefix}.gu", M, 2 * F),), writes=(act(f"{prefix}.h", M, F),),
-               flops=ex.glu_flops(M, F, cfg.hidden_act), **on,
+               flops=ex.glu_flops(M, F, cfg.hidden_act), **on, source=SHARED["act"],
                note="activation and multiply, a separate elementwise kernel"),
         down_proj(d, prefix, F, f"{what} down, row shard; its partial sum is reduced later", stream, launch),
     ]
@@ -158,6 +171,7 @@ def gate_up_act(d: Dims, prefix: str, F: int, stream: str = "main", deps: tuple[
                   writes=(act(f"{prefix}.h", M, F),), stream=stream, deps=deps,
                   flops=lin.gemm_flops(M, D, 2 * F) + ex.glu_flops(M, F, cfg.hidden_act), fusions=("glu_epilogue",),
                   replaces=(f"{prefix}_gate_up", f"{prefix}_act"), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  source=FRONT + "shared_expert" if prefix == "shared" else SHARED["down"],
                   note="activation in the GEMM epilogue: the [M, 2S/P] gate/up output is never written"
                   if prefix == "shared" else "activation in the GEMM epilogue")
 
@@ -169,7 +183,7 @@ def down_proj(d: Dims, prefix: str, F: int, note: str, stream: str = "main", lau
                   op=lin.linear, stream=stream,
                   reads=(act(f"{prefix}.h", M, F),), weights=(weight(f"{prefix}.w_down", F, D, shard="row"),),
                   writes=(act(f"{prefix}.partial", M, D),), flops=lin.gemm_flops(M, F, D),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, note=note)
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, note=note, source=SHARED["down"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -188,6 +202,7 @@ def fc1(d: Dims, pad: bool = True, deps: tuple[str, ...] = (), fusions: tuple[st
                   weights=(_experts(d, ("w_gate", "w_up"), pad),), writes=(act("moe.h", M, k, F),),
                   flops=lin.gemm_flops(M * k, L, 2 * F) + ex.glu_flops(M * k, F, cfg.hidden_act), math=expert_math(d),
                   group_rows=M * k, group_tokens=M, fusions=fusions, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  source=TRTLLM_MOE,
                   note=f"grouped GEMM over the U(M) = {U} touched experts' TP shards ({Fp} intermediate rows per rank"
                        + (", padded by the stock loader" if Fp != F else "") + "), activation in the epilogue")
 
@@ -199,7 +214,7 @@ def fc2(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
                   reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32")),
                   weights=(_experts(d, ("w_down",), pad),), writes=(act("moe.slots", M, k, L),),
                   flops=lin.gemm_flops(M * k, F, L), math=expert_math(d), group_rows=M * k, group_tokens=M, pdl=launch.pdl,
-                  prefetch_bytes=launch.prefetch_bytes,
+                  prefetch_bytes=launch.prefetch_bytes, source=TRTLLM_MOE,
                   note="grouped down GEMM, one output row per (token, slot); intermediate padded like FC1")
 
 
@@ -210,7 +225,7 @@ def finalize(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   floor="finalize", op=ex.expert_finalize,
                   reads=(act("moe.slots", M, k, L), act("topk.weight", M, k, dtype="fp32")),
                   writes=(act("moe.partial", M, L),), flops=ex.finalize_flops(M, k, L),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=TRTLLM_MOE,
                   note="unpermute + routing-weighted sum over the k slots (not deferred; PR #53152 defers it)")
 
 
@@ -224,7 +239,7 @@ def fc2_finalize(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
                   weights=(_experts(d, ("w_down",), pad),), writes=(act("moe.partial", M, L),),
                   flops=lin.gemm_flops(M * k, F, L) + ex.finalize_flops(M, k, L), math=expert_math(d),
                   group_rows=M * k, group_tokens=M, fusions=("moe_finalize",) + (() if pad else ("unpadded_experts",)), replaces=("fc2", "finalize"),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.run",
                   note="routing weight and scatter-add in the FC2 epilogue: the [M, k, L] slot outputs are never written")
 
 
@@ -241,7 +256,7 @@ def latent_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     width = L + (D if shared else 0)
     latent = act("tail.sum", M, L, window=(1, 0, L))
     normed = act("latent.normed", M, L)
-    on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes)
+    on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=K3 + "latent_moe_runner.py:LatentMoERunner._shard_up_proj_tail")
     norm_kernel = (
         Kernel(key="latent_norm", name="rmsnorm_latent", kind="pointwise", family="small",
                floor="reduction", op=norm.rms_norm,
@@ -278,7 +293,7 @@ def classic_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     return [
         Kernel(key="tail_add", name="add_shared_partial", kind="pointwise", family="small", op=pointwise.add,
                reads=(act("moe.partial", M, D),) + shared, writes=(act("moe.sum_partial", M, D),), flops=M * D,
-               pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+               pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=K3 + "model.py:KimiMoE.forward",
                note="routed + shared partial sums before the all-reduce"),
         all_reduce_kernel(d, "moe_all_reduce", "moe.sum_partial", "moe_out", D, launch=launch,
                           note="TP all-reduce of the MoE output"),
@@ -293,7 +308,7 @@ def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     cfg, M, D, L, P = d.cfg, d.M, d.D, d.L, d.P
     # RS of [M, D] moves (P-1)/P of it, the same bytes as a one-shot AR of [M, D/P]: priced as one AR.
     ar_bytes = act("moe.partial", M, L).nbytes + act("shared.partial", M, D // P).nbytes
-    on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes)
+    on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=TAIL_OP)
     return [
         Kernel(key="tail_ar_norm_rs", name="latent_tail_allreduce_rmsnorm_reducescatter", kind="collective", family="collective",
                floor="reduction",
@@ -313,3 +328,123 @@ def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
                note="sharded up-projection, epilogue adds the shared slice and multicast-stores into every "
                     "rank's output (V-TAIL tier 0 kernels b + c; NVLS)"),
     ]
+
+
+# ---------------------------------------------------------------------------------------
+# launches as vLLM 0.33.0 makes them (docs/vllm-k3-source.md): stock extras, merged kernels, L2 prefetch
+# ---------------------------------------------------------------------------------------
+
+@context_free
+def mxfp8_quant(d: Dims, deps: tuple[str, ...], launch: Launch = PLAIN) -> Kernel:
+    """The stock W4A8 experts' prepare step: the latent quantised to MXFP8 in one launch before routing (S8).
+    Declared as a BF16 copy: moe-sim has no block-scaled FP8 storage (E4M3 without its per-32 scales would
+    flush small latent values), so the numbers and bytes keep BF16 (M x L bytes more: 7 KB at M = 1)."""
+    z = act("latent.z", d.M, d.L)
+    return Kernel(key="mxfp8_quant", name="mxfp8_quantize", kind="pointwise", family="small", op=pointwise.add,
+                  reads=(z,), writes=(z,), deps=deps, pdl=launch.pdl,
+                  source=FUSED_MOE + "prepare_finalize/no_dp_ep.py:_quantize_input",
+                  note="latent -> MXFP8 for the TRT-LLM-gen MXFP4 x MXFP8 experts (moe_kernel_quantize_input)")
+
+
+@context_free
+def topk_indices(d: Dims, launch: Launch = PLAIN) -> Kernel:
+    """routingIndicesClusterKernel: the second routing launch (<= 1024 tokens) builds the expert-major row
+    permutation from the top-k ids; moe-sim's grouped ops index by expert directly, so its op passes them on."""
+    idx = act("topk.idx", d.M, d.cfg.top_k, dtype="int32")
+    return Kernel(key="topk_indices", name="routingIndicesClusterKernel", kind="router", family="small",
+                  op=pointwise.add, reads=(idx,), writes=(idx,), pdl=launch.pdl, source=TRTLLM_MOE,
+                  note="expert-major permutation of the routed rows (TRT-LLM RoutingDeepSeek.cu, external)")
+
+
+def experts(d: Dims, pad: bool, weighted: bool, deps: tuple[str, ...], launch: Launch = PLAIN,
+            name: str = "ExpertsKernel", source: str = SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.run") -> Kernel:
+    """The persistent experts kernel: FC1, SiTU and FC2 in one launch (hidden rows exchanged through a
+    workspace, never a kernel boundary); rows stay in top-k order for the tail, or with `weighted` the
+    routing-weighted latent partial is summed in FC2's epilogue."""
+    M, k = d.M, d.cfg.top_k
+    parts = [fc1(d, pad), fc2_finalize(d, pad) if weighted else fc2(d, pad)]
+    return fuse(parts, "experts", name, "moe", "moe", ("moe.partial",) if weighted else ("moe.slots",), source,
+                deps=deps, math=expert_math(d), group_rows=M * k, group_tokens=M, pdl=launch.pdl,
+                fusions=("persistent_experts",) + (() if pad else ("unpadded_experts",)) + (("moe_finalize",) if weighted else ()),
+                note=f"FC1 + SiTU + FC2 over the touched experts' shards ({expert_shard(d, pad)} intermediate rows per "
+                     "rank), FP4 weights; one persistent launch")
+
+
+def moe_tail(d: Dims, finalize_in: bool, launch: Launch = PLAIN, name: str = "MoeTail",
+             source: str = SD + "cutedsl/moe/tail_runtime.py:PreparedTail.run") -> Kernel:
+    """MoeTail: [top-k finalize], latent all-reduce + RMSNorm + shared reduce-scatter, the K-split
+    up-projection from this rank's row shard, and the output multicast into every rank, in one launch."""
+    a, b = latent_tail_fused(d)
+    parts = ([finalize(d)] if finalize_in else []) + [a, b]
+    return fuse(parts, "moe_tail", name, "gemm_collective", "gemm", ("moe_out",), source, deps=("shared_down",),
+                pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, fusions=("one_kernel_tail",),
+                replaces=("tail_collective", "tail_up", "tail_copy"),
+                note="finalize, AR(latent) + RMSNorm + RS(shared), up-projection shard + shared slice, multicast "
+                     "store: one launch; its exchanges are pipelined per K slice (one α)")
+
+
+def stock_tail(d: Dims, launch: Launch = PLAIN, finalize_in: bool = True) -> list[Kernel]:
+    """Tier 0 of the stock latent-MoE tail (<= 128 tokens on SM100): CollectiveKernel (finalize + latent AR +
+    RMSNorm + shared RS), AdaptiveUpProjectionKernel (row shard + shared slice, multicast), LamportCopyKernel.
+    Without `finalize_in` the experts already summed their rows (the specialized moe_finalize)."""
+    a, b = latent_tail_fused(d, launch)
+    collective = fuse(([finalize(d)] if finalize_in else []) + [a], "tail_collective", "CollectiveKernel", "collective", "collective",
+                      ("latent.normed", "shared.slice"), TAIL_OP, deps=("shared_down",), floor="reduction",
+                      pdl=launch.pdl, fusions=(), note="top-k finalize, latent all-reduce, RMSNorm and shared "
+                      "reduce-scatter in one CuTe DSL collective (allreduce_rmsnorm_reduce_scatter)")
+    out = act("moe_out", d.M, d.D)
+    return [collective, cite(b, TAIL_OP, key="tail_up", name="AdaptiveUpProjectionKernel", fusions=()),
+            Kernel(key="tail_copy", name="LamportCopyKernel", kind="pointwise", family="small", op=pointwise.add,
+                   reads=(out,), writes=(out,), pdl=launch.pdl, source=TAIL_OP,
+                   note="copy the multicast output out of the Lamport buffer and re-arm it")]
+
+
+@context_free
+def l2_prefetch(d: Dims, point: str, after: str) -> Kernel:
+    """An L2Prefetch launch on the prefetch stream, forked after `after` (no PDL). moe-sim keeps its launch but
+    not its bytes: L2 residency across kernels is beyond the model, which charges each kernel's weights where
+    that kernel loads them (early, under its predecessor)."""
+    return Kernel(key=f"l2_prefetch_{point}", name="L2Prefetch", kind="pointwise", family="small", op=pointwise.nothing,
+                  stream="prefetch", deps=(after,), fusions=("l2_prefetch",),
+                  source=SD + "runtime/prefetch.py:PrefetchController.fork",
+                  note=f"cp.async.bulk.prefetch.L2 of the '{point}' ranges (sd/runtime/prefetch.py)")
+
+
+def small_batch_front(d: Dims, launch: Launch = PLAIN, with_down: bool = True) -> Kernel:
+    """MoeFrontTP16 (TP16, 1-2 tokens) or MoeFrontTP8 (TP8, 1 token): router and latent-down shards, the
+    exchange, top-k, and the shared expert on designated SMs (TP16: gate/up, SiTU and down) in one launch."""
+    shared = gated_mlp(d, "shared", d.S_r, "shared expert")
+    parts = split_router(d) + (shared if with_down else shared[:2])
+    keep = ("latent.z", "topk.idx", "topk.weight", "shared.partial" if with_down else "shared.h")
+    return fuse(parts, "moe_front", f"MoeFrontTP{d.P}", "gemm_collective", "gemm", keep, CHAIN, pdl=launch.pdl,
+                prefetch_bytes=launch.prefetch_bytes, fusions=("split_router", "small_batch_chain"),
+                note="router + latent-down shards multicast, top-k, latent copy and the shared expert: one launch")
+
+
+@context_free
+def shared_push(d: Dims) -> Kernel:
+    """WaveMoeTail.push (TP8, 5-8 tokens): peer stores of the shared expert's rows into the tail's
+    reduce-scatter mailboxes; moe-sim's tail does that exchange, so this launch moves no numbers."""
+    return Kernel(key="shared_push", name="WaveMoeTail.push", kind="pointwise", family="small", op=pointwise.nothing,
+                  stream="aux", source=SD + "cutedsl/moe/tail_runtime.py:PreparedTail.push",
+                  note="shared rows pushed to their reduce-scatter owners (priced in the tail's exchange)")
+
+
+@context_free
+def experts_group(d: Dims) -> Kernel:
+    """ExpertsGroupKernel (9-32 tokens): one CTA builds the (expert, <= 8 tokens) unit table first."""
+    return Kernel(key="experts_group", name="ExpertsGroupKernel", kind="pointwise", family="small", op=pointwise.nothing,
+                  pdl=True, source=SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.group",
+                  note="the persistent experts' unit table (one CTA); moe-sim's grouped ops index experts directly")
+
+
+def shared_merged(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
+    """TP8 from 41 tokens, TP16 from 33: SharedUmma computes the front rows (router and latent-down shards) with
+    the shared gate/up + SiTU on the main stream, RouteSitu routes, SharedDown runs beside the experts."""
+    front, route = split_router(d, launch)
+    merged = fuse([front, gate_up_act(d, "shared", d.S_r)], "shared_merged", "SharedUmma", "gemm", "gemm",
+                  ("router.logits_shard", "latent.z_shard", "shared.h"), FRONT + "route", pdl=launch.pdl,
+                  prefetch_bytes=launch.prefetch_bytes, note="front rows joined to the shared gate/up GEMM (MERGED)")
+    down = down_proj(d, "shared", d.S_r, "shared expert down beside the experts (SharedDown)", "aux", launch)
+    return [merged, route, cite(down, FRONT + "shared_expert", name="SharedDown", deps=("shared_merged",), pdl=False,
+                                prefetch_bytes=0)]

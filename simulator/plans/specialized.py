@@ -1,9 +1,9 @@
 """The specialized plan: the fused decode path of vLLM PR #61867 ("latency_specialized"), one rank.
 
-Reconstructed from the published description (docs/published.md) and the public precursors of each
-fusion (docs/sources.md §K3). Each fusion is a named switch; turning one off puts back
+Read from the released vLLM 0.33.0 (docs/vllm-k3-source.md, docs/vllm_k3_map.toml); each kernel's
+`source` names the function that launches it. Each fusion is a named switch; turning one off puts back
 the standard kernels it replaced (called by name from the kernel modules), so a user can ablate one at
-a time. The listing below is the whole plan; every kernel's stream, dependencies, PDL and prefetch
+a time, and with none the plan is the standard plan. The listing below is the whole plan; every kernel's stream, dependencies, PDL and prefetch
 are set in the call that builds it.
 
     fused_kda             conv + gate + delta rule + norm + output gate in one kernel, also for
@@ -14,20 +14,29 @@ are set in the call that builds it.
                           picks the top-k
     glu_epilogue          the activation runs in the gate/up GEMM's epilogue (no separate kernel)
     shared_overlap        the shared expert runs on an aux stream, overlapped with routed experts
+                          (Kimi K3's stock path already does: it changes the generic MoE only)
     moe_finalize          FC2 and the routing-weighted sum in one kernel
     latent_tail           AR(latent) + RMSNorm + reduce-scatter(shared) in one collective kernel,
                           then a sharded up-projection whose epilogue adds the shared slice and
-                          all-gathers (vLLM tier-0 tail, V-TAIL)
+                          all-gathers (vLLM tier-0 tail, V-TAIL; Kimi K3's stock path already runs it)
     small_batch_proj      at small M, the MLA g_proj shard joins the fused q_a/kv_a skinny GEMM
     pdl_prefetch          programmatic dependent launch everywhere; every kernel whose weights do
                           not depend on data loads them while its predecessor (often a collective)
                           is still running
+    kda_fb_in_kernel      the f_b projection inside the KDA kernel (KdaSplit)
+    mla_query_value       MLA: one query kernel (norms, q_b, W_UK, quant, cache insert), one value kernel
+    persistent_experts    FC1 + SiTU + FC2 in one persistent launch
+    one_kernel_tail       the whole MoE tail (finalize, AR + norm + RS, up-projection, gather) in one launch
+    small_batch_chain     TP16 at 1-2 tokens, TP8 at 1: front (router, top-k, shared expert), cluster
+                          experts, polling tail
+    l2_prefetch           explicit L2Prefetch launches on a side stream (their bytes are not priced)
+    unpadded_experts      the experts read the 192 real intermediate rows per rank at TP16, not the stock
+                          loader's zero padding to 256 (ExpertsGeometry takes 3 of 4 128-row tiles)
 
-KDA + MoE at TP16: 23 standard kernels -> 13 (fused_kda -2, oproj_allreduce_norm -2,
-split_router -1, glu_epilogue -1, moe_finalize -1, latent_tail -3).
-What-if, off by default (the published path keeps the weights unchanged, padding included):
-    unpadded_experts      expert GEMMs built for the true per-rank intermediate (192 rows at TP16)
-                          instead of streaming the stock loader's zero padding to 256
+The plan follows vLLM 0.33.0's specialized decode (docs/vllm-k3-source.md; each kernel's `source`):
+KDA + MoE at TP16, 1 x 8 tokens: 13 launches (8 main, 3 shared-expert launches on the aux stream, 2 L2
+prefetches); at 1 x 1 the small-batch chain: 8. The source serves 1-8, 16, 32 and 64 tokens and runs the
+stock forward otherwise (`serves`: `build` returns the standard plan's kernels for those steps).
 Dimension legend: M tokens, D hidden, P TP degree, E experts, L latent, k active experts.
 """
 
@@ -43,24 +52,37 @@ from simulator.plans import mla_kernels as mla
 from simulator.plans import moe_kernels as moe
 from simulator.plans import standard as std
 from simulator.plans.common import EARLY, PLAIN, Dims, Launch
-from simulator.plans.kernel import DecodeShape, Kernel, Plan
+from simulator.plans.fuse import cite, fuse
+from simulator.plans.kernel import SD, DecodeShape, Kernel, Plan
 
 FUSIONS: dict[str, str] = {
     "fused_kda": "conv + gate + delta rule + norm + output gate in one KDA kernel",
     "oproj_allreduce_norm": "o_proj GEMM + TP all-reduce + AttnRes/residual + RMSNorm in one kernel",
     "split_router": "router and latent down-projection sharded over ranks, gathered with the top-k",
-    "glu_epilogue": "activation in the gate/up GEMM epilogue",
-    "shared_overlap": "shared expert on an aux stream, overlapped with the routed experts",
-    "moe_finalize": "FC2 and the routing-weighted sum in one kernel",
-    "latent_tail": "AR + RMSNorm + reduce-scatter, then sharded up-projection + add + all-gather",
+    "glu_epilogue": "activation in the gate/up GEMM epilogue (above 8 tokens)",
+    "shared_overlap": "shared expert on an aux stream (Kimi K3's stock path already does it)",
+    "moe_finalize": "FC2 and the routing-weighted sum in one kernel (TP8 from 5 tokens, TP16 from 9)",
+    "latent_tail": "AR + RMSNorm + reduce-scatter, then sharded up-projection (Kimi K3's stock tier-0 tail does it)",
     "small_batch_proj": "MLA g_proj joins the fused q_a/kv_a skinny GEMM at small batch",
     "pdl_prefetch": "PDL launches and weight prefetch while the predecessor (often a collective) runs",
+    "kda_fb_in_kernel": "the f_b projection inside the KDA kernel",
+    "mla_query_value": "MLA query kernel (norms, q_b, W_UK, quant, cache insert) and value kernel (W_UV + gate)",
+    "persistent_experts": "FC1 + SiTU + FC2 in one persistent launch",
+    "one_kernel_tail": "finalize + AR + RMSNorm + RS + up-projection + gather in one launch",
+    "small_batch_chain": "TP16 1-2 / TP8 1 token: front, cluster experts, polling tail",
+    "l2_prefetch": "explicit L2Prefetch launches on a side stream",
+    "unpadded_experts": "experts read the real 192 intermediate rows per rank at TP16, not the padding to 256",
 }
-# What-ifs beyond the published path: off unless asked for by name.
-WHAT_IF_FUSIONS: dict[str, str] = {
-    "unpadded_experts": "expert GEMMs built for the true per-rank intermediate (192 at TP16), skipping the "
-                        "stock loader's zero padding to 256",
-}
+# The launches vLLM 0.33.0 merges beyond the fusions the publication described (docs/vllm-k3-source.md):
+# without them the specialized plan has the kernels the H200 measurements (calibration/h200) name.
+SOURCE_MERGES = frozenset({"kda_fb_in_kernel", "mla_query_value", "persistent_experts", "one_kernel_tail",
+                           "small_batch_chain", "l2_prefetch", "unpadded_experts"})
+# What-ifs beyond the published path: off unless asked for by name (none now: the source settled the last one).
+WHAT_IF_FUSIONS: dict[str, str] = {}
+SERVED_TOKENS = frozenset((*range(1, 9), 16, 32, 64))  # providers.BATCHES: other token counts run the stock forward
+ATTN_RES = SD + "cutedsl/attn_res/prepared.py:PreparedAttnRes.run_ring"
+SKINNY = SD + "runtime/providers.py:SkinnyProjection.run"  # 1-2 tokens
+SPLIT_K = SD + "cutedsl/gemm/projection.py:PreparedProjection.run"
 SMALL_BATCH_MAX_TOKENS = 64  # the published path supports non-speculative decode up to batch 64
 
 
@@ -82,8 +104,8 @@ def fusion_set(disable: list[str] | None = None, enable: list[str] | None = None
     for name in sorted(set(enable or ()) & set(disable or ())):
         raise UserError(f"--enable-fusion and --disable-fusion both name {name}: choose one.")
     for name in sorted(set(enable or ()) & set(FUSIONS)):
-        raise UserError(f"--enable-fusion {name} changes nothing: it is on by default "
-                        f"(--enable-fusion takes a what-if fusion: {', '.join(WHAT_IF_FUSIONS)}).")
+        takes = f"a what-if fusion: {', '.join(WHAT_IF_FUSIONS)}" if WHAT_IF_FUSIONS else "a what-if fusion, and there is none now"
+        raise UserError(f"--enable-fusion {name} changes nothing: it is on by default (--enable-fusion takes {takes}).")
     for name in sorted(set(disable or ()) & set(WHAT_IF_FUSIONS)):
         raise UserError(f"--disable-fusion {name} changes nothing: it is off unless --enable-fusion turns it on.")
     return on
@@ -99,58 +121,163 @@ class Launches(NamedTuple):
 
 def launches(d: Dims, on: frozenset[str]) -> Launches:
     """With pdl_prefetch every kernel launches with PDL and loads its weights early, except the routed
-    experts, whose weights the routing chooses; without it the stock C=1 pipeline still applies."""
+    experts, whose weights the routing chooses; without it the stock launches apply (PDL, weights after the
+    wait; the C=1 pipeline's early weights)."""
     pdl = "pdl_prefetch" in on
-    return Launches(every=EARLY if pdl else PLAIN, c1=EARLY if pdl or d.single_request else PLAIN,
-                    experts=Launch(pdl=pdl, prefetch=False))
+    return Launches(every=EARLY if pdl else std.PDL, c1=EARLY if pdl or d.single_request else PLAIN,
+                    experts=Launch(pdl=True, prefetch=False))
+
+
+def serves(shape: DecodeShape) -> bool:
+    """Whether the specialized runtime takes the step (SpecializedDecode.plan): a verify of up to 64 tokens, or
+    a decode whose CUDA-graph size (1, 2, 4, then multiples of 8) is one of providers.BATCHES."""
+    if shape.tokens_per_seq > 1:
+        return shape.tokens <= SMALL_BATCH_MAX_TOKENS
+    m = shape.tokens
+    padded = m if m <= 2 else 4 if m <= 4 else -(-m // 8) * 8
+    return padded in SERVED_TOKENS
 
 
 def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer: int | None = None,
-          fusions: Iterable[str] | None = None) -> Plan:
+          fusions: Iterable[str] | None = None, fallback: bool = True) -> Plan:
+    """`fallback`: a step the runtime does not serve is the stock forward's (P13); off, the specialized kernels
+    at any size (what a microbenchmark of them measures)."""
     d = c.make_dims(cfg, tp, shape, layer, layer_type)
     on = resolve_fusions(fusions)
+    if fallback and not serves(shape):  # P13: the stock forward runs this step
+        return Plan("specialized", layer_type, tp, shape, std.build(cfg, tp, shape, layer_type, layer).kernels)
     go = launches(d, on)
-    kernels = [c.attn_res_pre(d, go.every)]
+    kernels = [c.attn_res_pre(d, go.every, source=ATTN_RES)]
     kernels += kda_attention(d, on, go) if d.attn == "kda" else mla_attention(d, on, go)
-    if "oproj_allreduce_norm" in on:
-        kernels += [c.oproj_allreduce_norm(d, go.every)]
+    kernels += oproj(d, on, go)
+    x2_from = kernels[-1].key  # the aux-stream kernels wait for x2
+    if "l2_prefetch" in on and 3 <= d.M <= 8 and layer_type != "dense":
+        kernels.append(moe.l2_prefetch(d, "oproj_down", after=x2_from))
+    if layer_type == "dense":
+        kernels += dense_ffn(d, on, go)
+    elif k3_moe(d, on):
+        kernels += latent_moe(d, on, go, x2_from)
     else:
-        kernels += [c.o_proj(d, go.c1), c.attn_all_reduce(d, go.every), c.attn_res_post(d, go.every)]
-    kernels += dense_ffn(d, on, go) if layer_type == "dense" else moe_block(d, on, go)
+        kernels += moe_block(d, on, go, x2_from)
     return Plan("specialized", layer_type, tp, shape, tuple(kernels), fusions=on)
 
 
 # ======================================================================= attention
+def projection_source(d: Dims) -> str:
+    return SKINNY if d.M <= 2 else SPLIT_K
+
+
 def kda_attention(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
     if "fused_kda" not in on:
-        return std.kda_attention(d, go.c1)
-    return [c.kda_in_proj(d, "skinny_gemm_in_proj_qkvgfab", go.c1), c.kda_fb_proj(d, go.c1),
-            kda.kda_decode(d, "kda_decode_specialized", go.c1, fusions=("fused_kda",))]
+        return std.kda_attention(d, PLAIN if go.c1 is PLAIN else EARLY)
+    proj = [c.kda_in_proj(d, "skinny_gemm_in_proj_qkvgfab", go.c1, source=projection_source(d))]
+    if "l2_prefetch" in on and d.P == 8 and 5 <= d.M <= 8:
+        proj.append(moe.l2_prefetch(d, "attention_moe", after="kda_in_proj"))
+    if "kda_fb_in_kernel" in on:
+        return proj + [kda.kda_split(d, go.c1)]
+    return proj + [c.kda_fb_proj(d, go.c1),
+                   kda.kda_decode(d, "kda_decode_specialized", go.c1, fusions=("fused_kda",), source=SD + "cutedsl/kda/prepared.py:PreparedKda.run")]
 
 
 def mla_attention(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
     e = go.every
     if not (d.cfg.mla_output_gate and "small_batch_proj" in on and d.M <= SMALL_BATCH_MAX_TOKENS):
-        gate = d.cfg.mla_output_gate
-        return ([mla.mla_qkv_a(d, "dsv3_fused_a_gemm", launch=e)] + ([mla.mla_g_proj(d, e)] if gate else [])
-                + [mla.mla_norm(d, e), mla.mla_q_b(d, e), mla.mla_absorb(d, e), mla.mla_cache_insert(d, e),
-                   mla.mla_decode(d, e), mla.mla_w_uv(d, e)] + ([mla.mla_gate_mul(d, launch=e)] if gate else []))
-    return [mla.mla_qkv_a(d, "skinny_gemm_qkv_a_g", fusions=("small_batch_proj",), with_g=True, launch=e),
-            mla.mla_norm(d, e), mla.mla_q_b(d, e), mla.mla_absorb(d, e), mla.mla_cache_insert(d, e),
-            mla.mla_decode(d, e), mla.mla_w_uv(d, e), mla.mla_gate_mul(d, deps=(), launch=e)]
+        return std.mla_attention(d)
+    proj = mla.mla_qkv_a(d, "skinny_gemm_qkv_a_g", fusions=("small_batch_proj",), with_g=True, launch=e,
+                         source=projection_source(d))
+    tokenspeed = d.M < 16 or d.shape.tokens_per_seq > 1  # tokenspeed split-KV below 16 tokens and for verifies
+    core = mla.mla_decode(d, e, SD + ("cutedsl/mla/dcp.py:stock_decode" if tokenspeed else "cutedsl/mla/prepared.py:trtllm_decode"),
+                          "tokenspeed_mla_decode" if tokenspeed else "trtllm_gen_mla_decode")
+    # TP8 at 8 tokens: the front and shared weights are pulled into L2 once the MLA core is launched
+    prefetch = [moe.l2_prefetch(d, "attention_moe", after="mla_decode")] if "l2_prefetch" in on and d.P == 8 and d.M == 8 else []
+    if "mla_query_value" in on:
+        return [proj, mla.mla_query(d, e), core, mla.mla_value(d, e)] + prefetch
+    return ([proj, mla.mla_norm(d, e), mla.mla_q_b(d, e), mla.mla_absorb(d, e), mla.mla_cache_insert(d, e), core,
+             mla.mla_w_uv(d, e), mla.mla_gate_mul(d, deps=(), launch=e)] + prefetch)
+
+
+OPROJ = SD + "cutedsl/oproj/prepared.py:PreparedOproj.run"
+
+
+def oproj(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
+    """OprojFused at TP16 up to 8 tokens (MLA from 5); elsewhere a producer (o_proj + the all-reduce's
+    exchange) and a consumer (sum, AttnRes, RMSNorm) launch."""
+    if "oproj_allreduce_norm" not in on:
+        return std.attention_output(d)
+    if d.P >= 16 and d.M <= 8 and (d.attn == "kda" or d.M >= 5):
+        return [c.oproj_allreduce_norm(d, go.every)]
+    producer = fuse([c.o_proj(d), c.attn_all_reduce(d)], "oproj_producer", "OprojProducer", "gemm_collective", "gemm",
+                    ("attn.out",), OPROJ, pdl=go.every.pdl, prefetch_bytes=go.every.prefetch_bytes,
+                    fusions=("oproj_allreduce_norm",), note="o_proj and the one-shot push of its partial (P10)")
+    return [producer, cite(c.attn_res_post(d, go.every), OPROJ, key="oproj_consumer", name="OprojConsumer",
+                           fusions=("oproj_allreduce_norm",))]
 
 
 # ======================================================================= MoE
-def moe_block(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
+def k3_moe(d: Dims, on: frozenset[str]) -> bool:
+    """Kimi K3's latent MoE with its shared expert, as the source's specialized MoE runs it."""
+    cfg = d.cfg
+    return bool(cfg.latent_dim and cfg.num_shared_experts and cfg.latent_norm and d.M <= std.TAIL_FUSION_MAX_TOKENS)
+
+
+def latent_moe(d: Dims, on: frozenset[str], go: Launches, x2_from: str) -> list[Kernel]:
+    """PreparedMoE.run (or the small-batch chain): shared expert on the side stream, front, experts, tail.
+    Each fusion switched off puts back the stock launches it replaced (standard.latent_moe)."""
+    P, M, e = d.P, d.M, go.every
+    pad = "unpadded_experts" not in on or P < 16  # at TP8 the 384-row shard has no padding either way
+    weighted = "moe_finalize" in on and M >= (5 if P <= 8 else 9)  # experts publish the weighted partial
+    one_tail = "one_kernel_tail" in on
+    persistent = "persistent_experts" in on
+    split = "split_router" in on
+    prefetch = [moe.l2_prefetch(d, "next_attention", after="experts")] if "l2_prefetch" in on and M <= 8 else []
+    if "small_batch_chain" in on and split and persistent and one_tail and ((P >= 16 and M <= 2) or (P == 8 and M == 1)):
+        ks = [moe.small_batch_front(d, e, with_down=P >= 16),
+              moe.experts(d, pad, False, (), go.experts, f"ClusterExpertsTP{P}", moe.CHAIN)]
+        if P == 8:
+            down = moe.down_proj(d, "shared", d.S_r, "shared expert down (MoeSharedTP8)", launch=e)
+            ks.append(cite(down, moe.CHAIN, name="MoeSharedTP8"))
+        return ks + prefetch + [cite(moe.moe_tail(d, True, e, "MoeTail", moe.CHAIN), moe.CHAIN, deps=())]
+    glu = "glu_epilogue" in on and M > 8
+    if split and glu and M >= (41 if P <= 8 else 33):
+        ks = moe.shared_merged(d, e)  # the front GEMM's rows join the shared gate/up kernel (MERGED)
+    elif split:  # SharedFront.shared_expert launches them beside the front; above 8 tokens without PDL
+        plain = dict(pdl=False, prefetch_bytes=0) if glu else {}
+        ks = [cite(k, moe.FRONT + "shared_expert", **plain) for k in shared_expert(d, e, x2_from, glu)]
+        if P == 8 and 5 <= M <= 8:
+            ks.append(moe.shared_push(d))
+        ks += moe.split_router(d, e)
+    else:
+        ks = ([moe.router(d, go.c1 if go.c1 is EARLY else e), moe.latent_down(d, (x2_from,), e)]
+              + shared_expert(d, e, x2_from, glu) + [moe.mxfp8_quant(d, ("latent_down",)), moe.topk(d, e), moe.topk_indices(d, e)])
+    if persistent and 9 <= M <= 32:
+        ks.append(moe.experts_group(d))
+    wait = ("shared_down",) if P >= 16 and M <= 8 and split else ()  # a 152-CTA grid: the experts wait for it
+    if persistent:
+        ks.append(moe.experts(d, pad, weighted, wait, go.experts))
+    else:
+        fc2 = moe.fc2_finalize(d, pad, go.experts) if weighted else moe.fc2(d, pad, go.experts)
+        ks += [moe.fc1(d, pad, deps=wait, fusions=() if pad else ("unpadded_experts",), launch=go.experts), fc2]
+        prefetch = [cite(k, k.source, deps=(fc2.key,)) for k in prefetch]
+    ks += prefetch
+    if one_tail:
+        return ks + [moe.moe_tail(d, not weighted, e, "MoeTail" if (P >= 16 and M <= 8) or (P == 8 and 2 <= M <= 4)
+                                  else "WaveMoeTail")]
+    return ks + moe.stock_tail(d, e, finalize_in=not weighted)
+
+
+def moe_block(d: Dims, on: frozenset[str], go: Launches, x2_from: str) -> list[Kernel]:
     cfg, e = d.cfg, go.every
-    x2_from = "oproj_ar_norm" if "oproj_allreduce_norm" in on else "attn_res_post"  # aux kernels wait for x2
     split = "split_router" in on and bool(cfg.latent_dim)
     if split:
         kernels = moe.split_router(d, e)
     else:
         kernels = [moe.router(d, go.c1)] + ([moe.latent_down(d, deps=(x2_from,), launch=e)] if cfg.latent_dim else [])
     if cfg.num_shared_experts:
-        kernels += shared_expert(d, on, e, x2_from)
+        what = "shared expert"
+        stream, deps = ("aux", (x2_from,)) if "shared_overlap" in on else ("main", ())
+        kernels += (moe.gated_mlp(d, "shared", d.S_r, what, stream, deps, e) if "glu_epilogue" not in on else
+                    [moe.gate_up_act(d, "shared", d.S_r, stream, deps, e),
+                     moe.down_proj(d, "shared", d.S_r, f"{what} down, row shard", stream, e)])
     if not split:
         kernels.append(moe.topk(d, e))
     pad = "unpadded_experts" not in on
@@ -165,18 +292,20 @@ def moe_block(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
     return kernels + (moe.latent_tail(d, e) if cfg.latent_dim else moe.classic_tail(d, e))
 
 
-def shared_expert(d: Dims, on: frozenset[str], e: Launch, x2_from: str) -> list[Kernel]:
-    what = "shared expert (V-LMR: not reduced until the latent tail)"
-    stream, deps = ("aux", (x2_from,)) if "shared_overlap" in on else ("main", ())
-    if "glu_epilogue" not in on:
-        return moe.gated_mlp(d, "shared", d.S_r, what, stream, deps, e)
+def shared_expert(d: Dims, e: Launch, x2_from: str, glu: bool) -> list[Kernel]:
+    """On the MoE aux stream, as stock vLLM runs it (S3): gate/up, SiTU, down; with the GLU epilogue, two."""
+    what = "shared expert (not reduced until the latent tail)"
+    stream, deps = "aux", (x2_from,)
+    if not glu:
+        kernels = moe.gated_mlp(d, "shared", d.S_r, what, stream, deps, e)  # RouteSitu's SiTU role runs under PDL
+        return kernels if e is EARLY else std.shared_launches(kernels)
     return [moe.gate_up_act(d, "shared", d.S_r, stream, deps, e),
             moe.down_proj(d, "shared", d.S_r, f"{what} down, row shard; its partial sum is reduced later", stream, e)]
 
 
 # ======================================================================= dense FFN
 def dense_ffn(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
-    F, e = d.cfg.dense_intermediate // d.P, go.every
+    F, e = d.cfg.dense_intermediate // d.P, go.every if "pdl_prefetch" in on else PLAIN
     reduce = c.all_reduce_kernel(d, "dense_all_reduce", "dense.partial", "moe_out", d.D, launch=e,
                                  note="TP all-reduce of the FFN output")
     if "glu_epilogue" not in on:

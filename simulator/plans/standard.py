@@ -1,21 +1,22 @@
 """The standard plan: stock vLLM's decode kernel sequence for one Kimi K3 layer on one TP rank.
 
-A reconstruction from the vLLM source (docs/sources.md §K2), read top to bottom as the launches one
-rank makes. Each kernel's `note` gives its source or the reasoning; docs/kernels.md lists them. All
-kernels run on the main stream except the MLA `g_proj` and the latent down-projection, which stock
-vLLM already puts on an aux stream at decode sizes.
+Read from the released vLLM 0.33.0 (docs/vllm-k3-source.md, the map `docs/vllm_k3_map.toml`), top to
+bottom as the launches one rank makes; each kernel's `source` names the function that launches it.
 
-Layer type -> kernels (TP16, any token count):
-    KDA + MoE   = 9 attention-side + 14 MoE = 23     (the fused KDA decode kernel needs 12/24/48/96
-                                                      local heads and one token per sequence; at TP16
-                                                      = 6 heads vLLM falls back to a 3-kernel chain)
-    MLA + MoE   = 13 + 14 = 27
-    KDA + dense = 9 + 4 = 13
+Layer type -> launches (TP16, 1 x 8 tokens: the published trace; 1 x 1: the published step):
+    KDA + MoE   = 9 attention-side (+1 copy at one token) + 13 MoE = 22 (23)
+                  (the fused KDA decode kernel needs 12/24/48/96 local heads and one token per
+                  sequence; at TP16 = 6 heads vLLM falls back to a 3-kernel chain; at TP8 with <= 2
+                  tokens the projection splits over the attention aux stream)
+    MLA + MoE   = 13 + 13 = 26
+The MoE: router (main), latent down-projection and the shared expert on the MoE aux stream, the latent
+quantised to MXFP8, two routing launches, FC1, FC2 (finalize deferred), and the tier-0 latent-MoE tail
+(collective, up-projection shard, Lamport copy) up to 128 tokens.
 
-The stock single-request (C=1: batch 1, one token) pipeline launches the KDA kernels, o_proj and the
-router with PDL and loads their weights (and state / conv prep) before the dependency wait: vLLM PR
-#53525 (C=1 KDA PDL pipeline: CuTe skinny GEMM and dsv3 fused-A early trigger) and PR #53524 (M=1
-router: weight tiles before the PDL wait). `c1` below is that launch.
+Most stock launches use programmatic dependent launch at every batch (CuTe skinny GEMMs, dsv3 fused-A,
+the AttnRes Triton kernel, FlashInfer AR, the tail kernels); the single-request (C=1: batch 1, one
+token) pipeline also loads the weights (and KDA state) of the KDA kernels, o_proj and the router before
+the dependency wait: vLLM PR #53525 and PR #53524. `c1` below is that launch.
 
 Dimension legend: M tokens, D hidden, P TP degree, C KDA channels per rank, L latent, F expert hidden,
 S shared hidden.
@@ -23,41 +24,73 @@ S shared hidden.
 
 from __future__ import annotations
 
+from typing import Any
+
 from simulator.config import ModelConfig
 from simulator.plans import common as c
 from simulator.plans import kda_kernels as kda
 from simulator.plans import mla_kernels as mla
 from simulator.plans import moe_kernels as moe
-from simulator.plans.common import EARLY, PLAIN, Dims
+from simulator.plans.common import EARLY, PLAIN, Dims, Launch
+from simulator.plans.fuse import cite
 from simulator.plans.kernel import DecodeShape, Kernel, Plan
 
+PDL = Launch(pdl=True)  # launched with PDL, its weights loaded after the wait
+TAIL_FUSION_MAX_TOKENS = 128  # the tier-0 tail's max_num_tokens (latent_moe_runner.py:_select_tail_tier)
+KDA_SPLIT_MAX_TOKENS = 2  # run_kda_projection_overlap: TP8, <= 2 tokens under graph capture
 
-def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer: int | None = None) -> Plan:
+
+def arch_of(hw: Any) -> str:
+    """The stock path a GPU runs: "sm100" on the NVIDIA parts with FP4 tensor cores (Blackwell: the tier-0
+    tail, the TRT-LLM-gen MXFP4 MoE), "sm90" elsewhere (Hopper; the AMD parts, whose path is not mapped)."""
+    return "sm100" if hw.fp4_runs_as == "fp4" and not hw.name.upper().startswith("MI") else "sm90"
+
+
+def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer: int | None = None,
+          arch: str = "sm100") -> Plan:
+    """`arch`: "sm100" (GB300 and the Blackwell parts, what the source map describes) or "sm90" (Hopper: no
+    tier-0 tail, no TRT-LLM-gen MXFP4 MoE and no KDA projection split; the MoE as before the map, one routing
+    launch, the unfused latent tail: the kernels the H200 measurements name)."""
     d = c.make_dims(cfg, tp, shape, layer, layer_type)
+    if arch not in ("sm100", "sm90"):
+        raise ValueError(f"arch {arch!r} is not sm100 or sm90")
     c1 = EARLY if d.single_request else PLAIN
-    kernels = [c.attn_res_pre(d)]
-    kernels += kda_attention(d, c1) if d.attn == "kda" else mla_attention(d)
-    kernels += [c.o_proj(d, c1), c.attn_all_reduce(d), c.attn_res_post(d)]
-    kernels += dense_ffn(d) if layer_type == "dense" else moe_block(d, c1)
+    kernels = [c.attn_res_pre(d, PDL)]
+    kernels += kda_attention(d, c1, arch) if d.attn == "kda" else mla_attention(d)
+    kernels += attention_output(d)
+    kernels += dense_ffn(d) if layer_type == "dense" else moe_block(d, c1, arch)
     return Plan("standard", layer_type, tp, shape, tuple(kernels))
 
 
-def kda_attention(d: Dims, c1: c.Launch) -> list[Kernel]:
-    kernels = [c.kda_in_proj(d, "cutlass_gemm_in_proj_qkvgfab", c1), c.kda_fb_proj(d, c1)]
+def kda_attention(d: Dims, c1: c.Launch, arch: str = "sm100") -> list[Kernel]:
+    gemm = c1 if d.single_request else PDL
+    if arch == "sm100" and d.P == 8 and d.M <= KDA_SPLIT_MAX_TOKENS and kda.stock_fused_kda(d):
+        kernels = kda.kda_in_proj_overlap(d, gemm) + [cite(c.kda_fb_proj(d, gemm, stream="aux"), kda.OVERLAP + ".run_fab_fb")]
+        return kernels + [cite(kda.kda_decode(d, "fused_kda_decode", c1), kda.KDA_STOCK, deps=("kda_fb_proj",))]
+    kernels = [c.kda_in_proj(d, "cutlass_gemm_in_proj_qkvgfab", gemm), c.kda_fb_proj(d, gemm)]
     if kda.stock_fused_kda(d):
         return kernels + [kda.kda_decode(d, "fused_kda_decode", c1)]
-    return kernels + [kda.kda_conv(d, c1), kda.kda_recurrent(d, c1), kda.kda_gated_norm(d, c1)]
+    copy = [kda.kda_out_copy(d)] if d.shape.tokens_per_seq == 1 else []
+    bv = None if arch == "sm100" else kda.KDA_BV  # the GB300-tuned grid; Hopper's measurements ran BV = 8
+    return kernels + [kda.kda_conv(d, c1), kda.kda_recurrent(d, c1, bv)] + copy + [kda.kda_gated_norm(d, c1)]
+
+
+def attention_output(d: Dims) -> list[Kernel]:
+    """o_proj (C=1: weights before the wait), FlashInfer's MNNVL all-reduce, the post-attention AttnRes."""
+    return [c.o_proj(d, EARLY if d.single_request else PDL), c.attn_all_reduce(d, PDL), c.attn_res_post(d, PDL)]
 
 
 def mla_attention(d: Dims) -> list[Kernel]:
     gate = d.cfg.mla_output_gate
-    return ([mla.mla_qkv_a(d, "dsv3_fused_a_gemm")] + ([mla.mla_g_proj(d)] if gate else [])
-            + [mla.mla_norm(d), mla.mla_q_b(d), mla.mla_absorb(d), mla.mla_cache_insert(d), mla.mla_decode(d),
+    return ([mla.mla_qkv_a(d, "dsv3_fused_a_gemm", launch=PDL)] + ([mla.mla_g_proj(d, PDL)] if gate else [])
+            + [mla.mla_norm(d), mla.mla_q_b(d, PDL), mla.mla_absorb(d), mla.mla_cache_insert(d), mla.mla_decode(d),
                mla.mla_w_uv(d)] + ([mla.mla_gate_mul(d)] if gate else []))
 
 
-def moe_block(d: Dims, c1: c.Launch) -> list[Kernel]:
+def moe_block(d: Dims, c1: c.Launch, arch: str = "sm100") -> list[Kernel]:
     cfg = d.cfg
+    if arch == "sm100" and cfg.latent_dim and cfg.num_shared_experts and cfg.latent_norm and d.M <= TAIL_FUSION_MAX_TOKENS:
+        return latent_moe(d, c1)
     kernels = [moe.router(d, c1)]
     if cfg.latent_dim:
         kernels.append(moe.latent_down(d, deps=("attn_res_post",)))
@@ -71,3 +104,18 @@ def dense_ffn(d: Dims) -> list[Kernel]:
     return moe.gated_mlp(d, "dense", d.cfg.dense_intermediate // d.P, "dense FFN") + [
         c.all_reduce_kernel(d, "dense_all_reduce", "dense.partial", "moe_out", d.D,
                             note="TP all-reduce of the FFN output")]
+
+
+def latent_moe(d: Dims, c1: c.Launch) -> list[Kernel]:
+    """Kimi K3's MoE up to 128 tokens: the shared expert beside routing on the aux stream, W4A8 TRT-LLM-gen
+    experts with their finalize deferred to the tier-0 tail."""
+    shared = shared_launches(moe.gated_mlp(d, "shared", d.S_r, "shared expert (not reduced until the latent tail)",
+                                           "aux", ("attn_res_post",), PDL))
+    return ([moe.router(d, EARLY if d.single_request else PDL), moe.latent_down(d, ("attn_res_post",), PDL)] + shared
+            + [moe.mxfp8_quant(d, ("latent_down",)), moe.topk(d, PDL), moe.topk_indices(d, PDL), moe.fc1(d, launch=PDL),
+               moe.fc2(d, launch=PDL)] + moe.stock_tail(d, PDL))
+
+
+def shared_launches(kernels: list[Kernel]) -> list[Kernel]:
+    """The stock shared expert's launches: situ_and_mul is a plain elementwise launch (no PDL)."""
+    return [cite(k, k.source, pdl=False) if k.key.endswith("_act") and k.pdl else k for k in kernels]

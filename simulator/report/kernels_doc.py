@@ -22,14 +22,17 @@ batch 1 with 8 tokens per sequence (1 + 7 draft tokens being verified), context 
 configuration the project assumes for the published per-layer trace (see docs/cost-model.md for
 why). Bytes are per rank; "weights" are the bytes the kernel loads from HBM as weights.
 
-## Where the published 23 and 13 come from
+## The published 23 and 13, and what vLLM 0.33.0 launches
 
-The published trace shows 23 kernels on the standard path and 13 on the specialized path. The
-plans give exactly that for a **KDA + MoE layer at TP16**, for any token count (1 token or a
-verify step of 8): at TP16 a rank holds 6 KDA heads, which the stock fused KDA decode kernel does
-not support (it takes 12/24/48/96 local heads and no draft tokens), so the standard path runs the
-3-kernel conv / recurrent / gated-norm chain. 69 of Kimi K3's 93 layers are KDA layers (68 of them
-with MoE), so the KDA + MoE layer is also the layer a trace most likely shows.
+The published trace shows 23 kernels on the standard path and 13 on the specialized path. The plans
+launch what the released vLLM 0.33.0 launches (docs/vllm-k3-source.md; each kernel's `source` below
+names the function that launches it): for a **KDA + MoE layer at TP16** verifying 8 tokens the
+specialized path launches the published 13, the stock path 22 (23 at one token per sequence, where the
+specialized path launches 8): no one configuration of the source gives both published counts. At TP16
+a rank holds 6 KDA heads, which the stock fused KDA decode kernel does not support (it takes
+12/24/48/96 local heads and no draft tokens), so the standard path runs the conv / recurrent /
+gated-norm chain. 69 of Kimi K3's 93 layers are KDA layers (68 of them with MoE), so the KDA + MoE layer
+is also the layer a trace most likely shows.
 
 | layer type | standard | specialized |
 |---|---|---|
@@ -50,11 +53,11 @@ kernels it replaced.
 
 
 def _plan_table(plan: Plan) -> str:
-    rows = ["| # | key | kernel | stream | kind | weights (KB) | HBM bytes | fusions | source / reasoning |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| # | key | kernel | stream | kind | weights (KB) | HBM bytes | fusions | launched by (vLLM 0.33.0) | reasoning |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for i, k in enumerate(plan, 1):
         rows.append(f"| {i} | `{k.key}` | {k.name} | {k.stream} | {k.kind} | {k.weight_bytes / 1024:,.0f} | "
-                    f"{k.hbm_bytes:,} | {', '.join(k.fusions) or '-'} | {k.note} |")
+                    f"{k.hbm_bytes:,} | {', '.join(k.fusions) or '-'} | `{k.source or '-'}` | {k.note} |")
     return "\n".join(rows)
 
 
@@ -66,8 +69,8 @@ def kernels_markdown() -> str:
                        for lt in ("kda", "mla", "dense"))
     tp8 = len(standard.build(cfg, 8, DecodeShape(1, 1, 1024), "kda"))
     fusions = "\n".join(f"| `{name}` | {text} |" for name, text in FUSIONS.items())
-    fusions += "\n" + "\n".join(f"| `{name}` (what-if, off by default) | {text} |"
-                                for name, text in WHAT_IF_FUSIONS.items())
+    what_ifs = [f"| `{name}` (what-if, off by default) | {text} |" for name, text in WHAT_IF_FUSIONS.items()]
+    fusions += "".join("\n" + row for row in what_ifs)
     parts = [HEADER.format(counts=counts, tp8=tp8, fusions=fusions)]
     for (lt, variant), plan in plans.items():
         parts.append(f"## {lt.upper()} layer, {variant} ({len(plan)} kernels)\n\n{_plan_table(plan)}\n")

@@ -20,6 +20,7 @@ from simulator.plans.head import head_plan
 from simulator.plans import VARIANTS
 from simulator.plans.kernel import DecodeShape
 from simulator.plans.specialized import resolve_fusions
+from simulator.plans.standard import arch_of
 
 LAYER_METRIC = "one decoder layer on one TP rank: makespan of the scheduled kernel timeline (CUDA-graph replay)"
 STEP_METRIC = ("decode step (one verify forward + drafting), prefill excluded: step time = inter-token latency "
@@ -89,7 +90,7 @@ def _span_row(span: Span) -> dict[str, Any]:
 def layer_timelines(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer_type: str,
                     variant: str, fusions: frozenset[str] | None = None,
                     makespan: Makespan = makespan_us) -> dict[str, Timeline]:
-    return {v: schedule(build_plan(cfg, v, tp, shape, layer_type, fusions), hw, makespan.loop)
+    return {v: schedule(build_plan(cfg, v, tp, shape, layer_type, fusions, arch=arch_of(hw)), hw, makespan.loop)
             for v in variants_of(variant)}
 
 
@@ -113,7 +114,7 @@ def layer_report(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeSh
         doc["speedup"] = round(tls["standard"].layer_us / tls["specialized"].layer_us, 4)
     if interval is not None:
         unc = uncertainty_for(hw, interval)
-        plans = {v: build_plan(cfg, v, tp, shape, layer_type, fusions) for v in tls}
+        plans = {v: build_plan(cfg, v, tp, shape, layer_type, fusions, arch=arch_of(hw)) for v in tls}
         schedule_plans(list(plans.values()), unc.sample, makespan.draws)  # both variants in one loop
         draws = {v: plan_draws(p, unc.sample) for v, p in plans.items()}
         wanted: Wanted = []
@@ -226,7 +227,7 @@ def routing_bracket_ends(routing: RoutingStats) -> dict[str, RoutingStats]:
 def step_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape,
                   fusions: frozenset[str] | None = None) -> Timeline:
     """Every layer of the stack, then the head, laid end to end (each type's representative timeline)."""
-    per_type = {t: schedule(build_plan(cfg, variant, tp, shape, t, fusions), hw)
+    per_type = {t: schedule(build_plan(cfg, variant, tp, shape, t, fusions, arch=arch_of(hw)), hw)
                 for t, n in cfg.layer_counts().items() if n}
     spans: list[Span] = []
     offset = 0.0

@@ -42,6 +42,7 @@ from simulator.cost.uncertainty import DEFAULT_LEVEL, kernel_families, residuals
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import DecodeShape, Plan
+from simulator.plans.standard import arch_of
 from simulator.report.trace_detect import closest_engine, detect_engine, step_check
 from simulator.report.trace_layers import LayerShape, NoMatch, Signature, best_layer
 from simulator.report.trace_patterns import (  # noqa: F401  (engine_names, load_table: this module's API too)
@@ -171,7 +172,7 @@ def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, sha
     """Read `path`, find its engine (unless named) and its decode layers, build the plan of the same
     configuration and compare; the doc and the model timeline."""
     trace = read_kernels(path, console)
-    plans = _PlanMaker(cfg, tp, shape, layer_type, variant, plan_keys)
+    plans = _PlanMaker(cfg, tp, shape, layer_type, variant, plan_keys, arch_of(hw))
     step = step_check(trace, shape, patterns)
     detected = None
     if engine is None:
@@ -242,10 +243,11 @@ class _PlanMaker:
     layer_type: str
     variant: str | None
     plan_keys: tuple[str, ...] | None
+    arch: str = "sm100"  # the stock path the GPU runs (plans.standard.arch_of)
 
     def __call__(self, eng: Engine) -> Plan:
         from simulator.cost.step import build_plan
         chosen = self.variant or eng.variant or "standard"
-        plan = build_plan(self.cfg, chosen, self.tp, self.shape, self.layer_type)
+        plan = build_plan(self.cfg, chosen, self.tp, self.shape, self.layer_type, arch=self.arch)
         return partial_plan(plan, self.plan_keys or eng.plan_keys)
 
