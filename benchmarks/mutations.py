@@ -121,6 +121,13 @@ MUTATIONS = [
     Mutation("law_pdl_ignored", "simulator/cost/pricing.py",
              "    if not kernel.pdl or (hw.kernel_set is not None and not hw.kernel_set.pdl):",
              "    if not kernel.pdl:", "kernels of a set without PDL still hide their launch gap"),
+    Mutation("attention_entry_context", "simulator/attention/mla.py",
+             'state_elements=state_elements, memory=("mla_cache", "MLA cache", cache_bytes), reads_context=True',
+             'state_elements=state_elements, memory=("mla_cache", "MLA cache", cache_bytes), reads_context=False',
+             "a wrong attention-registry entry: MLA said not to read the context, so its layers price at context 0"),
+    Mutation("deepseek_attn_res_kernel", "simulator/plans/common.py",
+             '    return attn_res_pre(d, launch) if d.attn_res else add_norm(d, "input_norm", launch)',
+             "    return attn_res_pre(d, launch)", "a plain-residual model (DeepSeek-V3) opens its layers with an AttnRes kernel"),
 ]
 
 

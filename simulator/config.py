@@ -17,14 +17,15 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from simulator.errors import UserError
 from simulator.paths import data_dir
 
-LayerKind = Literal["kda", "mla"]
 MODELS_DIR = data_dir("models")
 ACTIVATIONS = ("situ", "silu")
+ATTENTION_KINDS = ("kda", "mla")  # each an entry of simulator/attention/ (kernels, reference, state, memory)
+RESIDUALS = ("attn_res", "plain")  # Block Attention Residuals (Kimi K3), or a plain residual add + RMSNorm
 EXPERT_DTYPES = ("mxfp4", "fp8", "bf16")
 MAX_LAYERS = 10_000  # sanity bound on num_hidden_layers; Llama 3.1 405B has 126, DeepSeek-V3 61, Kimi K3 93
 
@@ -71,7 +72,7 @@ class ModelConfig:
     vocab_size: int
     num_layers: int
     rms_norm_eps: float
-    attn_kinds: tuple[str, ...]  # per 0-based layer: "kda" or "mla"
+    attn_kinds: tuple[str, ...]  # per 0-based layer: an attention kind of simulator.attention ("kda", "mla")
     first_k_dense: int  # layers [0, first_k_dense) use a dense FFN instead of MoE
     dense_intermediate: int  # dense FFN width
     hidden_act: str  # "situ" | "silu"
@@ -106,9 +107,10 @@ class ModelConfig:
     renormalize: bool
     routed_scaling_factor: float
     # --- residual stream ---
-    attn_res_block: int  # Block AttnRes block size; 0 means a plain residual
+    attn_res_block: int  # Block AttnRes block size; 0 with a plain residual
     expert_dtype: str  # storage of routed experts: "mxfp4" | "fp8" | "bf16"
     rope_scaling: RopeScaling | None = None  # YaRN; None: plain RoPE at rope_theta
+    residual: str = "plain"  # "attn_res": Block AttnRes mixes the layer inputs; "plain": residual add + RMSNorm
     # --- as a drafter (this simulator's keys moe_sim_drafting, moe_sim_target_taps) ---
     drafting: str = "autoregressive"  # "block": one forward proposes every draft token
     target_taps: int = 1  # target layers whose hidden states the drafter's input projection reads
@@ -163,7 +165,7 @@ class ModelConfig:
         """Layers of each type: the first `first_k_dense` are dense, the rest by attention kind."""
         dense = min(self.first_k_dense, self.num_layers)
         moe = self.attn_kinds[dense:self.num_layers]
-        return {"kda": moe.count("kda"), "mla": moe.count("mla"), "dense": dense}
+        return {kind: moe.count(kind) for kind in ATTENTION_KINDS} | {"dense": dense}
 
 
 # ---------------------------------------------------------------------------------------
@@ -221,8 +223,10 @@ def _validate(cfg: ModelConfig) -> None:
 def _validate_layers(cfg: ModelConfig) -> None:
     if len(cfg.attn_kinds) != cfg.num_layers:
         raise _bad(cfg, "attn_kinds", f"lists {len(cfg.attn_kinds)} layers but num_layers is {cfg.num_layers}")
-    if any(kind not in ("kda", "mla") for kind in cfg.attn_kinds):
-        raise _bad(cfg, "attn_kinds", "may only hold 'kda' and 'mla'")
+    if any(kind not in ATTENTION_KINDS for kind in cfg.attn_kinds):
+        raise _bad(cfg, "attn_kinds", f"may only hold attention kinds {', '.join(ATTENTION_KINDS)}")
+    if cfg.residual not in RESIDUALS or (cfg.residual == "attn_res") != (cfg.attn_res_block > 0):
+        raise _bad(cfg, "residual", "must be 'attn_res' with a positive attn_res_block, or 'plain' with 0")
     if cfg.has_kda and (cfg.kda_heads <= 0 or cfg.kda_head_dim <= 0 or cfg.conv_size <= 0):
         raise _bad(cfg, "kda_heads", "must be positive (with kda_head_dim and conv_size) when KDA layers exist")
     if cfg.first_k_dense > cfg.num_layers:
@@ -397,6 +401,7 @@ def _parse_kimi_linear(raw: dict[str, Any], name: str, source: str) -> ModelConf
         topk_group=r.get("topk_group", int, 1) if grouped else 1,
         renormalize=r.get("moe_renormalize", bool, True),
         attn_res_block=r.get("attn_res_block_size", int, 0),
+        residual="attn_res" if r.get("attn_res_block_size", int, 0) > 0 else "plain",
         expert_dtype=_expert_dtype(r),
     )
 

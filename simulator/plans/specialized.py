@@ -35,13 +35,11 @@ from __future__ import annotations
 
 from typing import Iterable, NamedTuple
 
+from simulator import attention
 from simulator.config import ModelConfig
 from simulator.errors import UserError
 from simulator.plans import common as c
-from simulator.plans import kda_kernels as kda
-from simulator.plans import mla_kernels as mla
 from simulator.plans import moe_kernels as moe
-from simulator.plans import standard as std
 from simulator.plans.common import EARLY, PLAIN, Dims, Launch
 from simulator.plans.kernel import DecodeShape, Kernel, Plan
 
@@ -110,40 +108,20 @@ def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer:
     d = c.make_dims(cfg, tp, shape, layer, layer_type)
     on = resolve_fusions(fusions)
     go = launches(d, on)
-    kernels = [c.attn_res_pre(d, go.every)]
-    kernels += kda_attention(d, on, go) if d.attn == "kda" else mla_attention(d, on, go)
+    kernels = [c.residual_pre(d, go.every)]
+    kernels += attention.kind(d.attn).specialized(d, on, go)  # the attention's kernels: simulator/attention/<kind>.py
     if "oproj_allreduce_norm" in on:
         kernels += [c.oproj_allreduce_norm(d, go.every)]
     else:
-        kernels += [c.o_proj(d, go.c1), c.attn_all_reduce(d, go.every), c.attn_res_post(d, go.every)]
+        kernels += [c.o_proj(d, go.c1), c.attn_all_reduce(d, go.every), c.residual_post(d, go.every)]
     kernels += dense_ffn(d, on, go) if layer_type == "dense" else moe_block(d, on, go)
     return Plan("specialized", layer_type, tp, shape, tuple(kernels), fusions=on)
-
-
-# ======================================================================= attention
-def kda_attention(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
-    if "fused_kda" not in on:
-        return std.kda_attention(d, go.c1)
-    return [c.kda_in_proj(d, "skinny_gemm_in_proj_qkvgfab", go.c1), c.kda_fb_proj(d, go.c1),
-            kda.kda_decode(d, "kda_decode_specialized", go.c1, fusions=("fused_kda",))]
-
-
-def mla_attention(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
-    e = go.every
-    if not (d.cfg.mla_output_gate and "small_batch_proj" in on and d.M <= SMALL_BATCH_MAX_TOKENS):
-        gate = d.cfg.mla_output_gate
-        return ([mla.mla_qkv_a(d, "dsv3_fused_a_gemm", launch=e)] + ([mla.mla_g_proj(d, e)] if gate else [])
-                + [mla.mla_norm(d, e), mla.mla_q_b(d, e), mla.mla_absorb(d, e), mla.mla_cache_insert(d, e),
-                   mla.mla_decode(d, e), mla.mla_w_uv(d, e)] + ([mla.mla_gate_mul(d, launch=e)] if gate else []))
-    return [mla.mla_qkv_a(d, "skinny_gemm_qkv_a_g", fusions=("small_batch_proj",), with_g=True, launch=e),
-            mla.mla_norm(d, e), mla.mla_q_b(d, e), mla.mla_absorb(d, e), mla.mla_cache_insert(d, e),
-            mla.mla_decode(d, e), mla.mla_w_uv(d, e), mla.mla_gate_mul(d, deps=(), launch=e)]
 
 
 # ======================================================================= MoE
 def moe_block(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
     cfg, e = d.cfg, go.every
-    x2_from = "oproj_ar_norm" if "oproj_allreduce_norm" in on else "attn_res_post"  # aux kernels wait for x2
+    x2_from = "oproj_ar_norm" if "oproj_allreduce_norm" in on else c.post_norm_key(d)  # aux kernels wait for x2
     split = "split_router" in on and bool(cfg.latent_dim)
     if split:
         kernels = moe.split_router(d, e)

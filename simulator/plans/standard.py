@@ -23,10 +23,9 @@ S shared hidden.
 
 from __future__ import annotations
 
+from simulator import attention
 from simulator.config import ModelConfig
 from simulator.plans import common as c
-from simulator.plans import kda_kernels as kda
-from simulator.plans import mla_kernels as mla
 from simulator.plans import moe_kernels as moe
 from simulator.plans.common import EARLY, PLAIN, Dims
 from simulator.plans.kernel import DecodeShape, Kernel, Plan
@@ -35,32 +34,18 @@ from simulator.plans.kernel import DecodeShape, Kernel, Plan
 def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer: int | None = None) -> Plan:
     d = c.make_dims(cfg, tp, shape, layer, layer_type)
     c1 = EARLY if d.single_request else PLAIN
-    kernels = [c.attn_res_pre(d)]
-    kernels += kda_attention(d, c1) if d.attn == "kda" else mla_attention(d)
-    kernels += [c.o_proj(d, c1), c.attn_all_reduce(d), c.attn_res_post(d)]
+    kernels = [c.residual_pre(d)]
+    kernels += attention.kind(d.attn).standard(d, c1)  # the attention's kernels: simulator/attention/<kind>.py
+    kernels += [c.o_proj(d, c1), c.attn_all_reduce(d), c.residual_post(d)]
     kernels += dense_ffn(d) if layer_type == "dense" else moe_block(d, c1)
     return Plan("standard", layer_type, tp, shape, tuple(kernels))
-
-
-def kda_attention(d: Dims, c1: c.Launch) -> list[Kernel]:
-    kernels = [c.kda_in_proj(d, "cutlass_gemm_in_proj_qkvgfab", c1), c.kda_fb_proj(d, c1)]
-    if kda.stock_fused_kda(d):
-        return kernels + [kda.kda_decode(d, "fused_kda_decode", c1)]
-    return kernels + [kda.kda_conv(d, c1), kda.kda_recurrent(d, c1), kda.kda_gated_norm(d, c1)]
-
-
-def mla_attention(d: Dims) -> list[Kernel]:
-    gate = d.cfg.mla_output_gate
-    return ([mla.mla_qkv_a(d, "dsv3_fused_a_gemm")] + ([mla.mla_g_proj(d)] if gate else [])
-            + [mla.mla_norm(d), mla.mla_q_b(d), mla.mla_absorb(d), mla.mla_cache_insert(d), mla.mla_decode(d),
-               mla.mla_w_uv(d)] + ([mla.mla_gate_mul(d)] if gate else []))
 
 
 def moe_block(d: Dims, c1: c.Launch) -> list[Kernel]:
     cfg = d.cfg
     kernels = [moe.router(d, c1)]
     if cfg.latent_dim:
-        kernels.append(moe.latent_down(d, deps=("attn_res_post",)))
+        kernels.append(moe.latent_down(d, deps=(c.post_norm_key(d),)))
     if cfg.num_shared_experts:
         kernels += moe.gated_mlp(d, "shared", d.S_r, "shared expert (V-LMR: not reduced until the latent tail)")
     kernels += [moe.topk(d), moe.fc1(d, deps=("latent_down",) if cfg.latent_dim else ()), moe.fc2(d), moe.finalize(d)]

@@ -1,0 +1,64 @@
+"""Attention kinds as a registry: one entry per kind, one module per entry (kda.py, mla.py).
+
+An entry holds what the plans, the reference, the executor, the check and the memory model need to know
+about one kind of attention layer, so they look the kind up instead of branching on it:
+
+    standard / specialized   the kernels of each plan, from the normed input `x` to `attn.core` [M, n]
+    reference                the float64 textbook form: (cfg, shape, W, x, state) -> (attention output, state)
+    initial_state            a seeded state standing for `context` processed tokens
+    shard / unshard          per-rank views of that state under TP, and their reassembly
+    state_errors             (name, plan's tensor, reference tensor, tolerance: "", "fp8" or "exact") the check compares
+    state_elements           float64 elements of the state one check holds (its memory guard)
+    memory                   (key, label, bytes per GPU per layer): the cache or state the capacity check counts
+    reads_context            whether the kind's kernels read the context (a KV cache) or not (a fixed state)
+    reshaped_weights         weights the reference copies to reshape (the check's memory guard)
+
+Below the plans, the facts a config alone decides stay with the config and the weights: the kind names
+(`config.ATTENTION_KINDS`), their TP constraints (`config.validate_tp`) and their weight specification
+(`weights.ATTENTION_WEIGHTS`, whose `<kind>.w_o` rows are the attention output width o_proj reads).
+Adding a kind: its module here, its name in KINDS below, its config fields and its weight table.
+"""
+
+from __future__ import annotations
+
+from simulator.attention import kda, mla
+from simulator.attention.kind import AttentionKind
+from simulator.config import ModelConfig
+from simulator.state import DecodeShape, LayerState
+
+
+KINDS: dict[str, AttentionKind] = {m.KIND.name: m.KIND for m in (kda, mla)}  # in listing order
+
+
+def kind(name: str) -> AttentionKind:
+    """The entry of attention kind `name`."""
+    if name not in KINDS:
+        raise KeyError(f"unknown attention kind {name!r} (known: {', '.join(KINDS)})")
+    return KINDS[name]
+
+
+def entries() -> list[AttentionKind]:
+    return list(KINDS.values())
+
+
+def initial_state(cfg: ModelConfig, attn_kind: str, shape: DecodeShape, rng) -> LayerState:
+    """The seeded state of a layer of attention kind `attn_kind`, in its storage format: random but O(1),
+    standing for `context` processed tokens, so every variant and the reference start from the same history."""
+    return kind(attn_kind).initial_state(cfg, shape, rng)
+
+
+def shard_state(state: LayerState, tp: int) -> list[dict]:
+    """Per-rank views of the state (copies, so ranks never alias one another), as each kind shards its own."""
+    out: list[dict] = [{} for _ in range(tp)]
+    for entry in KINDS.values():
+        for mine, part in zip(out, entry.shard(state, tp)):
+            mine.update(part)
+    return out
+
+
+def unshard_state(rank_bufs: list[dict], like: LayerState, advance: int) -> LayerState:
+    """Reassemble the full state from the ranks' buffers; a cache now holds `advance` more tokens."""
+    new: LayerState = {}
+    for entry in KINDS.values():
+        new |= entry.unshard(rank_bufs, like, advance)
+    return new
