@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from simulator.errors import UserError
 from simulator.paths import data_dir
@@ -166,6 +166,44 @@ class ModelConfig:
         dense = min(self.first_k_dense, self.num_layers)
         moe = self.attn_kinds[dense:self.num_layers]
         return {kind: moe.count(kind) for kind in ATTENTION_KINDS} | {"dense": dense}
+
+
+# ---------------------------------------------------------------------------------------
+# each attention kind's weights (its kernels, reference and state are its entry in simulator/attention/)
+# ---------------------------------------------------------------------------------------
+
+def _kda_weights(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    d, kn, kh, w = cfg.hidden_size, cfg.kda_heads, cfg.kda_head_dim, cfg.conv_size
+    return {
+        "kda.w_q": ((d, kn * kh), "linear"), "kda.w_k": ((d, kn * kh), "linear"),
+        "kda.w_v": ((d, kn * kh), "linear"), "kda.w_g": ((d, kn * kh), "linear"),
+        "kda.w_fa": ((d, kh), "linear"), "kda.w_fb": ((kh, kn * kh), "linear"),
+        "kda.w_b": ((d, kn), "linear"),
+        "kda.conv_q": ((kn * kh, w), "conv"), "kda.conv_k": ((kn * kh, w), "conv"),
+        "kda.conv_v": ((kn * kh, w), "conv"),
+        "kda.dt_bias": ((kn * kh,), "dt_bias"), "kda.a_log": ((kn,), "a_log"),
+        "kda.o_norm": ((kh,), "norm"), "kda.w_o": ((kn * kh, d), "linear"),
+    }
+
+
+def _mla_weights(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    d, n, h = cfg.hidden_size, cfg.mla_heads, cfg.v_head_dim
+    return {
+        "mla.w_qa": ((d, cfg.q_lora_rank), "linear"),
+        "mla.w_kva": ((d, cfg.kv_lora_rank + cfg.qk_rope_dim), "linear"),
+        "mla.q_a_norm": ((cfg.q_lora_rank,), "norm"), "mla.kv_a_norm": ((cfg.kv_lora_rank,), "norm"),
+        "mla.w_qb": ((cfg.q_lora_rank, n * cfg.mla_qk_head_dim), "linear"),
+        "mla.w_uk": ((cfg.kv_lora_rank, n * cfg.qk_nope_dim), "linear"),
+        "mla.w_uv": ((cfg.kv_lora_rank, n * h), "linear"),
+        "mla.w_g": ((d, n * h), "linear"), "mla.w_o": ((n * h, d), "linear"),
+    }
+
+
+# kind -> the weights its fields imply (name -> full shape, init kind), read by weights.weight_table; a kind's
+# `<kind>.w_o` is [attention output width, D], the rows o_proj reads
+ATTENTION_WEIGHTS: dict[str, Callable[[ModelConfig], dict[str, tuple[tuple[int, ...], str]]]] = {
+    "kda": _kda_weights, "mla": _mla_weights}
+
 
 
 # ---------------------------------------------------------------------------------------

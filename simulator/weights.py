@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from simulator import fast, rng
-from simulator.config import ModelConfig
+from simulator.config import ATTENTION_WEIGHTS, ModelConfig
 from simulator.dtypes import Array, round_bf16, round_fp8, round_mxfp4
 
 PARTS = ("w_gate", "w_up", "w_down")
@@ -363,38 +363,6 @@ def weight_table(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
         "dense.w_up": ((d, cfg.dense_intermediate), "linear"),
         "dense.w_down": ((cfg.dense_intermediate, d), "linear"),
     }
-
-
-def _kda_weights(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
-    d, kn, kh, w = cfg.hidden_size, cfg.kda_heads, cfg.kda_head_dim, cfg.conv_size
-    return {
-        "kda.w_q": ((d, kn * kh), "linear"), "kda.w_k": ((d, kn * kh), "linear"),
-        "kda.w_v": ((d, kn * kh), "linear"), "kda.w_g": ((d, kn * kh), "linear"),
-        "kda.w_fa": ((d, kh), "linear"), "kda.w_fb": ((kh, kn * kh), "linear"),
-        "kda.w_b": ((d, kn), "linear"),
-        "kda.conv_q": ((kn * kh, w), "conv"), "kda.conv_k": ((kn * kh, w), "conv"),
-        "kda.conv_v": ((kn * kh, w), "conv"),
-        "kda.dt_bias": ((kn * kh,), "dt_bias"), "kda.a_log": ((kn,), "a_log"),
-        "kda.o_norm": ((kh,), "norm"), "kda.w_o": ((kn * kh, d), "linear"),
-    }
-
-
-def _mla_weights(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
-    d, n, h = cfg.hidden_size, cfg.mla_heads, cfg.v_head_dim
-    return {
-        "mla.w_qa": ((d, cfg.q_lora_rank), "linear"),
-        "mla.w_kva": ((d, cfg.kv_lora_rank + cfg.qk_rope_dim), "linear"),
-        "mla.q_a_norm": ((cfg.q_lora_rank,), "norm"), "mla.kv_a_norm": ((cfg.kv_lora_rank,), "norm"),
-        "mla.w_qb": ((cfg.q_lora_rank, n * cfg.mla_qk_head_dim), "linear"),
-        "mla.w_uk": ((cfg.kv_lora_rank, n * cfg.qk_nope_dim), "linear"),
-        "mla.w_uv": ((cfg.kv_lora_rank, n * h), "linear"),
-        "mla.w_g": ((d, n * h), "linear"), "mla.w_o": ((n * h, d), "linear"),
-    }
-
-
-# kind -> its weights (name -> full shape, init kind); a kind's `<kind>.w_o` is [attention output width, D]
-ATTENTION_WEIGHTS: dict[str, Callable[[ModelConfig], dict[str, tuple[tuple[int, ...], str]]]] = {
-    "kda": _kda_weights, "mla": _mla_weights}
 
 
 def model_weight_table(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 
 from simulator import attention
-from simulator.config import ATTENTION_KINDS, load_model
+from simulator.config import ATTENTION_KINDS, ATTENTION_WEIGHTS, load_model
 from simulator.cost.memory import cache_bytes_per_gpu
 from simulator.plans import specialized, standard
 from simulator.plans.common import make_dims
 from simulator.plans.kernel import DecodeShape
 from simulator.plans.specialized import FUSIONS
-from simulator.weights import ATTENTION_WEIGHTS, weight_table
+from simulator.weights import weight_table
 
 MODELS = ["tiny-k3", "tiny-deepseek", "kimi-k3", "deepseek-v3", "dspark-k3"]
 SHAPE = DecodeShape(2, 2, 37)

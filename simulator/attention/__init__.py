@@ -13,10 +13,10 @@ about one kind of attention layer, so they look the kind up instead of branching
     reads_context            whether the kind's kernels read the context (a KV cache) or not (a fixed state)
     reshaped_weights         weights the reference copies to reshape (the check's memory guard)
 
-Below the plans, the facts a config alone decides stay with the config and the weights: the kind names
+Below the plans, the facts a config alone decides stay with the config: the kind names
 (`config.ATTENTION_KINDS`), their TP constraints (`config.validate_tp`) and their weight specification
-(`weights.ATTENTION_WEIGHTS`, whose `<kind>.w_o` rows are the attention output width o_proj reads).
-Adding a kind: its module here, its name in KINDS below, its config fields and its weight table.
+(`config.ATTENTION_WEIGHTS`, whose `<kind>.w_o` rows are the attention output width o_proj reads).
+Adding a kind: its module here and its name in KINDS below; in config.py its name, fields and weights.
 """
 
 from __future__ import annotations

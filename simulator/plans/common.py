@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Callable, NamedTuple, TypeVar
 
-from simulator.config import ATTENTION_KINDS, ModelConfig, validate_tp
+from simulator.config import ATTENTION_KINDS, ATTENTION_WEIGHTS, ModelConfig, validate_tp
 from simulator.errors import UserError
 from simulator.memo import remember
 from simulator.ops import collectives as coll_ops
@@ -26,7 +26,6 @@ from simulator.ops import norm
 from simulator.ops import residual as res
 from simulator.plans.kernel import ALL_WEIGHTS, Collective, Kernel, RunOption, Shard, Tensor
 from simulator.state import DecodeShape, block_boundary, blocks_before
-from simulator.weights import ATTENTION_WEIGHTS
 
 
 @dataclass(frozen=True)
