@@ -162,10 +162,11 @@ class ModelConfig:
         raise UserError(f"model '{self.name}' has no layer of type '{layer_type}'.")
 
     def layer_counts(self) -> dict[str, int]:
-        """Layers of each type: the first `first_k_dense` are dense, the rest by attention kind."""
+        """Layers of each type: the first `first_k_dense` are dense, the rest by attention kind (each kind the
+        model has, in ATTENTION_KINDS order)."""
         dense = min(self.first_k_dense, self.num_layers)
         moe = self.attn_kinds[dense:self.num_layers]
-        return {kind: moe.count(kind) for kind in ATTENTION_KINDS} | {"dense": dense}
+        return {kind: moe.count(kind) for kind in ATTENTION_KINDS if kind in self.attn_kinds} | {"dense": dense}
 
 
 # ---------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ def reference_layer(cfg: ModelConfig, layer: int, shape: DecodeShape, w: LayerWe
         blocks.append(prefix)
         prefix = np.zeros_like(prefix)
     x = rms_norm_reference(h, W("input_norm"), eps)
-    a, new_state = attention.kind(cfg.attn_kinds[layer]).reference(cfg, shape, W, x, state)
+    a, new_state = attention.kind(cfg.attn_kinds[layer]).reference(cfg, layer, shape, W, x, state)
     prefix = prefix + a
     h2 = attn_res_mix_reference(blocks + [prefix], W("mlp_res_norm"), W("mlp_res_proj"), eps) if attn_res else prefix
     x2 = rms_norm_reference(h2, W("post_attn_norm"), eps)

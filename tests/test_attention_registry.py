@@ -55,7 +55,7 @@ def _declared(plan, name: str):
 @pytest.mark.parametrize("model", ["tiny-k3", "tiny-deepseek", "kimi-k3"])
 @pytest.mark.parametrize("tp", [1, 2])
 def test_memory_of_each_entry_is_the_state_its_plan_declares(model, tp):
-    """Per layer and GPU, an entry's cache or state bytes equal the state tensors its standard plan declares."""
+    """An entry's cache or state bytes per GPU are the state tensors its standard plan declares x its layers."""
     cfg = load_model(model)
     shape = DecodeShape(3, 2, 11)
     state_names = {"kda": ("kda.state", "kda.conv"), "mla": ("mla.cache",)}  # what each kind's kernels keep
@@ -63,9 +63,8 @@ def test_memory_of_each_entry_is_the_state_its_plan_declares(model, tp):
         layer_type = kind if cfg.layer_counts()[kind] else "dense"
         plan = standard.build(cfg, tp, shape, layer_type)
         declared = sum(_declared(plan, name).nbytes for name in state_names[kind])
-        key, _, per_layer = attention.kind(kind).memory
-        assert per_layer(cfg, tp, shape) == declared
-        assert cache_bytes_per_gpu(cfg, tp, shape)[key] == declared * cfg.attn_kinds.count(kind)
+        key, _, total = attention.kind(kind).memory
+        assert total(cfg, tp, shape) == cache_bytes_per_gpu(cfg, tp, shape)[key] == declared * cfg.attn_kinds.count(kind)
 
 
 @pytest.mark.parametrize("model", ["tiny-k3", "tiny-deepseek"])

@@ -4,12 +4,13 @@ An entry holds what the plans, the reference, the executor, the check and the me
 about one kind of attention layer, so they look the kind up instead of branching on it:
 
     standard / specialized   the kernels of each plan, from the normed input `x` to `attn.core` [M, n]
-    reference                the float64 textbook form: (cfg, shape, W, x, state) -> (attention output, state)
+    reference                the float64 textbook form: (cfg, layer, shape, W, x, state) -> (attention output, state)
     initial_state            a seeded state standing for `context` processed tokens
     shard / unshard          per-rank views of that state under TP, and their reassembly
     state_errors             (name, plan's tensor, reference tensor, tolerance: "", "fp8" or "exact") the check compares
     state_elements           float64 elements of the state one check holds (its memory guard)
-    memory                   (key, label, bytes per GPU per layer): the cache or state the capacity check counts
+    memory                   (key, label, bytes per GPU): the cache or state of all the kind's layers, as the
+                             capacity check counts it
     reads_context            whether the kind's kernels read the context (a KV cache) or not (a fixed state)
     reshaped_weights         weights the reference copies to reshape (the check's memory guard)
 

@@ -43,7 +43,7 @@ def specialized(d: c.Dims, on: frozenset[str], go) -> list[Kernel]:
             kda.kda_decode(d, "kda_decode_specialized", go.c1, fusions=("fused_kda",))]
 
 
-def reference(cfg, shape, W, x: np.ndarray, state: dict) -> tuple[np.ndarray, dict]:
+def reference(cfg, layer: int, shape, W, x: np.ndarray, state: dict) -> tuple[np.ndarray, dict]:
     B, T = shape.batch, shape.tokens_per_seq
     bt = lambda y: y.reshape(B, T, -1)  # noqa: E731   [M, n] -> [B, T, n]
     qkv = np.concatenate([x @ W(f"kda.w_{p}") for p in "qkv"], axis=-1)  # [M, 3C]
@@ -104,9 +104,10 @@ def state_elements(cfg, tp: int, shape) -> int:
 
 
 def state_bytes(cfg, tp: int, shape) -> int:
-    """Recurrent state [Nh/P, H, H] plus conv history [3 Nh/P H, W-1] per sequence, one layer, one GPU."""
+    """Recurrent state [Nh/P, H, H] plus conv history [3 Nh/P H, W-1] per sequence, every KDA layer, one GPU."""
     heads, h = cfg.kda_heads // tp, cfg.kda_head_dim
-    return shape.batch * (heads * h * h * STATE_BYTES + 3 * heads * h * (cfg.conv_size - 1) * CONV_BYTES)
+    per_seq = heads * h * h * STATE_BYTES + 3 * heads * h * (cfg.conv_size - 1) * CONV_BYTES
+    return shape.batch * cfg.attn_kinds.count("kda") * per_seq
 
 
 KIND = AttentionKind(name="kda", label="KDA", standard=standard, specialized=specialized, reference=reference,

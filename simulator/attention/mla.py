@@ -45,7 +45,7 @@ def specialized(d: c.Dims, on: frozenset[str], go) -> list[Kernel]:
             mla.mla_decode(d, e), mla.mla_w_uv(d, e), mla.mla_gate_mul(d, deps=(), launch=e)]
 
 
-def reference(cfg, shape, W, x: np.ndarray, state: dict) -> tuple[np.ndarray, dict]:
+def reference(cfg, layer: int, shape, W, x: np.ndarray, state: dict) -> tuple[np.ndarray, dict]:
     B, T = shape.batch, shape.tokens_per_seq
     N = cfg.mla_heads
     lkv, ctx = cfg.kv_lora_rank, shape.context
@@ -109,8 +109,9 @@ def state_elements(cfg, tp: int, shape) -> int:
 
 
 def cache_bytes(cfg, tp: int, shape) -> int:
-    """Latent cache rows B x (context + T), (Lkv + R) elements each, one layer, on every rank."""
-    return shape.batch * (shape.context + shape.tokens_per_seq) * (cfg.kv_lora_rank + cfg.qk_rope_dim) * CACHE_BYTES
+    """Latent cache rows B x (context + T), (Lkv + R) elements each, every MLA layer, on every rank."""
+    rows = shape.batch * (shape.context + shape.tokens_per_seq) * cfg.attn_kinds.count("mla")
+    return rows * (cfg.kv_lora_rank + cfg.qk_rope_dim) * CACHE_BYTES
 
 
 KIND = AttentionKind(name="mla", label="MLA", standard=standard, specialized=specialized, reference=reference,

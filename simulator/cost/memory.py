@@ -71,14 +71,10 @@ def _layer_weight_bytes(cfg: ModelConfig, tp: int, layer_type: str) -> int:
 
 
 def cache_bytes_per_gpu(cfg: ModelConfig, tp: int, shape: DecodeShape) -> dict[str, int]:
-    """key -> bytes one GPU holds of each attention kind's cache or state: its entry's per-layer bytes x the
-    model's layers of that kind (0 for a kind the model does not have)."""
-    out = {}
-    for kind in attention.entries():
-        key, _, per_layer = kind.memory
-        layers = cfg.attn_kinds.count(kind.name)
-        out[key] = int(layers * per_layer(cfg, tp, shape)) if layers else 0
-    return out
+    """key -> bytes one GPU holds of each attention kind's cache or state over all the model's layers of that kind
+    (its entry's `memory`; 0 for a kind the model does not have)."""
+    return {kind.memory[0]: int(kind.memory[2](cfg, tp, shape)) if kind.name in cfg.attn_kinds else 0
+            for kind in attention.entries()}
 
 
 def activation_bytes_per_gpu(cfg: ModelConfig, tp: int, shape: DecodeShape) -> int:
@@ -123,7 +119,8 @@ class MemoryPerGPU:
 
 def shortfall(gb: dict[str, float | bool]) -> str:
     """One clause for warnings and skipped sweep rows, from `MemoryPerGPU.as_gb()`: the parts in GB."""
-    caches = "".join(f" + {kind.memory[1]} {gb[kind.memory[0]]:.1f}" for kind in attention.entries())
+    caches = "".join(f" + {kind.memory[1]} {gb[kind.memory[0]]:.1f}" for kind in attention.entries()
+                     if gb[kind.memory[0]])  # the model's kinds (another kind's part is 0)
     return (f"needs {gb['total']:.1f} GB per GPU (weights {gb['weights']:.1f}{caches} + activations "
             f"{gb['activations']:.2f}), more than the {gb['capacity']:.0f} GB of HBM")
 

@@ -55,7 +55,8 @@ def _memory_line(con: Console, doc: dict[str, Any]) -> None:
     """Memory per GPU by part; when it exceeds HBM, a line in capitals (the cost shown is still the TP one)."""
     mem = doc["memory_gb"]
     if mem["fits"]:
-        caches = "".join(f" + {kind.memory[1]} {mem[kind.memory[0]]:.2f}" for kind in attention.entries())
+        caches = "".join(f" + {kind.memory[1]} {mem[kind.memory[0]]:.2f}" for kind in attention.entries()
+                         if mem[kind.memory[0]])  # the model's kinds (another kind's part is 0)
         con.print(f"memory per GPU: {mem['total']:.1f} GB = weights {mem['weights']:.1f}{caches} + activations "
                   f"{mem['activations']:.2f}, of {mem['capacity']:.0f} GB HBM")
     else:
