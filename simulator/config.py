@@ -24,7 +24,7 @@ from simulator.paths import data_dir
 
 MODELS_DIR = data_dir("models")
 ACTIVATIONS = ("situ", "silu")
-ATTENTION_KINDS = ("kda", "mla")  # each an entry of simulator/attention/ (kernels, reference, state, memory)
+ATTENTION_KINDS = ("kda", "mla", "gqa")  # each an entry of simulator/attention/ (kernels, reference, state, memory)
 RESIDUALS = ("attn_res", "plain")  # Block Attention Residuals (Kimi K3), or a plain residual add + RMSNorm
 EXPERT_DTYPES = ("mxfp4", "fp8", "bf16")
 MAX_LAYERS = 10_000  # sanity bound on num_hidden_layers; Llama 3.1 405B has 126, DeepSeek-V3 61, Kimi K3 93
@@ -111,6 +111,14 @@ class ModelConfig:
     expert_dtype: str  # storage of routed experts: "mxfp4" | "fp8" | "bf16"
     rope_scaling: RopeScaling | None = None  # YaRN; None: plain RoPE at rope_theta
     residual: str = "plain"  # "attn_res": Block AttnRes mixes the layer inputs; "plain": residual add + RMSNorm
+    # --- GQA (RoPE at rope_theta / rope_scaling) ---
+    gqa_heads: int = 0  # Nq query heads
+    gqa_kv_heads: int = 0  # Nkv key/value heads (Nq / Nkv queries share each)
+    gqa_head_dim: int = 0  # H
+    gqa_qkv_bias: bool = False  # biases on the q, k, v projections (gpt-oss)
+    gqa_qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
+    gqa_sinks: bool = False  # one learned sink logit per head in the softmax denominator (gpt-oss)
+    gqa_windows: tuple[int, ...] = ()  # per layer: sliding window in tokens (0: full attention); () all full
     # --- as a drafter (this simulator's keys moe_sim_drafting, moe_sim_target_taps) ---
     drafting: str = "autoregressive"  # "block": one forward proposes every draft token
     target_taps: int = 1  # target layers whose hidden states the drafter's input projection reads
@@ -150,6 +158,10 @@ class ModelConfig:
     @property
     def has_kda(self) -> bool:
         return "kda" in self.attn_kinds
+
+    def gqa_window(self, layer: int) -> int:
+        """Sliding window of a GQA layer in tokens, the current one included; 0 for full attention."""
+        return self.gqa_windows[layer] if self.gqa_windows else 0
 
     def layer_type(self, layer: int) -> str:
         """`kda`, `mla` or `dense` (a dense FFN layer; its attention kind is `attn_kinds[layer]`)."""
@@ -202,8 +214,17 @@ def _mla_weights(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
 
 # kind -> the weights its fields imply (name -> full shape, init kind), read by weights.weight_table; a kind's
 # `<kind>.w_o` is [attention output width, D], the rows o_proj reads
+def _gqa_weights(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    d, q, kv = cfg.hidden_size, cfg.gqa_heads * cfg.gqa_head_dim, cfg.gqa_kv_heads * cfg.gqa_head_dim
+    bias = {"gqa.b_q": ((q,), "bias"), "gqa.b_k": ((kv,), "bias"), "gqa.b_v": ((kv,), "bias")}
+    return ({"gqa.w_q": ((d, q), "linear"), "gqa.w_k": ((d, kv), "linear"), "gqa.w_v": ((d, kv), "linear")}
+            | (bias if cfg.gqa_qkv_bias else {})
+            | {"gqa.q_norm": ((cfg.gqa_head_dim,), "norm"), "gqa.k_norm": ((cfg.gqa_head_dim,), "norm"),
+               "gqa.sinks": ((cfg.gqa_heads,), "bias"), "gqa.w_o": ((q, d), "linear")})
+
+
 ATTENTION_WEIGHTS: dict[str, Callable[[ModelConfig], dict[str, tuple[tuple[int, ...], str]]]] = {
-    "kda": _kda_weights, "mla": _mla_weights}
+    "kda": _kda_weights, "mla": _mla_weights, "gqa": _gqa_weights}
 
 
 
@@ -217,8 +238,11 @@ def _bad(cfg: ModelConfig, fname: str, msg: str) -> UserError:
 
 
 def _validate(cfg: ModelConfig) -> None:
-    positive = ["hidden_size", "vocab_size", "num_layers", "mla_heads", "q_lora_rank", "kv_lora_rank",
-                "qk_nope_dim", "v_head_dim", "n_group", "topk_group"]
+    positive = ["hidden_size", "vocab_size", "num_layers", "n_group", "topk_group"]
+    if "mla" in cfg.attn_kinds:
+        positive += ["mla_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim"]
+    if "gqa" in cfg.attn_kinds:
+        positive += ["gqa_heads", "gqa_kv_heads", "gqa_head_dim"]
     if cfg.has_moe:  # an all-dense model (a drafter) needs no expert fields
         positive += ["num_experts", "top_k", "moe_intermediate"]
     for name in positive:
@@ -274,8 +298,20 @@ def _validate_layers(cfg: ModelConfig) -> None:
         raise _bad(cfg, "dense_intermediate", "must be positive when dense layers exist")
     if not cfg.mla_nope and cfg.qk_rope_dim % 2:
         raise _bad(cfg, "qk_rope_dim", "must be even for RoPE")
+    if "gqa" in cfg.attn_kinds:
+        _validate_gqa(cfg)
     if not cfg.mla_nope and cfg.rope_theta <= 1:
         raise _bad(cfg, "rope_theta", "must exceed 1 for RoPE (frequencies theta^(-2i/R) must fall with i)")
+
+
+def _validate_gqa(cfg: ModelConfig) -> None:
+    if cfg.gqa_heads % cfg.gqa_kv_heads:
+        raise _bad(cfg, "gqa_kv_heads", f"does not divide the query heads ({cfg.gqa_heads})")
+    if cfg.gqa_head_dim % 2:
+        raise _bad(cfg, "gqa_head_dim", "must be even for RoPE")
+    if cfg.gqa_windows and (len(cfg.gqa_windows) != cfg.num_layers
+                            or not all(isinstance(w, int) and w >= 0 for w in cfg.gqa_windows)):
+        raise _bad(cfg, "gqa_windows", f"must list a non-negative window for each of the {cfg.num_layers} layers")
 
 
 def validate_tp(cfg: ModelConfig, tp: int) -> None:
@@ -287,6 +323,8 @@ def validate_tp(cfg: ModelConfig, tp: int) -> None:
               ("hidden_size", cfg.hidden_size)]
     if cfg.has_kda:
         checks.append(("kda_heads", cfg.kda_heads))
+    if "gqa" in cfg.attn_kinds:  # vLLM replicates KV heads below TP = Nkv; modelled: each rank owns Nkv / P
+        checks += [("gqa_heads", cfg.gqa_heads), ("gqa_kv_heads", cfg.gqa_kv_heads)]
     if cfg.first_k_dense:
         checks.append(("dense_intermediate", cfg.dense_intermediate))
     for name, value in checks:

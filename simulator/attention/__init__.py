@@ -22,13 +22,13 @@ Adding a kind: its module here and its name in KINDS below; in config.py its nam
 
 from __future__ import annotations
 
-from simulator.attention import kda, mla
+from simulator.attention import gqa, kda, mla
 from simulator.attention.kind import AttentionKind
 from simulator.config import ModelConfig
 from simulator.state import DecodeShape, LayerState
 
 
-KINDS: dict[str, AttentionKind] = {m.KIND.name: m.KIND for m in (kda, mla)}  # in listing order
+KINDS: dict[str, AttentionKind] = {m.KIND.name: m.KIND for m in (kda, mla, gqa)}  # in listing order
 
 
 def kind(name: str) -> AttentionKind:
