@@ -96,3 +96,21 @@ def test_sharded_state_is_what_each_rank_declares(model, tp):
         back = attention.unshard_state(ranks, state, 0)
         assert back.keys() == state.keys() and all(np.array_equal(back[k], state[k]) for k in state)
         assert d.attn_width * tp == ATTENTION_WEIGHTS[kind](cfg)[f"{kind}.w_o"][0][0]
+
+
+def test_kernel_names_follow_the_gpus_implementation_set():
+    """DeepSeek-V3 on an H200 priced with vLLM's Hopper kernels shows FlashMLA's decode, not the TRT-LLM-gen
+    (Blackwell) kernel of the plan; a GPU priced by the datasheet law keeps the plan's names."""
+    from simulator.cost.step import layer_timeline
+    from simulator.hardware import load_hardware
+    cfg, shape = load_model("deepseek-v3"), DecodeShape(16, 1, 1024)
+    names = {}
+    for gpu in ("h200", "gb300"):
+        hw = load_hardware(gpu)
+        names[gpu] = {v: [s.name for s in layer_timeline(cfg, hw, v, 8, shape, "mla").spans]
+                      for v in ("standard", "specialized")}
+    assert load_hardware("h200").kernels == "vllm" and load_hardware("gb300").kernel_set is None
+    for variant in ("standard", "specialized"):
+        assert "flash_fwd_splitkv_mla_kernel" in names["h200"][variant]
+        assert not any("trtllm" in n for n in names["h200"][variant])
+        assert "trtllm_gen_mla_decode" in names["gb300"][variant]

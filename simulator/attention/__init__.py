@@ -13,6 +13,9 @@ about one kind of attention layer, so they look the kind up instead of branching
                              capacity check counts it
     reads_context            whether the kind's kernels read the context (a KV cache) or not (a fixed state)
     reshaped_weights         weights the reference copies to reshape (the check's memory guard)
+    impl_names               implementation (as a GPU's kernel set names it) -> {kernel key: the name that
+                             implementation's kernel has}: a plan's names are those of the published Blackwell
+                             path; an answer priced with a measured set shows its own (`kernel_name`)
 
 Below the plans, the facts a config alone decides stay with the config: the kind names
 (`config.ATTENTION_KINDS`), their TP constraints (`config.validate_tp`) and their weight specification
@@ -40,6 +43,14 @@ def kind(name: str) -> AttentionKind:
 
 def entries() -> list[AttentionKind]:
     return list(KINDS.values())
+
+
+def kernel_name(kernel, impls: tuple[str, ...]) -> str:
+    """The name `kernel` has under the first of `impls`, the implementations a GPU's kernel set measured for its
+    role (hardware/kernel_sets.py), when its attention entry knows it; else the plan's name."""
+    entry = KINDS.get(kernel.family)
+    names = entry.impl_names.get(impls[0], {}) if entry is not None and impls else {}
+    return names.get(kernel.key, kernel.name)
 
 
 def initial_state(cfg: ModelConfig, attn_kind: str, shape: DecodeShape, rng) -> LayerState:

@@ -112,4 +112,6 @@ def state_bytes(cfg, tp: int, shape) -> int:
 
 KIND = AttentionKind(name="kda", label="KDA", standard=standard, specialized=specialized, reference=reference,
                     initial_state=initial_state, shard=shard, unshard=unshard, state_errors=state_errors,
-                    state_elements=state_elements, memory=("kda_state", "KDA state", state_bytes), reads_context=False)
+                    state_elements=state_elements, memory=("kda_state", "KDA state", state_bytes), reads_context=False,
+                    impl_names={"triton_split_v": {"kda_recurrent": "kda_split_v_kernel"},  # benchmarks/gpu suite
+                                "triton": {"kda_decode": "kda_decode_kernel"}})

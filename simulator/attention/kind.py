@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from simulator.config import ModelConfig
@@ -26,3 +26,4 @@ class AttentionKind:
     memory: tuple[str, str, Callable[[ModelConfig, int, DecodeShape], int]]
     reads_context: bool
     reshaped_weights: tuple[str, ...] = ()
+    impl_names: dict[str, dict[str, str]] = field(default_factory=dict)  # implementation -> {kernel key: name}

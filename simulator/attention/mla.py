@@ -117,4 +117,6 @@ def cache_bytes(cfg, tp: int, shape) -> int:
 KIND = AttentionKind(name="mla", label="MLA", standard=standard, specialized=specialized, reference=reference,
                     initial_state=initial_state, shard=shard, unshard=unshard, state_errors=state_errors,
                     state_elements=state_elements, memory=("mla_cache", "MLA cache", cache_bytes), reads_context=True,
-                    reshaped_weights=("mla.w_uk", "mla.w_uv"))
+                    reshaped_weights=("mla.w_uk", "mla.w_uv"),
+                    impl_names={"flashmla_fp8": {"mla_decode": "flash_fwd_splitkv_mla_kernel"},  # vLLM on Hopper
+                                "triton_split_kv": {"mla_decode": "mla_split_kernel"}})  # benchmarks/gpu suite
