@@ -9,20 +9,11 @@ import pytest
 
 from simulator.attention import gqa as gqa_entry
 from simulator.check import check_layer
-from simulator.config import RopeScaling
 from simulator.ops import gqa
 from simulator.plans import specialized, standard
 from simulator.plans.kernel import DecodeShape
 
-WINDOW = 5  # layer 1 slides over its last 5 positions; layer 2 attends to everything
-
-
-@pytest.fixture(scope="module")
-def tiny_gqa(tiny_ds):
-    """tiny-deepseek's MoE with GQA attention: 8 query heads sharing 2 key/value heads of 16, every feature on."""
-    return replace(tiny_ds, attn_kinds=("gqa",) * 3, gqa_heads=8, gqa_kv_heads=2, gqa_head_dim=16,
-                   gqa_windows=(0, WINDOW, 0), gqa_sinks=True, gqa_qk_norm=True, gqa_qkv_bias=True,
-                   rope_theta=10000.0, rope_scaling=RopeScaling(factor=4.0, original_max=16, mscale_all_dim=1.0))
+WINDOW = 5  # tiny_gqa (conftest.py): layer 1 slides over its last 5 positions; layer 2 attends to everything
 
 
 CASES = [(tp, b, t, ctx, layer) for tp in (1, 2) for b, t, ctx in ((1, 1, 3), (3, 2, 20), (2, 4, 33))
