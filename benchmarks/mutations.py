@@ -127,7 +127,8 @@ MUTATIONS = [
              "a wrong attention-registry entry: MLA said not to read the context, so its layers price at context 0"),
     Mutation("deepseek_attn_res_kernel", "simulator/plans/common.py",
              '    return attn_res_pre(d, launch) if d.attn_res else add_norm(d, "input_norm", launch)',
-             "    return attn_res_pre(d, launch)", "a plain-residual model (DeepSeek-V3) opens its layers with an AttnRes kernel"),
+             "    return attn_res_pre(d, launch)",
+             "a plain-residual model (DeepSeek-V3) opens its layers with an AttnRes kernel"),
 ]
 
 

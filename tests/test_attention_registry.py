@@ -64,7 +64,8 @@ def test_memory_of_each_entry_is_the_state_its_plan_declares(model, tp):
         plan = standard.build(cfg, tp, shape, layer_type)
         declared = sum(_declared(plan, name).nbytes for name in state_names[kind])
         key, _, total = attention.kind(kind).memory
-        assert total(cfg, tp, shape) == cache_bytes_per_gpu(cfg, tp, shape)[key] == declared * cfg.attn_kinds.count(kind)
+        layers = cfg.attn_kinds.count(kind)
+        assert total(cfg, tp, shape) == cache_bytes_per_gpu(cfg, tp, shape)[key] == declared * layers
 
 
 @pytest.mark.parametrize("model", ["tiny-k3", "tiny-deepseek"])

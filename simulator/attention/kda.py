@@ -8,7 +8,8 @@
                       last W-1 pre-conv q, k, v inputs (channels: all q, then all k, then all v); sharded by head
                       under TP: rank r owns heads r Nh/P .. (r+1) Nh/P of S and of each q/k/v block
     memory     B x [(Nh/P) H H x 4 B + 3 (Nh/P) H (W-1) x 2 B] per layer, whatever the context
-                      (96/8 heads x 128 x 128 x 4 B = 0.75 MiB per sequence per layer for K3 at TP8; docs/sources.md §K1c)
+                      (96/8 heads x 128 x 128 x 4 B = 0.75 MiB per sequence per layer for K3 at TP8;
+               docs/sources.md §K1c)
 
 Dimension legend: M tokens (B sequences x T tokens), D hidden, Nh heads (on a rank: /P), H head dim,
 C = Nh H channels, W conv width.

@@ -102,7 +102,9 @@ class MemoryPerGPU:
     capacity: int
 
     def __getitem__(self, part: str) -> int:
-        return self.weights if part == "weights" else self.activations if part == "activations" else dict(self.caches)[part]
+        if part in ("weights", "activations"):
+            return getattr(self, part)
+        return dict(self.caches)[part]
 
     @property
     def total(self) -> int:

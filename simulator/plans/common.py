@@ -348,14 +348,16 @@ def residual_post(d: Dims, launch: Launch = PLAIN) -> Kernel:
 
 @context_free
 def oproj_allreduce_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
-    """o_proj GEMM + in-kernel one-shot all-reduce + AttnRes add/mix + RMSNorm: 3 kernels -> 1."""
+    """o_proj GEMM + in-kernel one-shot all-reduce + the residual's add (AttnRes: and mix) + RMSNorm: 3 kernels -> 1."""
     M, D, n = d.M, d.D, d.attn_width
     if d.attn_res:
         reads, writes, weights = attn_res_post_tensors(d)
-        name, op, flops = "fused_oproj_allreduce_attnres_rmsnorm", norm.oproj_allreduce_attn_res_post, attn_res_post_flops(d)
+        name, op = "fused_oproj_allreduce_attnres_rmsnorm", norm.oproj_allreduce_attn_res_post
+        flops = attn_res_post_flops(d)
     else:
-        reads, writes, weights = (act("prefix", M, D),), (act("prefix", M, D), act("x2", M, D)), (weight("post_attn_norm", D),)
-        name, op, flops = "fused_oproj_allreduce_rmsnorm", res.oproj_allreduce_add_norm, M * D + norm.rms_norm_flops(M, D)
+        reads, writes = (act("prefix", M, D),), (act("prefix", M, D), act("x2", M, D))
+        weights, flops = (weight("post_attn_norm", D),), M * D + norm.rms_norm_flops(M, D)
+        name, op = "fused_oproj_allreduce_rmsnorm", res.oproj_allreduce_add_norm
     payload = act("attn.partial", M, D)
     return Kernel(
         key="oproj_ar_norm", name=name, kind="gemm_collective", family="gemm",

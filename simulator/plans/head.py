@@ -34,8 +34,10 @@ def head_plan(cfg: ModelConfig, tp: int, shape: DecodeShape, variant: str, pdl: 
         Kernel(key="final_mix_norm", name="attn_res_final_mix_rmsnorm", kind="pointwise", family="small",
                floor="reduction", pdl=pdl,
                reads=(act("sources", n_src, M, D),), writes=(x,), weights=(weight("final_norm", D), weight("final_res", 2, D)),
-               note="output AttnRes mix over every snapshot + prefix, then model.norm") if cfg.residual == "attn_res" else
-        Kernel(key="final_norm", name="fused_add_rms_norm", kind="pointwise", family="small", floor="reduction", pdl=pdl,
+               note="output AttnRes mix over every snapshot + prefix, then model.norm")
+        if cfg.residual == "attn_res" else
+        Kernel(key="final_norm", name="fused_add_rms_norm", kind="pointwise", family="small", floor="reduction",
+               pdl=pdl,
                reads=(act("residual", M, D), act("delta", M, D)), writes=(x,), weights=(weight("final_norm", D),),
                note="residual += last MLP output, then model.norm (a plain residual: vLLM fused_add_rms_norm)"),
         Kernel(key="lm_head", name="gemm_lm_head", kind="gemm", family="gemm", reads=(x,), writes=(logits,), pdl=pdl,
