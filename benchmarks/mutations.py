@@ -113,8 +113,10 @@ MUTATIONS = [
     Mutation("layer_back_edge", "simulator/reference.py", "from simulator.weights import LayerWeights\n",
              "from simulator.weights import LayerWeights\nfrom simulator.execute import run_plan  # noqa: F401\n",
              "the reference imports the executor again"),
-    Mutation("topk_family_gemm", "simulator/plans/moe_kernels.py", 'name="moe_routing_topk", kind="router", family="small",',
-             'name="moe_routing_topk", kind="router", family="gemm",', "the routing top-k declared a GEMM (its draws take the GEMM residuals)"),
+    Mutation("topk_family_gemm", "simulator/plans/moe_kernels.py",
+             'name="moe_routing_topk", kind="router", family="small",',
+             'name="moe_routing_topk", kind="router", family="gemm",',
+             "the routing top-k declared a GEMM (its draws take the GEMM residuals)"),
     Mutation("mla_decode_family_kda", "simulator/plans/mla_kernels.py",
              'key="mla_decode", name=name, kind="attention", family="mla",',
              'key="mla_decode", name=name, kind="attention", family="kda",', "the MLA decode declared a KDA kernel"),
@@ -135,6 +137,14 @@ MUTATIONS = [
     Mutation("fast_rms_norm_differs", "simulator/fast/kernels.py", "        inv = 1 / np.sqrt(ss / D + eps)",
              "        inv = 1 / np.sqrt(ss / (D - 1) + eps)",
              "the fast backend's RMSNorm (a registered replacement) divides by D - 1, unlike ops.norm.rms_norm"),
+    Mutation("attention_entry_context", "simulator/attention/mla.py",
+             'state_elements=state_elements, memory=("mla_cache", "MLA cache", cache_bytes), reads_context=True',
+             'state_elements=state_elements, memory=("mla_cache", "MLA cache", cache_bytes), reads_context=False',
+             "a wrong attention-registry entry: MLA said not to read the context, so its layers price at context 0"),
+    Mutation("deepseek_attn_res_kernel", "simulator/plans/common.py",
+             '    return attn_res_pre(d, launch, attn_res_source) if d.attn_res else add_norm(d, "input_norm", launch)',
+             "    return attn_res_pre(d, launch, attn_res_source)",
+             "a plain-residual model (DeepSeek-V3) opens its layers with an AttnRes kernel"),
 ]
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator import attention
 from simulator.config import ModelConfig
 from simulator.dtypes import Precision
 from simulator.errors import UserError
@@ -36,7 +37,7 @@ from simulator.plans.builders import BUILDERS
 from simulator.plans.common import Dims, make_dims
 from simulator.plans.kernel import DecodeShape
 from simulator.reference import reference_layer
-from simulator.state import LayerIO, LayerState, initial_state
+from simulator.state import LayerIO, LayerState
 from simulator.weights import FP32_KINDS, LayerWeights, weight_spec, weight_table
 
 REL_RMS_TOL = {"fp64": 1e-12, "fp32": 1e-5, "bf16": 3e-2}
@@ -93,7 +94,7 @@ def make_inputs(cfg: ModelConfig, d: Dims, rng: np.random.Generator) -> tuple[La
     M, D = d.M, d.D
     io = LayerIO(prefix=rng.standard_normal((M, D)), delta=rng.standard_normal((M, D)) * 0.5,
                  blocks=[rng.standard_normal((M, D)) for _ in range(d.n_blocks)])
-    return io, initial_state(cfg, cfg.attn_kinds[d.layer], d.shape, rng)
+    return io, attention.initial_state(cfg, cfg.attn_kinds[d.layer], d.shape, rng)
 
 
 def check_layer(cfg: ModelConfig, layer_type: str, tp: int, shape: DecodeShape, precision: str,
@@ -152,16 +153,15 @@ def _output_errors(out: LayerIO, ref: LayerIO, keep: np.ndarray, precision: str)
 
 
 def _state_errors(state: LayerState, ref: LayerState, d: Dims, precision: str) -> list[TensorError]:
+    """The state tensors the layer's attention kind compares (its registry entry's `state_errors`): within the
+    precision's tolerance, the FP8 one for a tensor stored in FP8, or exactly (listed only when they differ)."""
     errors = []
-    if "kda.state" in ref:
-        errors.append(_err("kda.state", state["kda.state"], ref["kda.state"], REL_RMS_TOL[precision]))
-        errors.append(_err("kda.conv", state["kda.conv"], ref["kda.conv"], REL_RMS_TOL[precision]))
-    if "mla.cache" in ref:
-        new = slice(d.shape.context, d.shape.context + d.shape.tokens_per_seq)  # the rows this step wrote
-        errors.append(_err("mla.cache[new]", state["mla.cache"][:, new], ref["mla.cache"][:, new],
-                           FP8_REL_RMS_TOL[precision]))
-        if not np.array_equal(state["mla.lengths"], ref["mla.lengths"]):
-            errors.append(TensorError("mla.lengths", float("inf"), float("inf"), 0.0))
+    for name, x, want, tol in attention.kind(d.attn).state_errors(state, ref, d.shape):
+        if tol == "exact":
+            if not np.array_equal(x, want):
+                errors.append(TensorError(name, float("inf"), float("inf"), 0.0))
+            continue
+        errors.append(_err(name, x, want, (FP8_REL_RMS_TOL if tol == "fp8" else REL_RMS_TOL)[precision]))
     return errors
 
 
@@ -192,13 +192,6 @@ def _layer_weight_sizes(cfg: ModelConfig, layer_type: str) -> dict[str, int]:
             if "." not in name or name.startswith((f"{attn}.",) + ffn)}
 
 
-def _state_elements(cfg: ModelConfig, attn: str, tp: int, shape: DecodeShape) -> int:
-    """KDA state + conv history, or the MLA cache (replicated: one copy per simulated rank)."""
-    if attn == "kda":
-        return shape.batch * cfg.kda_heads * cfg.kda_head_dim * (cfg.kda_head_dim + 3 * cfg.conv_size)
-    return (tp + 1) * shape.batch * (shape.context + shape.tokens_per_seq) * (cfg.kv_lora_rank + cfg.qk_rope_dim)
-
-
 def estimate_layer_bytes(cfg: ModelConfig, layer_type: str, tp: int, shape: DecodeShape) -> int:
     """Peak bytes of one layer's check: the held weights + the touched experts + the largest transient
     + float64 state copies + rank buffers.
@@ -224,11 +217,11 @@ def estimate_layer_bytes(cfg: ModelConfig, layer_type: str, tp: int, shape: Deco
     part = cfg.expert_in_dim * cfg.moe_intermediate
     touched = 0 if layer_type == "dense" else min(cfg.num_experts, shape.tokens * cfg.top_k)
     experts = min(3 * touched * part * (PACKED_EXPERT_BYTES if cfg.expert_dtype == "mxfp4" else 4), EXPERT_CACHE_BYTES)
-    reshaped = max([n for name, n in sizes.items() if name in ("mla.w_uk", "mla.w_uv")], default=0)
+    reshaped = max([n for name, n in sizes.items() if name in attention.kind(attn).reshaped_weights], default=0)
     copies = min(COPY_CACHE_BYTES, 8 * sum(n for name, n in sizes.items() if len(weight_spec(cfg, name)[0]) == 1
                                             or weight_spec(cfg, name)[1] == "conv"))
     transient = max(copies, (os.cpu_count() or 1) * EXPERT_DRAW_BYTES * part * bool(touched), 8 * reshaped)
-    state = 8 * STATE_COPIES * _state_elements(cfg, attn, tp, shape)
+    state = 8 * STATE_COPIES * attention.kind(attn).state_elements(cfg, tp, shape)
     widest = max(cfg.hidden_size, cfg.expert_in_dim * cfg.top_k, cfg.dense_intermediate, cfg.shared_intermediate)
     buffers = 8 * BUFFERS_PER_RANK * (tp + 1) * shape.tokens * widest
     return int(SAFETY * (held + experts + transient + state + buffers)) + BASELINE_BYTES

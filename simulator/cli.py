@@ -14,6 +14,7 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
+from simulator.config import ATTENTION_KINDS
 from simulator.dtypes import PRECISIONS
 from simulator.errors import UserError
 from simulator.limits import check_flags
@@ -24,7 +25,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help="Simulate one Kimi K3-class MoE decode step: numbers and microseconds.")
 
 
-LAYER_TYPES = ("kda", "mla", "dense")
+LAYER_TYPES = ATTENTION_KINDS + ("dense",)
 
 
 def _choices(name: str, values: tuple[str, ...]) -> type[Enum]:

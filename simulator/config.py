@@ -17,14 +17,15 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable
 
 from simulator.errors import UserError
 from simulator.paths import data_dir
 
-LayerKind = Literal["kda", "mla"]
 MODELS_DIR = data_dir("models")
 ACTIVATIONS = ("situ", "silu")
+ATTENTION_KINDS = ("kda", "mla", "gqa")  # each an entry of simulator/attention/ (kernels, reference, state, memory)
+RESIDUALS = ("attn_res", "plain")  # Block Attention Residuals (Kimi K3), or a plain residual add + RMSNorm
 EXPERT_DTYPES = ("mxfp4", "fp8", "bf16")
 MAX_LAYERS = 10_000  # sanity bound on num_hidden_layers; Llama 3.1 405B has 126, DeepSeek-V3 61, Kimi K3 93
 
@@ -71,7 +72,7 @@ class ModelConfig:
     vocab_size: int
     num_layers: int
     rms_norm_eps: float
-    attn_kinds: tuple[str, ...]  # per 0-based layer: "kda" or "mla"
+    attn_kinds: tuple[str, ...]  # per 0-based layer: an attention kind of simulator.attention ("kda", "mla")
     first_k_dense: int  # layers [0, first_k_dense) use a dense FFN instead of MoE
     dense_intermediate: int  # dense FFN width
     hidden_act: str  # "situ" | "silu"
@@ -106,9 +107,18 @@ class ModelConfig:
     renormalize: bool
     routed_scaling_factor: float
     # --- residual stream ---
-    attn_res_block: int  # Block AttnRes block size; 0 means a plain residual
+    attn_res_block: int  # Block AttnRes block size; 0 with a plain residual
     expert_dtype: str  # storage of routed experts: "mxfp4" | "fp8" | "bf16"
     rope_scaling: RopeScaling | None = None  # YaRN; None: plain RoPE at rope_theta
+    residual: str = "plain"  # "attn_res": Block AttnRes mixes the layer inputs; "plain": residual add + RMSNorm
+    # --- GQA (RoPE at rope_theta / rope_scaling) ---
+    gqa_heads: int = 0  # Nq query heads
+    gqa_kv_heads: int = 0  # Nkv key/value heads (Nq / Nkv queries share each)
+    gqa_head_dim: int = 0  # H
+    gqa_qkv_bias: bool = False  # biases on the q, k, v projections (gpt-oss)
+    gqa_qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
+    gqa_sinks: bool = False  # one learned sink logit per head in the softmax denominator (gpt-oss)
+    gqa_windows: tuple[int, ...] = ()  # per layer: sliding window in tokens (0: full attention); () all full
     # --- as a drafter (this simulator's keys moe_sim_drafting, moe_sim_target_taps) ---
     drafting: str = "autoregressive"  # "block": one forward proposes every draft token
     target_taps: int = 1  # target layers whose hidden states the drafter's input projection reads
@@ -149,6 +159,10 @@ class ModelConfig:
     def has_kda(self) -> bool:
         return "kda" in self.attn_kinds
 
+    def gqa_window(self, layer: int) -> int:
+        """Sliding window of a GQA layer in tokens, the current one included; 0 for full attention."""
+        return self.gqa_windows[layer] if self.gqa_windows else 0
+
     def layer_type(self, layer: int) -> str:
         """`kda`, `mla` or `dense` (a dense FFN layer; its attention kind is `attn_kinds[layer]`)."""
         return "dense" if layer < self.first_k_dense else self.attn_kinds[layer]
@@ -160,10 +174,58 @@ class ModelConfig:
         raise UserError(f"model '{self.name}' has no layer of type '{layer_type}'.")
 
     def layer_counts(self) -> dict[str, int]:
-        """Layers of each type: the first `first_k_dense` are dense, the rest by attention kind."""
+        """Layers of each type: the first `first_k_dense` are dense, the rest by attention kind (each kind the
+        model has, in ATTENTION_KINDS order)."""
         dense = min(self.first_k_dense, self.num_layers)
         moe = self.attn_kinds[dense:self.num_layers]
-        return {"kda": moe.count("kda"), "mla": moe.count("mla"), "dense": dense}
+        return {kind: moe.count(kind) for kind in ATTENTION_KINDS if kind in self.attn_kinds} | {"dense": dense}
+
+
+# ---------------------------------------------------------------------------------------
+# each attention kind's weights (its kernels, reference and state are its entry in simulator/attention/)
+# ---------------------------------------------------------------------------------------
+
+def _kda_weights(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    d, kn, kh, w = cfg.hidden_size, cfg.kda_heads, cfg.kda_head_dim, cfg.conv_size
+    return {
+        "kda.w_q": ((d, kn * kh), "linear"), "kda.w_k": ((d, kn * kh), "linear"),
+        "kda.w_v": ((d, kn * kh), "linear"), "kda.w_g": ((d, kn * kh), "linear"),
+        "kda.w_fa": ((d, kh), "linear"), "kda.w_fb": ((kh, kn * kh), "linear"),
+        "kda.w_b": ((d, kn), "linear"),
+        "kda.conv_q": ((kn * kh, w), "conv"), "kda.conv_k": ((kn * kh, w), "conv"),
+        "kda.conv_v": ((kn * kh, w), "conv"),
+        "kda.dt_bias": ((kn * kh,), "dt_bias"), "kda.a_log": ((kn,), "a_log"),
+        "kda.o_norm": ((kh,), "norm"), "kda.w_o": ((kn * kh, d), "linear"),
+    }
+
+
+def _mla_weights(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    d, n, h = cfg.hidden_size, cfg.mla_heads, cfg.v_head_dim
+    return {
+        "mla.w_qa": ((d, cfg.q_lora_rank), "linear"),
+        "mla.w_kva": ((d, cfg.kv_lora_rank + cfg.qk_rope_dim), "linear"),
+        "mla.q_a_norm": ((cfg.q_lora_rank,), "norm"), "mla.kv_a_norm": ((cfg.kv_lora_rank,), "norm"),
+        "mla.w_qb": ((cfg.q_lora_rank, n * cfg.mla_qk_head_dim), "linear"),
+        "mla.w_uk": ((cfg.kv_lora_rank, n * cfg.qk_nope_dim), "linear"),
+        "mla.w_uv": ((cfg.kv_lora_rank, n * h), "linear"),
+        "mla.w_g": ((d, n * h), "linear"), "mla.w_o": ((n * h, d), "linear"),
+    }
+
+
+# kind -> the weights its fields imply (name -> full shape, init kind), read by weights.weight_table; a kind's
+# `<kind>.w_o` is [attention output width, D], the rows o_proj reads
+def _gqa_weights(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    d, q, kv = cfg.hidden_size, cfg.gqa_heads * cfg.gqa_head_dim, cfg.gqa_kv_heads * cfg.gqa_head_dim
+    bias = {"gqa.b_q": ((q,), "bias"), "gqa.b_k": ((kv,), "bias"), "gqa.b_v": ((kv,), "bias")}
+    return ({"gqa.w_q": ((d, q), "linear"), "gqa.w_k": ((d, kv), "linear"), "gqa.w_v": ((d, kv), "linear")}
+            | (bias if cfg.gqa_qkv_bias else {})
+            | {"gqa.q_norm": ((cfg.gqa_head_dim,), "norm"), "gqa.k_norm": ((cfg.gqa_head_dim,), "norm"),
+               "gqa.sinks": ((cfg.gqa_heads,), "bias"), "gqa.w_o": ((q, d), "linear")})
+
+
+ATTENTION_WEIGHTS: dict[str, Callable[[ModelConfig], dict[str, tuple[tuple[int, ...], str]]]] = {
+    "kda": _kda_weights, "mla": _mla_weights, "gqa": _gqa_weights}
+
 
 
 # ---------------------------------------------------------------------------------------
@@ -176,8 +238,11 @@ def _bad(cfg: ModelConfig, fname: str, msg: str) -> UserError:
 
 
 def _validate(cfg: ModelConfig) -> None:
-    positive = ["hidden_size", "vocab_size", "num_layers", "mla_heads", "q_lora_rank", "kv_lora_rank",
-                "qk_nope_dim", "v_head_dim", "n_group", "topk_group"]
+    positive = ["hidden_size", "vocab_size", "num_layers", "n_group", "topk_group"]
+    if "mla" in cfg.attn_kinds:
+        positive += ["mla_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_dim", "v_head_dim"]
+    if "gqa" in cfg.attn_kinds:
+        positive += ["gqa_heads", "gqa_kv_heads", "gqa_head_dim"]
     if cfg.has_moe:  # an all-dense model (a drafter) needs no expert fields
         positive += ["num_experts", "top_k", "moe_intermediate"]
     for name in positive:
@@ -221,8 +286,10 @@ def _validate(cfg: ModelConfig) -> None:
 def _validate_layers(cfg: ModelConfig) -> None:
     if len(cfg.attn_kinds) != cfg.num_layers:
         raise _bad(cfg, "attn_kinds", f"lists {len(cfg.attn_kinds)} layers but num_layers is {cfg.num_layers}")
-    if any(kind not in ("kda", "mla") for kind in cfg.attn_kinds):
-        raise _bad(cfg, "attn_kinds", "may only hold 'kda' and 'mla'")
+    if any(kind not in ATTENTION_KINDS for kind in cfg.attn_kinds):
+        raise _bad(cfg, "attn_kinds", f"may only hold attention kinds {', '.join(ATTENTION_KINDS)}")
+    if cfg.residual not in RESIDUALS or (cfg.residual == "attn_res") != (cfg.attn_res_block > 0):
+        raise _bad(cfg, "residual", "must be 'attn_res' with a positive attn_res_block, or 'plain' with 0")
     if cfg.has_kda and (cfg.kda_heads <= 0 or cfg.kda_head_dim <= 0 or cfg.conv_size <= 0):
         raise _bad(cfg, "kda_heads", "must be positive (with kda_head_dim and conv_size) when KDA layers exist")
     if cfg.first_k_dense > cfg.num_layers:
@@ -231,8 +298,20 @@ def _validate_layers(cfg: ModelConfig) -> None:
         raise _bad(cfg, "dense_intermediate", "must be positive when dense layers exist")
     if not cfg.mla_nope and cfg.qk_rope_dim % 2:
         raise _bad(cfg, "qk_rope_dim", "must be even for RoPE")
+    if "gqa" in cfg.attn_kinds:
+        _validate_gqa(cfg)
     if not cfg.mla_nope and cfg.rope_theta <= 1:
         raise _bad(cfg, "rope_theta", "must exceed 1 for RoPE (frequencies theta^(-2i/R) must fall with i)")
+
+
+def _validate_gqa(cfg: ModelConfig) -> None:
+    if cfg.gqa_heads % cfg.gqa_kv_heads:
+        raise _bad(cfg, "gqa_kv_heads", f"does not divide the query heads ({cfg.gqa_heads})")
+    if cfg.gqa_head_dim % 2:
+        raise _bad(cfg, "gqa_head_dim", "must be even for RoPE")
+    if cfg.gqa_windows and (len(cfg.gqa_windows) != cfg.num_layers
+                            or not all(isinstance(w, int) and w >= 0 for w in cfg.gqa_windows)):
+        raise _bad(cfg, "gqa_windows", f"must list a non-negative window for each of the {cfg.num_layers} layers")
 
 
 def validate_tp(cfg: ModelConfig, tp: int) -> None:
@@ -244,6 +323,8 @@ def validate_tp(cfg: ModelConfig, tp: int) -> None:
               ("hidden_size", cfg.hidden_size)]
     if cfg.has_kda:
         checks.append(("kda_heads", cfg.kda_heads))
+    if "gqa" in cfg.attn_kinds:  # vLLM replicates KV heads below TP = Nkv; modelled: each rank owns Nkv / P
+        checks += [("gqa_heads", cfg.gqa_heads), ("gqa_kv_heads", cfg.gqa_kv_heads)]
     if cfg.first_k_dense:
         checks.append(("dense_intermediate", cfg.dense_intermediate))
     for name, value in checks:
@@ -397,6 +478,7 @@ def _parse_kimi_linear(raw: dict[str, Any], name: str, source: str) -> ModelConf
         topk_group=r.get("topk_group", int, 1) if grouped else 1,
         renormalize=r.get("moe_renormalize", bool, True),
         attn_res_block=r.get("attn_res_block_size", int, 0),
+        residual="attn_res" if r.get("attn_res_block_size", int, 0) > 0 else "plain",
         expert_dtype=_expert_dtype(r),
     )
 

@@ -31,13 +31,14 @@ from typing import Any, Callable, Mapping
 import ml_dtypes
 import numpy as np
 
+from simulator.attention import shard_state, unshard_state
 from simulator.dtypes import Array, Precision
 from simulator.errors import UserError
 from simulator.ops.experts import ExpertFn
 from simulator.ops.replaceable import replacing
 from simulator.plans.common import Dims
 from simulator.plans.kernel import EXPERT, Kernel, Plan, RunOption, Tensor
-from simulator.state import LayerIO, LayerState, shard_state, unshard_state
+from simulator.state import LayerIO, LayerState
 from simulator.weights import LayerWeights, column_shard, row_shard, shard_shape, weight_spec, widen
 
 

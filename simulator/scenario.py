@@ -36,7 +36,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from simulator import limits
+from simulator import attention, limits
+from simulator.config import ATTENTION_KINDS
 from simulator.errors import UserError
 from simulator.paths import data_dir
 from simulator.plans import VARIANTS
@@ -57,7 +58,7 @@ TYPES: dict[str, tuple[type, ...]] = {
     "variant": (str,), "precision": (str,), "fusion_off": (str,), "fusion_on": (str,), "drafter": (str,),
     "expert_skew": (int, float), "draft_correlation": (int, float), "kernels": (str,),
 }
-CHOICES: dict[str, tuple[str, ...]] = {"layer": ("kda", "mla", "dense"), "variant": VARIANTS + ("both",),
+CHOICES: dict[str, tuple[str, ...]] = {"layer": ATTENTION_KINDS + ("dense",), "variant": VARIANTS + ("both",),
                                        "precision": ("mxfp4", "fp8", "bf16")}
 KINDS = ("step", "layer", "ablation")
 PLOTS: dict[str, tuple[str, ...]] = {
@@ -66,11 +67,11 @@ PLOTS: dict[str, tuple[str, ...]] = {
     "ablation": ("waterfall",),
 }
 OUTPUT_KEYS = {"plots": list, "x": str, "y": str, "group": str, "logx": bool}
-MEMORY_COLUMNS = tuple(f"memory_{k}_gb" for k in ("weights", "mla_cache", "kda_state", "activations", "total",
-                                                    "capacity"))  # sweep._memory_columns
+MEMORY_PARTS = ("weights", *(k.memory[0] for k in attention.entries()), "activations", "total", "capacity")
+MEMORY_COLUMNS = tuple(f"memory_{k}_gb" for k in MEMORY_PARTS)  # sweep._memory_columns
 Y_COLUMNS: dict[str, tuple[str, ...]] = {  # what `[outputs] y` may name: numeric columns of each kind's rows
-    "step": ("step_ms", "tokens_per_s", "tokens_per_s_per_user", "kernels_per_step", "speedup", "kda_layers_ms",
-             "mla_layers_ms", "dense_layers_ms", "head_ms", *MEMORY_COLUMNS),
+    "step": ("step_ms", "tokens_per_s", "tokens_per_s_per_user", "kernels_per_step", "speedup",
+             *(f"{kind}_layers_ms" for kind in ATTENTION_KINDS), "dense_layers_ms", "head_ms", *MEMORY_COLUMNS),
     "layer": ("layer_us", "floor_us", "kernel_count", "hbm_mb", "speedup", *MEMORY_COLUMNS),
     "ablation": ("add_one_layer_us", "remove_one_layer_us", "waterfall_layer_us", "add_one_step_ms",
                  "remove_one_step_ms", "waterfall_step_ms", "kernels_saved"),

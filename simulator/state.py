@@ -1,12 +1,9 @@
 """Decode state of one layer for B sequences: what a step consumes and returns.
 
-- KDA: recurrent state S [B, Nh, H, H] (FP32, S[i=key][j=value]) and the short-conv history
-  [B, 3 Nh H, W-1] of the last W-1 pre-conv q, k, v inputs (channels: all q, then all k, then all v).
-  Sharded by head under TP: rank r owns heads r Nh/P .. (r+1) Nh/P of S and of each q/k/v block.
-- MLA: the latent cache [B, context + T, Lkv + R] (c_kv then k_pe; FP8 on the GPU), with room for
-  this step's T tokens, and `lengths` [B] = tokens cached before the step. Replicated on every rank.
+Each attention kind's registry entry (simulator/attention/<kind>.py) says what its state holds and how TP
+shards it: KDA a recurrent state and a short-conv history, sharded by head; MLA a latent cache, replicated.
 
-A state built by `initial_state` stands for `context` tokens already processed: random but O(1),
+A state built by `simulator.attention.initial_state` stands for `context` tokens already processed: random but O(1),
 seeded, and already in its storage format (FP32 state, BF16 conv history, FP8 cache), so every
 variant and the float64 reference start from exactly the same history.
 """
@@ -14,12 +11,11 @@ variant and the float64 reference start from exactly the same history.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from simulator.config import ModelConfig
-from simulator.dtypes import Array, round_bf16, round_fp8
+from simulator.dtypes import Array
 from simulator.ops.experts import UNIFORM, RoutingStats
 
 LayerState = dict[str, np.ndarray]
@@ -59,54 +55,3 @@ def block_boundary(cfg: ModelConfig, layer: int) -> bool:
     """Whether `layer` pushes the prefix as a new snapshot (and resets it) before its attention."""
     b = cfg.attn_res_block
     return b > 0 and layer % b == 0
-
-
-def initial_state(cfg: ModelConfig, attn_kind: str, shape: DecodeShape, rng: np.random.Generator) -> LayerState:
-    b = shape.batch
-    if attn_kind == "kda":
-        nh, h, w = cfg.kda_heads, cfg.kda_head_dim, cfg.conv_size
-        state = rng.standard_normal((b, nh, h, h)).astype(np.float32) * np.float32(0.3)  # [B, Nh, H, H]
-        conv = round_bf16(rng.standard_normal((b, 3 * nh * h, w - 1)))  # [B, 3C, W-1]
-        return {"kda.state": state.astype(np.float64), "kda.conv": conv}
-    rows = shape.context + shape.tokens_per_seq
-    cache = np.zeros((b, rows, cfg.kv_lora_rank + cfg.qk_rope_dim))  # [B, S, Lkv+R]
-    cache[:, :shape.context] = round_fp8(rng.standard_normal((b, shape.context, cache.shape[-1])))
-    return {"mla.cache": cache, "mla.lengths": np.full(b, shape.context, dtype=np.int64)}
-
-
-def _qkv_blocks(conv: np.ndarray) -> list[np.ndarray]:
-    return np.split(conv, 3, axis=1)  # q, k, v channel blocks
-
-
-def shard_state(state: LayerState, tp: int) -> list[dict[str, Any]]:
-    """Per-rank views of the state (copies, so ranks never alias one another)."""
-    out: list[dict[str, Any]] = [{} for _ in range(tp)]
-    for r in range(tp):
-        if "kda.state" in state:
-            s = state["kda.state"]
-            n = s.shape[1] // tp
-            out[r]["kda.state"] = s[:, r * n:(r + 1) * n].copy()
-            blocks = _qkv_blocks(state["kda.conv"])
-            c = blocks[0].shape[1] // tp
-            out[r]["kda.conv"] = np.concatenate([blk[:, r * c:(r + 1) * c] for blk in blocks], axis=1)
-        if "mla.cache" in state:
-            out[r]["mla.cache"] = state["mla.cache"].copy()
-            out[r]["mla.lengths"] = state["mla.lengths"].copy()
-    return out
-
-
-def unshard_state(rank_bufs: list[dict[str, Any]], like: LayerState, advance: int) -> LayerState:
-    """Reassemble the full state from the ranks' buffers; the cache now holds `advance` more tokens."""
-    new: LayerState = {}
-    if "kda.state" in like:
-        new["kda.state"] = np.concatenate([b["kda.state"] for b in rank_bufs], axis=1)
-        per_rank = [_qkv_blocks(b["kda.conv"]) for b in rank_bufs]
-        new["kda.conv"] = np.concatenate(
-            [np.concatenate([blocks[i] for blocks in per_rank], axis=1) for i in range(3)], axis=1)
-    if "mla.cache" in like:
-        for b in rank_bufs[1:]:
-            if not np.array_equal(b["mla.cache"], rank_bufs[0]["mla.cache"]):
-                raise AssertionError("the replicated MLA cache differs between ranks")
-        new["mla.cache"] = rank_bufs[0]["mla.cache"]
-        new["mla.lengths"] = rank_bufs[0]["mla.lengths"] + advance
-    return new

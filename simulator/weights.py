@@ -35,8 +35,8 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
+from simulator.config import ATTENTION_WEIGHTS, ModelConfig
 from simulator.fast import kernels, rng
-from simulator.config import ModelConfig
 from simulator.dtypes import Array, round_bf16, round_fp8, round_mxfp4
 
 PARTS = ("w_gate", "w_up", "w_down")
@@ -342,32 +342,16 @@ def weight_spec(cfg: ModelConfig, name: str) -> tuple[tuple[int, ...], str]:
 
 
 def weight_table(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
-    """name -> (full shape, init kind) of every non-expert weight a layer may hold."""
+    """name -> (full shape, init kind) of every non-expert weight a layer may hold: the residual stream's
+    (AttnRes' mix weights only for a model that has it), each attention kind's (ATTENTION_WEIGHTS), the FFN's."""
     d = cfg.hidden_size
-    n, h = cfg.mla_heads, cfg.v_head_dim
-    kn, kh, w = cfg.kda_heads, cfg.kda_head_dim, cfg.conv_size
-    return {
-        # residual stream
-        "attn_res_norm": ((d,), "norm"), "attn_res_proj": ((d,), "res_proj"),
-        "mlp_res_norm": ((d,), "norm"), "mlp_res_proj": ((d,), "res_proj"),
-        "input_norm": ((d,), "norm"), "post_attn_norm": ((d,), "norm"),
-        # MLA
-        "mla.w_qa": ((d, cfg.q_lora_rank), "linear"),
-        "mla.w_kva": ((d, cfg.kv_lora_rank + cfg.qk_rope_dim), "linear"),
-        "mla.q_a_norm": ((cfg.q_lora_rank,), "norm"), "mla.kv_a_norm": ((cfg.kv_lora_rank,), "norm"),
-        "mla.w_qb": ((cfg.q_lora_rank, n * cfg.mla_qk_head_dim), "linear"),
-        "mla.w_uk": ((cfg.kv_lora_rank, n * cfg.qk_nope_dim), "linear"),
-        "mla.w_uv": ((cfg.kv_lora_rank, n * h), "linear"),
-        "mla.w_g": ((d, n * h), "linear"), "mla.w_o": ((n * h, d), "linear"),
-        # KDA
-        "kda.w_q": ((d, kn * kh), "linear"), "kda.w_k": ((d, kn * kh), "linear"),
-        "kda.w_v": ((d, kn * kh), "linear"), "kda.w_g": ((d, kn * kh), "linear"),
-        "kda.w_fa": ((d, kh), "linear"), "kda.w_fb": ((kh, kn * kh), "linear"),
-        "kda.w_b": ((d, kn), "linear"),
-        "kda.conv_q": ((kn * kh, w), "conv"), "kda.conv_k": ((kn * kh, w), "conv"),
-        "kda.conv_v": ((kn * kh, w), "conv"),
-        "kda.dt_bias": ((kn * kh,), "dt_bias"), "kda.a_log": ((kn,), "a_log"),
-        "kda.o_norm": ((kh,), "norm"), "kda.w_o": ((kn * kh, d), "linear"),
+    attn_res = {"attn_res_norm": ((d,), "norm"), "attn_res_proj": ((d,), "res_proj"),
+                "mlp_res_norm": ((d,), "norm"), "mlp_res_proj": ((d,), "res_proj")}
+    table = (attn_res if cfg.residual == "attn_res" else {}) | {"input_norm": ((d,), "norm"),
+                                                               "post_attn_norm": ((d,), "norm")}
+    for weights in ATTENTION_WEIGHTS.values():
+        table |= weights(cfg)
+    return table | {
         # MoE
         "router.w": ((d, cfg.num_experts), "linear"), "router.bias": ((cfg.num_experts,), "bias"),
         "latent.w_down": ((d, cfg.latent_dim), "linear"), "latent.norm": ((cfg.latent_dim,), "norm"),

@@ -16,19 +16,20 @@ from simulator.cost.measured import _plan, normalise
 from simulator.cost.step import build_plan, head_plan
 from simulator.cost.uncertainty import kernel_families
 from simulator.plans import VARIANTS
+from simulator.plans.fuse import Chain
 from simulator.plans.kernel import FAMILIES, DecodeShape, Kernel
+from conftest import tiny_gqa_model
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURED = ROOT / "calibration" / "h200"
 
 
 def every_plan_kernel():
-    for model in ("kimi-k3", "deepseek-v3", "tiny-k3", "tiny-deepseek"):
-        cfg = load_model(model)
+    for model in ("kimi-k3", "deepseek-v3", "tiny-k3", "tiny-deepseek", "tiny-gqa"):
+        cfg = tiny_gqa_model() if model == "tiny-gqa" else load_model(model)
         for variant in VARIANTS:
-            for tp, shape in ((8, DecodeShape(1, 1, 512)), (16, DecodeShape(4, 8, 4096))):
-                layers = ("kda", "mla", "dense") if cfg.has_kda else ("mla", "dense")
-                for layer in layers:
+            for tp, shape in ((2, DecodeShape(1, 1, 512)), (8, DecodeShape(1, 1, 512)), (16, DecodeShape(4, 8, 4096))):
+                for layer in cfg.layer_counts():
                     try:
                         plan = build_plan(cfg, variant, tp, shape, layer)
                     except Exception:  # a layout the model cannot take (tiny models at TP16): not a family question
@@ -50,11 +51,11 @@ def test_every_plan_kernel_declares_the_family_of_its_work():
         where = f"{model} {variant} {layer} {k.key}"
         assert k.family in FAMILIES, where
         seen.add(k.family)
-        op = getattr(k.op, "__name__", "")
         if k.kind == "moe":
             assert k.family == "moe", where
-        if k.kind == "attention":  # the recurrence or the latent decode: the op says which
-            assert k.family == ("kda" if "kda" in op else "mla"), where
+        if k.kind == "attention":  # an attention kind's own kernel: its op (a fused one: a part's) is ops/<kind>.py's
+            ops = [p.op for p in k.op.parts] if isinstance(k.op, Chain) else [k.op]
+            assert k.family in {op.__module__.rsplit(".", 1)[-1] for op in ops}, where
         if k.kind == "collective":
             assert k.family == "collective" and k.collective is not None, where
         if k.family in ("gemm", "moe"):  # a GEMM multiplies by weights and says so in its FLOPs

@@ -8,10 +8,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from simulator import sweep
+from simulator import attention, sweep
 from simulator.cli import app
-from simulator.cost.memory import (activation_bytes_per_gpu, kda_state_bytes_per_gpu, mla_cache_bytes_per_gpu,
-                                   memory_per_gpu)
+from simulator.cost.memory import activation_bytes_per_gpu, cache_bytes_per_gpu, memory_per_gpu
 from simulator.plans.kernel import DecodeShape
 from simulator.scenario import DEFAULTS
 
@@ -22,15 +21,15 @@ ISSUE_SHAPE = DecodeShape(64, 1, 131072)  # step --hardware h200 --tp 8 --batch 
 def test_mla_cache_is_116_gb_by_hand(k3):
     # 576 B per token per MLA layer (512 latent + 64 pe, FP8), 24 MLA layers, replicated on all 8 ranks:
     # 64 sequences x (131,072 + 1) rows x 576 B x 24 = 115,965,001,728 B
-    assert mla_cache_bytes_per_gpu(k3, ISSUE_SHAPE) == 64 * 131073 * 576 * 24 == 115_965_001_728
+    assert cache_bytes_per_gpu(k3, 8, ISSUE_SHAPE)["mla_cache"] == 64 * 131073 * 576 * 24 == 115_965_001_728
 
 
 def test_kda_state_by_hand(k3):
     # per sequence per KDA layer at TP8: 12 heads x 128 x 128 x 4 B (FP32 state) = 786,432 B
     # + conv history 3 x 12 x 128 channels x 3 taps x 2 B (BF16) = 27,648 B; 69 KDA layers (layer 0 too)
     assert k3.attn_kinds.count("kda") == 69
-    assert kda_state_bytes_per_gpu(k3, 8, DecodeShape(1, 1, 0)) == 69 * (786_432 + 27_648)
-    assert kda_state_bytes_per_gpu(k3, 8, ISSUE_SHAPE) == 64 * 69 * 814_080  # 3.6 GB: independent of context
+    assert cache_bytes_per_gpu(k3, 8, DecodeShape(1, 1, 0))["kda_state"] == 69 * (786_432 + 27_648)
+    assert cache_bytes_per_gpu(k3, 8, ISSUE_SHAPE)["kda_state"] == 64 * 69 * 814_080  # 3.6 GB: independent of context
 
 
 def test_activations_are_modest_by_hand(k3):
@@ -43,14 +42,16 @@ def test_activations_are_modest_by_hand(k3):
 def test_issue_example_does_not_fit(k3):
     from simulator.hardware import load_hardware
     mem = memory_per_gpu(k3, load_hardware("h200").hbm_capacity, 8, ISSUE_SHAPE)
-    assert round(mem.weights / 1e9) == 205 and round(mem.mla_cache / 1e9) == 116
-    assert mem.total == mem.weights + mem.mla_cache + mem.kda_state + mem.activations and not mem.fits
+    assert round(mem.weights / 1e9) == 205 and round(mem["mla_cache"] / 1e9) == 116
+    assert mem.total == mem.weights + mem["mla_cache"] + mem["kda_state"] + mem.activations and not mem.fits
 
 
 def test_step_prints_memory_parts_and_warns():
     args = ["step", "--hardware", "h200", "--tp", "8", "--batch", "64", "--context", "131072"]
     mem = json.loads(runner.invoke(app, args + ["--json"]).stdout)["memory_gb"]
-    assert set(mem) == {"weights", "mla_cache", "kda_state", "activations", "total", "capacity", "fits"}
+    caches = {kind.memory[0] for kind in attention.entries()}  # each attention kind's part ("mla_cache", ...)
+    assert {"mla_cache", "kda_state"} <= caches
+    assert set(mem) == {"weights", "activations", "total", "capacity", "fits"} | caches
     assert mem["mla_cache"] == pytest.approx(115.965) and mem["fits"] is False and mem["capacity"] == 141.0
     text = " ".join(runner.invoke(app, args).stdout.split())  # the sentence wraps at the terminal's width
     assert "DOES NOT FIT IN HBM: kimi-k3 at TP8 on H200 needs 324.6 GB per GPU" in text and "MLA cache 116.0" in text

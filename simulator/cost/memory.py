@@ -1,9 +1,12 @@
-"""Does one decode step fit? Bytes per GPU under TP: weights + MLA cache + KDA state + activations.
+"""Does one decode step fit? Bytes per GPU under TP: weights + each attention kind's cache or state + activations.
 
     weights     = (sharded weights) / P + replicated weights       as each layer type's plan declares them
     mla_cache   = B x (context + T) x (Lkv + R) x 1 B x n_mla      FP8 latent, replicated on every rank
     kda_state   = B x n_kda x [(Nh/P) H H x 4 B + 3 (Nh/P) H (W-1) x 2 B]   FP32 state + BF16 conv history
     activations = M x [2 B x D x (blocks + 3) + widest per-rank intermediate]
+
+Each cache or state term is its attention kind's registry entry's `memory` (simulator/attention/<kind>.py),
+per layer, times the model's layers of that kind; its key names the part in every answer.
 
 Replicated on every rank in the stock layout (docs/sources.md §K1h): the router, the latent down /
 up projections and the MLA q_a / kv_a projection. Kimi K3 comes to 1.56 TB in all, 205 GB per GPU at
@@ -29,13 +32,11 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from simulator import attention
 from simulator.config import ModelConfig
 from simulator.cost.step import build_plan
-from simulator.plans.kernel import DTYPE_BYTES, EXPERT, DecodeShape, Tensor
+from simulator.plans.kernel import EXPERT, DecodeShape, Tensor
 from simulator.weights import model_weight_table, shard_shape, weight_spec
-
-MLA_CACHE_DTYPE = "fp8"  # vLLM --kv-cache-dtype fp8, as in the Kimi K3 serving recipes (docs/sources.md §K2)
-KDA_STATE_DTYPE, KDA_CONV_DTYPE = "fp32", "bf16"  # vLLM defaults (docs/sources.md §K2)
 
 
 @lru_cache(maxsize=256)
@@ -71,22 +72,11 @@ def _layer_weight_bytes(cfg: ModelConfig, tp: int, layer_type: str) -> int:
     return total
 
 
-def mla_cache_bytes_per_gpu(cfg: ModelConfig, shape: DecodeShape) -> int:
-    """Latent cache rows B x (context + T), (Lkv + R) elements each, every MLA layer, on every rank."""
-    n_mla = cfg.attn_kinds.count("mla")
-    rows = shape.batch * (shape.context + shape.tokens_per_seq)
-    return int(rows * (cfg.kv_lora_rank + cfg.qk_rope_dim) * DTYPE_BYTES[MLA_CACHE_DTYPE] * n_mla)
-
-
-def kda_state_bytes_per_gpu(cfg: ModelConfig, tp: int, shape: DecodeShape) -> int:
-    """Recurrent state [Nh/P, H, H] plus conv history [3 Nh/P H, W-1] per sequence per KDA layer."""
-    n_kda = cfg.attn_kinds.count("kda")
-    if not n_kda:
-        return 0
-    heads, h = cfg.kda_heads // tp, cfg.kda_head_dim
-    state = heads * h * h * DTYPE_BYTES[KDA_STATE_DTYPE]
-    conv = 3 * heads * h * (cfg.conv_size - 1) * DTYPE_BYTES[KDA_CONV_DTYPE]
-    return int(shape.batch * n_kda * (state + conv))
+def cache_bytes_per_gpu(cfg: ModelConfig, tp: int, shape: DecodeShape) -> dict[str, int]:
+    """key -> bytes one GPU holds of each attention kind's cache or state over all the model's layers of that kind
+    (its entry's `memory`; 0 for a kind the model does not have)."""
+    return {kind.memory[0]: int(kind.memory[2](cfg, tp, shape)) if kind.name in cfg.attn_kinds else 0
+            for kind in attention.entries()}
 
 
 def activation_bytes_per_gpu(cfg: ModelConfig, tp: int, shape: DecodeShape) -> int:
@@ -99,38 +89,47 @@ def activation_bytes_per_gpu(cfg: ModelConfig, tp: int, shape: DecodeShape) -> i
     return int(shape.tokens * (stream + max(moe, dense, logits)))
 
 
+def memory_parts() -> tuple[str, ...]:
+    """The parts of every memory answer, in order: weights, each attention kind's cache or state, activations."""
+    return ("weights",) + tuple(kind.memory[0] for kind in attention.entries()) + ("activations",)
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryPerGPU:
-    """Bytes one GPU holds for a decode step, by part, against its HBM capacity."""
+    """Bytes one GPU holds for a decode step, by part (`memory_parts`), against its HBM capacity."""
 
     weights: int
-    mla_cache: int
-    kda_state: int
+    caches: tuple[tuple[str, int], ...]  # (key, bytes) of each attention kind's cache or state
     activations: int
     capacity: int
 
+    def __getitem__(self, part: str) -> int:
+        if part in ("weights", "activations"):
+            return getattr(self, part)
+        return dict(self.caches)[part]
+
     @property
     def total(self) -> int:
-        return self.weights + self.mla_cache + self.kda_state + self.activations
+        return self.weights + sum(b for _, b in self.caches) + self.activations
 
     @property
     def fits(self) -> bool:
         return self.total <= self.capacity
 
     def as_gb(self) -> dict[str, float | bool]:
-        parts = ("weights", "mla_cache", "kda_state", "activations", "total", "capacity")
-        return {k: round(getattr(self, k) / 1e9, 3) for k in parts} | {"fits": self.fits}  # MB resolution
+        gb = {k: round(self[k] / 1e9, 3) for k in memory_parts()}  # MB resolution
+        return gb | {"total": round(self.total / 1e9, 3), "capacity": round(self.capacity / 1e9, 3), "fits": self.fits}
 
 
 def shortfall(gb: dict[str, float | bool]) -> str:
     """One clause for warnings and skipped sweep rows, from `MemoryPerGPU.as_gb()`: the parts in GB."""
-    return (f"needs {gb['total']:.1f} GB per GPU (weights {gb['weights']:.1f} + MLA cache {gb['mla_cache']:.1f} "
-            f"+ KDA state {gb['kda_state']:.1f} + activations {gb['activations']:.2f}), more than the "
-            f"{gb['capacity']:.0f} GB of HBM")
+    caches = "".join(f" + {kind.memory[1]} {gb[kind.memory[0]]:.1f}" for kind in attention.entries()
+                     if gb[kind.memory[0]])  # the model's kinds (another kind's part is 0)
+    return (f"needs {gb['total']:.1f} GB per GPU (weights {gb['weights']:.1f}{caches} + activations "
+            f"{gb['activations']:.2f}), more than the {gb['capacity']:.0f} GB of HBM")
 
 
 def memory_per_gpu(cfg: ModelConfig, hbm_capacity: float, tp: int, shape: DecodeShape) -> MemoryPerGPU:
     """Every part of one GPU's memory for `shape` (T = tokens per sequence in this forward)."""
-    return MemoryPerGPU(weight_bytes_per_gpu(cfg, tp), mla_cache_bytes_per_gpu(cfg, shape),
-                        kda_state_bytes_per_gpu(cfg, tp, shape), activation_bytes_per_gpu(cfg, tp, shape),
-                        int(hbm_capacity))
+    return MemoryPerGPU(weight_bytes_per_gpu(cfg, tp), tuple(cache_bytes_per_gpu(cfg, tp, shape).items()),
+                        activation_bytes_per_gpu(cfg, tp, shape), int(hbm_capacity))

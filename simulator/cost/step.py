@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from typing import Any, Callable
 
+from simulator import attention
 from simulator.config import ModelConfig
 from simulator.cost.timeline import Makespan, Timeline, makespan_us, schedule
 from simulator.errors import UserError
@@ -87,14 +88,15 @@ _layer_us = lru_cache(maxsize=8192)(_layer)
 
 
 def plan_shape(cfg: ModelConfig, shape: DecodeShape, layer_type: str) -> DecodeShape:
-    """The shape with what a layer's kernels do not read set to one value: the context reaches only an MLA
-    layer (its cache), the routing only a layer with routed experts, and the draft correlation only a
-    verify of more than one token per sequence (tests/test_cost_model.py builds both and compares)."""
-    mla = cfg.attn_kinds[representative_layer(cfg, layer_type)] == "mla"
+    """The shape with what a layer's kernels do not read set to one value: the context reaches only a layer
+    whose attention reads a cache (MLA; the registry entry's `reads_context`), the routing only a layer with
+    routed experts, and the draft correlation only a verify of more than one token per sequence
+    (tests/test_cost_model.py builds both and compares)."""
+    reads = attention.kind(cfg.attn_kinds[representative_layer(cfg, layer_type)]).reads_context
     routing = shape.routing if layer_type != "dense" else UNIFORM
     if shape.tokens_per_seq == 1:
         routing = RoutingStats(routing.skew, 0.0)
-    return DecodeShape(shape.batch, shape.tokens_per_seq, shape.context if mla else 0, routing)
+    return DecodeShape(shape.batch, shape.tokens_per_seq, shape.context if reads else 0, routing)
 
 
 def _head(cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, variant: str, pdl: bool,

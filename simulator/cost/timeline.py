@@ -48,8 +48,10 @@ from typing import Callable
 
 import numpy as np
 
+from simulator import attention
 from simulator.cost.collectives import min_alpha_us
 from simulator.cost.events import simulate
+from simulator.cost.laws import law_keys
 from simulator.cost.lockstep import simulate_plans
 from simulator.cost.pricing import Bound, KernelCost, kernel_terms, price_kernel
 from simulator.hardware import HardwareProfile
@@ -123,6 +125,14 @@ class Timeline:
         raise KeyError(key)
 
 
+def _name(kernel: Kernel, hw: HardwareProfile) -> str:
+    """The kernel's name under the GPU's implementation set: an attention kernel priced by a measured
+    implementation takes that implementation's name (FlashMLA's on an H200 priced with vLLM's kernels)."""
+    if hw.kernel_set is None or kernel.family not in attention.KINDS:
+        return kernel.name
+    return attention.kernel_name(kernel, tuple(key.impl for key in law_keys(kernel, hw.kernel_set)))
+
+
 Loop = Callable[..., tuple]  # events.simulate, or fastsim.simulate (the same loop compiled): same arguments, result
 
 
@@ -136,7 +146,7 @@ def schedule(plan: Plan, hw: HardwareProfile, loop: Loop = simulate) -> Timeline
     for i, (k, c) in enumerate(zip(plan, costs)):
         inputs_end = max([0.0] + [end[j] for j in _inputs(arrays, i)])
         prefetched = pf_start[i] >= 0
-        spans.append(Span(k.key, k.name, k.stream, k.kind, float(start[i]), float(end[i]),
+        spans.append(Span(k.key, _name(k, hw), k.stream, k.kind, float(start[i]), float(end[i]),
                           float(start[i] - inputs_end), float(pf_start[i]) if prefetched else None,
                           float(pf_end[i]) if prefetched else None, float(pf_bytes[i]) if prefetched else 0.0, c))
     label = f"{plan.variant} {plan.layer} TP{plan.tp} M={plan.shape.tokens}"

@@ -17,12 +17,13 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Callable, NamedTuple, TypeVar
 
-from simulator.config import ModelConfig, validate_tp
+from simulator.config import ATTENTION_KINDS, ATTENTION_WEIGHTS, ModelConfig, validate_tp
 from simulator.errors import UserError
 from simulator.memo import remember
 from simulator.ops import collectives as coll_ops
 from simulator.ops import linear as lin
 from simulator.ops import norm
+from simulator.ops import residual as res
 from simulator.plans.kernel import ALL_WEIGHTS, K3, LLG, SD, Collective, Kernel, RunOption, Shard, Tensor
 from simulator.state import DecodeShape, block_boundary, blocks_before
 
@@ -50,8 +51,13 @@ class Dims:
 
     @property
     def attn(self) -> str:
-        """"kda" or "mla": the attention of this layer."""
+        """The attention kind of this layer (an entry of simulator/attention/)."""
         return self.cfg.attn_kinds[self.layer]
+
+    @property
+    def attn_res(self) -> bool:
+        """The model's residual stream is Block AttnRes (else a plain residual + RMSNorm)."""
+        return self.cfg.residual == "attn_res"
 
     @property
     def n_blocks(self) -> int:
@@ -76,7 +82,7 @@ class Dims:
 
     @property
     def attn_width(self) -> int:  # n: the attention output width one rank feeds o_proj
-        return self.kda_w_r if self.attn == "kda" else self.mla_heads_r * self.cfg.v_head_dim
+        return ATTENTION_WEIGHTS[self.attn](self.cfg)[f"{self.attn}.w_o"][0][0] // self.tp  # its o_proj's rows
 
     @property
     def L(self) -> int:
@@ -144,8 +150,8 @@ def make_dims(cfg: ModelConfig, tp: int, shape: DecodeShape, layer: int | None, 
             raise UserError(f"{name} = {value!r} must be a positive integer.")
     if not isinstance(shape.context, int) or shape.context < 0:
         raise UserError(f"context = {shape.context!r} must be a non-negative integer.")
-    if layer_type not in ("kda", "mla", "dense"):
-        raise UserError(f"layer type '{layer_type}' is not one of kda, mla, dense.")
+    if layer_type not in ATTENTION_KINDS + ("dense",):
+        raise UserError(f"layer type '{layer_type}' is not one of {', '.join(ATTENTION_KINDS + ('dense',))}.")
     index = cfg.first_layer_of(layer_type) if layer is None else layer
     if cfg.layer_type(index) != layer_type:
         raise UserError(f"layer {index} of model '{cfg.name}' is '{cfg.layer_type(index)}', not '{layer_type}'.")
@@ -177,6 +183,7 @@ class Launch(NamedTuple):
 
 PLAIN = Launch()
 EARLY = Launch(pdl=True, prefetch=True)
+PDL = Launch(pdl=True)  # launched with PDL, its weights loaded after the wait
 
 
 def act(name: str, *shape: int, dtype: str = "bf16", window: tuple[int, int, int] | None = None) -> Tensor:
@@ -208,8 +215,19 @@ def blocks(d: Dims, n: int) -> Tensor:
 # kernels both plans launch identically (or with a different name / launch)
 # ---------------------------------------------------------------------------------------
 
+ATTN_RES_STOCK = K3 + "ops/attn_res.py:attn_res"  # the stock AttnRes + norm
+RMS_NORM = "vllm/model_executor/layers/layernorm.py:RMSNorm.forward_cuda"  # fused_add_rms_norm given a residual
+SKINNY = SD + "runtime/providers.py:SkinnyProjection.run"  # the specialized projections at 1-2 tokens
+SPLIT_K = SD + "cutedsl/gemm/projection.py:PreparedProjection.run"  # ... and above
+
+
+def projection_source(d: Dims) -> str:
+    """The specialized path's projection launcher at this step's token count."""
+    return SKINNY if d.M <= 2 else SPLIT_K
+
+
 @context_free
-def attn_res_pre(d: Dims, launch: Launch = PLAIN, source: str = K3 + "ops/attn_res.py:attn_res") -> Kernel:
+def attn_res_pre(d: Dims, launch: Launch = PLAIN, source: str = ATTN_RES_STOCK) -> Kernel:
     """prefix += delta (previous layer's MLP output); mix over blocks + prefix; [snapshot]; RMSNorm.
     One kernel in the stock path already (vLLM's fused AttnRes + norm, V-ATTNRES)."""
     M, D, nb = d.M, d.D, d.n_blocks
@@ -224,6 +242,39 @@ def attn_res_pre(d: Dims, launch: Launch = PLAIN, source: str = K3 + "ops/attn_r
         pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=source,
         note="prefix += previous MLP output, [block snapshot], softmax mix over sources, input RMSNorm; "
              "fused in stock vLLM (V-ATTNRES, PR #57464 folds the MLP add in)")
+
+
+@context_free
+def add_norm(d: Dims, key: str, launch: Launch = PLAIN) -> Kernel:
+    """A plain residual's add + RMSNorm in one kernel: `input_norm` (residual += the previous layer's MLP output;
+    x = RMSNorm) or `post_attn_norm` (residual += the attention output, stored in bf16; x2 = RMSNorm)."""
+    M, D, pre = d.M, d.D, key == "input_norm"
+    added, out = ("delta", "x") if pre else ("attn.out", "x2")
+    store = () if pre else (("store", RunOption("store_bf16")),)
+    return Kernel(
+        key=key, name="fused_add_rms_norm", kind="pointwise", family="small", floor="reduction",
+        op=res.add_rms_norm if pre else res.add_rms_norm_post, consts=(("eps", d.cfg.rms_norm_eps),) + store,
+        reads=(act("prefix", M, D), act(added, M, D)), weights=(weight(key, D),),
+        writes=(act("prefix", M, D), act(out, M, D)), flops=M * D + norm.rms_norm_flops(M, D),
+        pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=RMS_NORM,
+        note=f"residual add + {'input' if pre else 'post-attention'} RMSNorm in one kernel "
+             "(vLLM fused_add_rms_norm, csrc/layernorm_kernels.cu)")
+
+
+def residual_pre(d: Dims, launch: Launch = PLAIN, attn_res_source: str = ATTN_RES_STOCK) -> Kernel:
+    """The layer's first kernel: the AttnRes mix + norm (launched by `attn_res_source`), or a plain residual
+    add + norm (the model's structure)."""
+    return attn_res_pre(d, launch, attn_res_source) if d.attn_res else add_norm(d, "input_norm", launch)
+
+
+def pre_norm_key(d: Dims) -> str:
+    """Key of the kernel that writes the attention's input x."""
+    return "attn_res_pre" if d.attn_res else "input_norm"
+
+
+def post_norm_key(d: Dims) -> str:
+    """Key of the standard kernel that writes the MLP's input x2 (what the fused o_proj kernel replaces)."""
+    return "attn_res_post" if d.attn_res else "post_attn_norm"
 
 
 def attn_res_post_tensors(d: Dims) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...]]:
@@ -272,19 +323,19 @@ def kda_fb_proj(d: Dims, launch: Launch = PLAIN, stream: str = "main", deps: tup
 # vLLM's standalone all-reduce (CudaCommunicator.all_reduce, VLLM_ALLREDUCE_USE_FLASHINFER=1): FlashInfer's MNNVL
 # allreduce_fusion, Lamport buffers, one- or two-shot chosen inside FlashInfer; no NVLS (multimem) all-reduce
 FLASHINFER_AR = ("one_shot", "two_shot")
+FLASHINFER_ALL_REDUCE = "vllm/distributed/device_communicators/flashinfer_all_reduce.py:FlashInferAllReduce.all_reduce"
 
 
 @context_free
 def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: str, launch: Launch = PLAIN,
-                      source: str = "vllm/distributed/device_communicators/flashinfer_all_reduce.py:FlashInferAllReduce.all_reduce"
-                      ) -> Kernel:
+                      source: str = FLASHINFER_ALL_REDUCE) -> Kernel:
     """A standalone TP all-reduce of [M, width] bf16, in the run's reduction order."""
     t = act(src, d.M, width)
     return Kernel(key=key, name="allreduce", kind="collective", family="collective",
                   scope="ranks", op=coll_ops.all_reduce,
                   consts=(("algorithm", RunOption("all_reduce")),), reads=(t,), writes=(act(dst, d.M, width),),
-                  collective=Collective("all_reduce", t.nbytes, d.P, algorithms=FLASHINFER_AR), pdl=launch.pdl, note=note,
-                  source=source)
+                  collective=Collective("all_reduce", t.nbytes, d.P, algorithms=FLASHINFER_AR), pdl=launch.pdl,
+                  note=note, source=source)
 
 
 # ---------------------------------------------------------------------------------------
@@ -314,24 +365,35 @@ def attn_res_post(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   consts=(("eps", d.cfg.rms_norm_eps), ("store", RunOption("store_bf16"))),
                   reads=(reads[0], act("attn.out", d.M, d.D), reads[1]), writes=writes, weights=weights,
                   flops=attn_res_post_flops(d), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
-                  source=K3 + "ops/attn_res.py:attn_res",
+                  source=ATTN_RES_STOCK,
                   note="prefix += attention output, softmax mix, post-attention RMSNorm (V-ATTNRES)")
+
+
+def residual_post(d: Dims, launch: Launch = PLAIN) -> Kernel:
+    return attn_res_post(d, launch) if d.attn_res else add_norm(d, "post_attn_norm", launch)
 
 
 @context_free
 def oproj_allreduce_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
-    """o_proj GEMM + in-kernel one-shot all-reduce + AttnRes add/mix + RMSNorm: 3 kernels -> 1."""
+    """o_proj GEMM + in-kernel one-shot all-reduce + the residual's add (AttnRes: and mix) + RMSNorm: 3 kernels -> 1."""
     M, D, n = d.M, d.D, d.attn_width
-    reads, writes, weights = attn_res_post_tensors(d)
+    if d.attn_res:
+        reads, writes, weights = attn_res_post_tensors(d)
+        name, op = "fused_oproj_allreduce_attnres_rmsnorm", norm.oproj_allreduce_attn_res_post
+        flops = attn_res_post_flops(d)
+    else:
+        reads, writes = (act("prefix", M, D),), (act("prefix", M, D), act("x2", M, D))
+        weights, flops = (weight("post_attn_norm", D),), M * D + norm.rms_norm_flops(M, D)
+        name, op = "fused_oproj_allreduce_rmsnorm", res.oproj_allreduce_add_norm
     payload = act("attn.partial", M, D)
     return Kernel(
-        key="oproj_ar_norm", name="fused_oproj_allreduce_attnres_rmsnorm", kind="gemm_collective", family="gemm",
+        key="oproj_ar_norm", name=name, kind="gemm_collective", family="gemm",
         scope="ranks",
-        op=norm.oproj_allreduce_attn_res_post, consts=(("eps", d.cfg.rms_norm_eps), ("store", RunOption("store_bf16"))),
+        op=op, consts=(("eps", d.cfg.rms_norm_eps), ("store", RunOption("store_bf16"))),
         reads=(act("attn.core", M, n),) + reads, writes=writes, weights=(o_proj_weight(d),) + weights,
-        flops=lin.gemm_flops(M, n, D) + attn_res_post_flops(d),
+        flops=lin.gemm_flops(M, n, D) + flops,
         collective=Collective("all_reduce", payload.nbytes, d.P, in_kernel=True), fusions=("oproj_allreduce_norm",),
-        replaces=("o_proj", "attn_all_reduce", "attn_res_post"), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+        replaces=("o_proj", "attn_all_reduce", post_norm_key(d)), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
         source=SD + "cutedsl/oproj/prepared.py:PreparedOproj.run",
         note="GEMM epilogue pushes bf16 partials to peers (one-shot, Lamport flags), reduces in FP32, "
              "adds to the AttnRes prefix, mixes and normalises; the [M, D] partial and reduced outputs "

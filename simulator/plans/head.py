@@ -1,4 +1,4 @@
-"""The model head's kernels: embedding, final AttnRes mix + norm, LM head, sampling; and the drafter's
+"""The model head's kernels: embedding, final AttnRes mix (or residual add) + norm, LM head, sampling; and the drafter's
 tap projection. Cost-only: the executor simulates one decoder layer, so these kernels name no op
 (`op=None`) and only the cost model reads them; their tensors are declared the same way.
 
@@ -34,7 +34,12 @@ def head_plan(cfg: ModelConfig, tp: int, shape: DecodeShape, variant: str, pdl: 
         Kernel(key="final_mix_norm", name="attn_res_final_mix_rmsnorm", kind="pointwise", family="small",
                floor="reduction", pdl=pdl,
                reads=(act("sources", n_src, M, D),), writes=(x,), weights=(weight("final_norm", D), weight("final_res", 2, D)),
-               note="output AttnRes mix over every snapshot + prefix, then model.norm"),
+               note="output AttnRes mix over every snapshot + prefix, then model.norm")
+        if cfg.residual == "attn_res" else
+        Kernel(key="final_norm", name="fused_add_rms_norm", kind="pointwise", family="small", floor="reduction",
+               pdl=pdl,
+               reads=(act("residual", M, D), act("delta", M, D)), writes=(x,), weights=(weight("final_norm", D),),
+               note="residual += last MLP output, then model.norm (a plain residual: vLLM fused_add_rms_norm)"),
         Kernel(key="lm_head", name="gemm_lm_head", kind="gemm", family="gemm", reads=(x,), writes=(logits,), pdl=pdl,
                weights=(weight("lm_head", D, V // P),), flops=gemm_flops(M, D, V // P),
                note="vocab-sharded LM head (10240 x 7168 per rank at TP16; V-LLG)"),

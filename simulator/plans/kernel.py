@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Literal
 
+from simulator.config import ATTENTION_KINDS
 from simulator.state import DecodeShape  # noqa: F401  (re-exported: plans are built for a shape)
 
 # bytes per element of each storage format; MXFP4 adds one E8M0 scale byte per 32 elements.
@@ -37,9 +38,9 @@ KernelKind = Literal["gemm", "moe", "attention", "pointwise", "router", "collect
 # measurements (calibration/h200/<family>.csv) hold it. Declared by each kernel factory, never guessed:
 # a kind does not say it (an "attention" kernel is a KDA recurrence or an MLA decode; a "router" kernel
 # without weights is a top-k, a small kernel). A kernel with a collective phase also pays the
-# "collective" law for that phase.
-Family = Literal["gemm", "moe", "small", "kda", "mla", "collective"]
-FAMILIES: tuple[str, ...] = ("gemm", "moe", "small", "kda", "mla", "collective")
+# "collective" law for that phase. Each attention kind's own attention kernel is a family of its name.
+Family = str
+FAMILIES: tuple[str, ...] = ("gemm", "moe", "small") + ATTENTION_KINDS + ("collective",)
 TENSOR_CORE_FAMILIES = frozenset({"gemm", "moe"})  # pay the tensor-core GEMM fixed cost (pricing)
 CollectiveOp = Literal["all_reduce", "reduce_scatter", "all_gather"]
 

@@ -44,11 +44,11 @@ from __future__ import annotations
 
 from typing import Iterable, NamedTuple
 
+from simulator import attention
+from simulator.attention.mla import SMALL_BATCH_MAX_TOKENS
 from simulator.config import ModelConfig
 from simulator.errors import UserError
 from simulator.plans import common as c
-from simulator.plans import kda_kernels as kda
-from simulator.plans import mla_kernels as mla
 from simulator.plans import moe_kernels as moe
 from simulator.plans import standard as std
 from simulator.plans.common import EARLY, PLAIN, Dims, Launch
@@ -81,9 +81,6 @@ SOURCE_MERGES = frozenset({"kda_fb_in_kernel", "mla_query_value", "persistent_ex
 WHAT_IF_FUSIONS: dict[str, str] = {}
 SERVED_TOKENS = frozenset((*range(1, 9), 16, 32, 64))  # providers.BATCHES: other token counts run the stock forward
 ATTN_RES = SD + "cutedsl/attn_res/prepared.py:PreparedAttnRes.run_ring"
-SKINNY = SD + "runtime/providers.py:SkinnyProjection.run"  # 1-2 tokens
-SPLIT_K = SD + "cutedsl/gemm/projection.py:PreparedProjection.run"
-SMALL_BATCH_MAX_TOKENS = 64  # the published path supports non-speculative decode up to batch 64
 
 
 def resolve_fusions(enabled: Iterable[str] | None = None, disabled: Iterable[str] = ()) -> frozenset[str]:
@@ -104,7 +101,8 @@ def fusion_set(disable: list[str] | None = None, enable: list[str] | None = None
     for name in sorted(set(enable or ()) & set(disable or ())):
         raise UserError(f"--enable-fusion and --disable-fusion both name {name}: choose one.")
     for name in sorted(set(enable or ()) & set(FUSIONS)):
-        takes = f"a what-if fusion: {', '.join(WHAT_IF_FUSIONS)}" if WHAT_IF_FUSIONS else "a what-if fusion, and there is none now"
+        takes = (f"a what-if fusion: {', '.join(WHAT_IF_FUSIONS)}" if WHAT_IF_FUSIONS
+                 else "a what-if fusion, and there is none now")
         raise UserError(f"--enable-fusion {name} changes nothing: it is on by default (--enable-fusion takes {takes}).")
     for name in sorted(set(disable or ()) & set(WHAT_IF_FUSIONS)):
         raise UserError(f"--disable-fusion {name} changes nothing: it is off unless --enable-fusion turns it on.")
@@ -147,8 +145,8 @@ def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer:
     if fallback and not serves(shape):  # P13: the stock forward runs this step
         return Plan("specialized", layer_type, tp, shape, std.build(cfg, tp, shape, layer_type, layer).kernels)
     go = launches(d, on)
-    kernels = [c.attn_res_pre(d, go.every, source=ATTN_RES)]
-    kernels += kda_attention(d, on, go) if d.attn == "kda" else mla_attention(d, on, go)
+    kernels = [c.residual_pre(d, go.every, ATTN_RES)]
+    kernels += attention.kind(d.attn).specialized(d, on, go)  # the attention's kernels: simulator/attention/<kind>.py
     kernels += oproj(d, on, go)
     x2_from = kernels[-1].key  # the aux-stream kernels wait for x2
     if "l2_prefetch" in on and 3 <= d.M <= 8 and layer_type != "dense":
@@ -162,40 +160,7 @@ def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer:
     return Plan("specialized", layer_type, tp, shape, tuple(kernels), fusions=on)
 
 
-# ======================================================================= attention
-def projection_source(d: Dims) -> str:
-    return SKINNY if d.M <= 2 else SPLIT_K
-
-
-def kda_attention(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
-    if "fused_kda" not in on:
-        return std.kda_attention(d, PLAIN if go.c1 is PLAIN else EARLY)
-    proj = [c.kda_in_proj(d, "skinny_gemm_in_proj_qkvgfab", go.c1, source=projection_source(d))]
-    if "l2_prefetch" in on and d.P == 8 and 5 <= d.M <= 8:
-        proj.append(moe.l2_prefetch(d, "attention_moe", after="kda_in_proj"))
-    if "kda_fb_in_kernel" in on:
-        return proj + [kda.kda_split(d, go.c1)]
-    return proj + [c.kda_fb_proj(d, go.c1),
-                   kda.kda_decode(d, "kda_decode_specialized", go.c1, fusions=("fused_kda",), source=SD + "cutedsl/kda/prepared.py:PreparedKda.run")]
-
-
-def mla_attention(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
-    e = go.every
-    if not (d.cfg.mla_output_gate and "small_batch_proj" in on and d.M <= SMALL_BATCH_MAX_TOKENS):
-        return std.mla_attention(d)
-    proj = mla.mla_qkv_a(d, "skinny_gemm_qkv_a_g", fusions=("small_batch_proj",), with_g=True, launch=e,
-                         source=projection_source(d))
-    tokenspeed = d.M < 16 or d.shape.tokens_per_seq > 1  # tokenspeed split-KV below 16 tokens and for verifies
-    core = mla.mla_decode(d, e, SD + ("cutedsl/mla/dcp.py:stock_decode" if tokenspeed else "cutedsl/mla/prepared.py:trtllm_decode"),
-                          "tokenspeed_mla_decode" if tokenspeed else "trtllm_gen_mla_decode")
-    # TP8 at 8 tokens: the front and shared weights are pulled into L2 once the MLA core is launched
-    prefetch = [moe.l2_prefetch(d, "attention_moe", after="mla_decode")] if "l2_prefetch" in on and d.P == 8 and d.M == 8 else []
-    if "mla_query_value" in on:
-        return [proj, mla.mla_query(d, e), core, mla.mla_value(d, e)] + prefetch
-    return ([proj, mla.mla_norm(d, e), mla.mla_q_b(d, e), mla.mla_absorb(d, e), mla.mla_cache_insert(d, e), core,
-             mla.mla_w_uv(d, e), mla.mla_gate_mul(d, deps=(), launch=e)] + prefetch)
-
-
+# ======================================================================= attention output
 OPROJ = SD + "cutedsl/oproj/prepared.py:PreparedOproj.run"
 
 
@@ -209,7 +174,7 @@ def oproj(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
     producer = fuse([c.o_proj(d), c.attn_all_reduce(d)], "oproj_producer", "OprojProducer", "gemm_collective", "gemm",
                     ("attn.out",), OPROJ, pdl=go.every.pdl, prefetch_bytes=go.every.prefetch_bytes,
                     fusions=("oproj_allreduce_norm",), note="o_proj and the one-shot push of its partial (P10)")
-    return [producer, cite(c.attn_res_post(d, go.every), OPROJ, key="oproj_consumer", name="OprojConsumer",
+    return [producer, cite(c.residual_post(d, go.every), OPROJ, key="oproj_consumer", name="OprojConsumer",
                            fusions=("oproj_allreduce_norm",))]
 
 
@@ -230,7 +195,8 @@ def latent_moe(d: Dims, on: frozenset[str], go: Launches, x2_from: str) -> list[
     persistent = "persistent_experts" in on
     split = "split_router" in on
     prefetch = [moe.l2_prefetch(d, "next_attention", after="experts")] if "l2_prefetch" in on and M <= 8 else []
-    if "small_batch_chain" in on and split and persistent and one_tail and ((P >= 16 and M <= 2) or (P == 8 and M == 1)):
+    chain_sizes = (P >= 16 and M <= 2) or (P == 8 and M == 1)
+    if "small_batch_chain" in on and split and persistent and one_tail and chain_sizes:
         ks = [moe.small_batch_front(d, e, with_down=P >= 16),
               moe.experts(d, pad, False, (), go.experts, f"ClusterExpertsTP{P}", moe.CHAIN)]
         if P == 8:
@@ -248,7 +214,8 @@ def latent_moe(d: Dims, on: frozenset[str], go: Launches, x2_from: str) -> list[
         ks += moe.split_router(d, e)
     else:
         ks = ([moe.router(d, go.c1 if go.c1 is EARLY else e), moe.latent_down(d, (x2_from,), e)]
-              + shared_expert(d, e, x2_from, glu) + [moe.mxfp8_quant(d, ("latent_down",)), moe.topk(d, e), moe.topk_indices(d, e)])
+              + shared_expert(d, e, x2_from, glu)
+              + [moe.mxfp8_quant(d, ("latent_down",)), moe.topk(d, e), moe.topk_indices(d, e)])
     if persistent and 9 <= M <= 32:
         ks.append(moe.experts_group(d))
     wait = ("shared_down",) if P >= 16 and M <= 8 and split else ()  # a 152-CTA grid: the experts wait for it
@@ -311,4 +278,5 @@ def dense_ffn(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
     if "glu_epilogue" not in on:
         return moe.gated_mlp(d, "dense", F, "dense FFN", launch=e) + [reduce]
     return [moe.gate_up_act(d, "dense", F, launch=e),
-            moe.down_proj(d, "dense", F, "dense FFN down, row shard; its partial sum is reduced later", launch=e), reduce]
+            moe.down_proj(d, "dense", F, "dense FFN down, row shard; its partial sum is reduced later", launch=e),
+            reduce]

@@ -26,18 +26,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from simulator import attention
 from simulator.config import ModelConfig
 from simulator.plans import common as c
-from simulator.plans import kda_kernels as kda
-from simulator.plans import mla_kernels as mla
 from simulator.plans import moe_kernels as moe
-from simulator.plans.common import EARLY, PLAIN, Dims, Launch
+from simulator.plans.common import EARLY, PDL, PLAIN, Dims
 from simulator.plans.fuse import cite
 from simulator.plans.kernel import DecodeShape, Kernel, Plan
 
-PDL = Launch(pdl=True)  # launched with PDL, its weights loaded after the wait
 TAIL_FUSION_MAX_TOKENS = 128  # the tier-0 tail's max_num_tokens (latent_moe_runner.py:_select_tail_tier)
-KDA_SPLIT_MAX_TOKENS = 2  # run_kda_projection_overlap: TP8, <= 2 tokens under graph capture
 
 
 def arch_of(hw: Any) -> str:
@@ -55,45 +52,26 @@ def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer:
     if arch not in ("sm100", "sm90"):
         raise ValueError(f"arch {arch!r} is not sm100 or sm90")
     c1 = EARLY if d.single_request else PLAIN
-    kernels = [c.attn_res_pre(d, PDL)]
-    kernels += kda_attention(d, c1, arch) if d.attn == "kda" else mla_attention(d)
+    kernels = [c.residual_pre(d, PDL)]
+    kernels += attention.kind(d.attn).standard(d, c1, arch)  # the attention's kernels: simulator/attention/<kind>.py
     kernels += attention_output(d)
     kernels += dense_ffn(d) if layer_type == "dense" else moe_block(d, c1, arch)
     return Plan("standard", layer_type, tp, shape, tuple(kernels))
 
 
-def kda_attention(d: Dims, c1: c.Launch, arch: str = "sm100") -> list[Kernel]:
-    gemm = c1 if d.single_request else PDL
-    if arch == "sm100" and d.P == 8 and d.M <= KDA_SPLIT_MAX_TOKENS and kda.stock_fused_kda(d):
-        kernels = kda.kda_in_proj_overlap(d, gemm) + [cite(c.kda_fb_proj(d, gemm, stream="aux"), kda.OVERLAP + ".run_fab_fb")]
-        return kernels + [cite(kda.kda_decode(d, "fused_kda_decode", c1), kda.KDA_STOCK, deps=("kda_fb_proj",))]
-    kernels = [c.kda_in_proj(d, "cutlass_gemm_in_proj_qkvgfab", gemm), c.kda_fb_proj(d, gemm)]
-    if kda.stock_fused_kda(d):
-        return kernels + [kda.kda_decode(d, "fused_kda_decode", c1)]
-    copy = [kda.kda_out_copy(d)] if d.shape.tokens_per_seq == 1 else []
-    bv = None if arch == "sm100" else kda.KDA_BV  # the GB300-tuned grid; Hopper's measurements ran BV = 8
-    return kernels + [kda.kda_conv(d, c1), kda.kda_recurrent(d, c1, bv)] + copy + [kda.kda_gated_norm(d, c1)]
-
-
 def attention_output(d: Dims) -> list[Kernel]:
-    """o_proj (C=1: weights before the wait), FlashInfer's MNNVL all-reduce, the post-attention AttnRes."""
-    return [c.o_proj(d, EARLY if d.single_request else PDL), c.attn_all_reduce(d, PDL), c.attn_res_post(d, PDL)]
-
-
-def mla_attention(d: Dims) -> list[Kernel]:
-    gate = d.cfg.mla_output_gate
-    return ([mla.mla_qkv_a(d, "dsv3_fused_a_gemm", launch=PDL)] + ([mla.mla_g_proj(d, PDL)] if gate else [])
-            + [mla.mla_norm(d), mla.mla_q_b(d, PDL), mla.mla_absorb(d), mla.mla_cache_insert(d), mla.mla_decode(d),
-               mla.mla_w_uv(d)] + ([mla.mla_gate_mul(d)] if gate else []))
+    """o_proj (C=1: weights before the wait), FlashInfer's MNNVL all-reduce, the post-attention residual."""
+    return [c.o_proj(d, EARLY if d.single_request else PDL), c.attn_all_reduce(d, PDL), c.residual_post(d, PDL)]
 
 
 def moe_block(d: Dims, c1: c.Launch, arch: str = "sm100") -> list[Kernel]:
     cfg = d.cfg
-    if arch == "sm100" and cfg.latent_dim and cfg.num_shared_experts and cfg.latent_norm and d.M <= TAIL_FUSION_MAX_TOKENS:
+    tail = cfg.latent_dim and cfg.num_shared_experts and cfg.latent_norm and d.M <= TAIL_FUSION_MAX_TOKENS
+    if arch == "sm100" and tail:
         return latent_moe(d, c1)
     kernels = [moe.router(d, c1)]
     if cfg.latent_dim:
-        kernels.append(moe.latent_down(d, deps=("attn_res_post",)))
+        kernels.append(moe.latent_down(d, deps=(c.post_norm_key(d),)))
     if cfg.num_shared_experts:
         kernels += moe.gated_mlp(d, "shared", d.S_r, "shared expert (V-LMR: not reduced until the latent tail)")
     kernels += [moe.topk(d), moe.fc1(d, deps=("latent_down",) if cfg.latent_dim else ()), moe.fc2(d), moe.finalize(d)]
@@ -110,8 +88,8 @@ def latent_moe(d: Dims, c1: c.Launch) -> list[Kernel]:
     """Kimi K3's MoE up to 128 tokens: the shared expert beside routing on the aux stream, W4A8 TRT-LLM-gen
     experts with their finalize deferred to the tier-0 tail."""
     shared = shared_launches(moe.gated_mlp(d, "shared", d.S_r, "shared expert (not reduced until the latent tail)",
-                                           "aux", ("attn_res_post",), PDL))
-    return ([moe.router(d, EARLY if d.single_request else PDL), moe.latent_down(d, ("attn_res_post",), PDL)] + shared
+                                           "aux", (c.post_norm_key(d),), PDL))
+    return ([moe.router(d, EARLY if d.single_request else PDL), moe.latent_down(d, (c.post_norm_key(d),), PDL)] + shared
             + [moe.mxfp8_quant(d, ("latent_down",)), moe.topk(d, PDL), moe.topk_indices(d, PDL), moe.fc1(d, launch=PDL),
                moe.fc2(d, launch=PDL)] + moe.stock_tail(d, PDL))
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.console import Console
 
+from simulator import attention
 from simulator.report.layout import console, show
 
 
@@ -53,9 +54,10 @@ def _memory_line(con: Console, doc: dict[str, Any]) -> None:
     """Memory per GPU by part; when it exceeds HBM, a line in capitals (the cost shown is still the TP one)."""
     mem = doc["memory_gb"]
     if mem["fits"]:
-        con.print(f"memory per GPU: {mem['total']:.1f} GB = weights {mem['weights']:.1f} + MLA cache "
-                  f"{mem['mla_cache']:.2f} + KDA state {mem['kda_state']:.2f} + activations {mem['activations']:.2f}, "
-                  f"of {mem['capacity']:.0f} GB HBM")
+        caches = "".join(f" + {kind.memory[1]} {mem[kind.memory[0]]:.2f}" for kind in attention.entries()
+                         if mem[kind.memory[0]])  # the model's kinds (another kind's part is 0)
+        con.print(f"memory per GPU: {mem['total']:.1f} GB = weights {mem['weights']:.1f}{caches} + activations "
+                  f"{mem['activations']:.2f}, of {mem['capacity']:.0f} GB HBM")
     else:
         con.print(f"DOES NOT FIT IN HBM: {doc['does_not_fit']}", markup=False)
 
