@@ -99,6 +99,9 @@ def main() -> int:
     wheel = vllm_wheel.load(args.wheel_dir, torch)
     if wheel is None:
         return 2
+    if args.family == "small":  # the replay's small kernels (AttnRes, conv, gated norm) from the extra sources
+        from layer_replay import load_extra
+        wheel.extra = load_extra(args.wheel_dir, torch)
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment(torch)
     env_path = args.out / "env.json"
