@@ -421,27 +421,7 @@ def check_kda(torch, wheel, impl: str, b: int = 3, t: int = 4, h: int = 12) -> f
 
 
 # ===================================================================== small kernels
-def replay_small(p: Any, torch: Any, wheel) -> dict:
-    """A plan small kernel as the whole-layer replay launches it (points.REPLAY_SMALL): layer_replay.Layer
-    built for this one key at the point's plan (B sequences of T tokens), as many as rotate the kernel's
-    bytes over >= 4 x L2 (at most 64); one timed call = every launch the plan kernel stands for (the CSV's
-    launches column)."""
-    from layer_replay import Layer
-    from points import _plan
-    plan = _plan(p.model, "standard", p.tp, p.M // p.T, p.T, 512, p.layer)
-    slots = slots_for(plan.kernel(p.plan_key).hbm_bytes)
-    layers = [Layer(torch, wheel, wheel.extra, plan, p.model, seed=1000 + i, keys=(p.plan_key,))
-              for i in range(slots)]
-    calls = [lambda seq=layer.launches[p.plan_key]: [c() for c in seq] for layer in layers]
-    res = time_graph(torch, calls, reps=max(64, len(calls)), replays=20)
-    res["kernel_names"] = kernel_names(torch, calls[0])
-    return res
-
-
 def small(p: Any, torch: Any, wheel) -> dict:
-    from points import REPLAY_SMALL
-    if REPLAY_SMALL.get(p.plan_key) == p.impl:
-        return replay_small(p, torch, wheel)
     m, width = p.M, p.N
     if p.impl in ("vllm_topk_sigmoid", "vllm_grouped_topk"):
         per_call = m * width * 4

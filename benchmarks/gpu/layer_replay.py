@@ -133,7 +133,7 @@ class Layer:
     """One layer's buffers and its launches per plan key: launches[key] = [zero-argument calls]."""
 
     def __init__(self, torch, wheel, extra: dict, plan, model: str, seed: int, keys=None) -> None:
-        """keys: build only these plan kernels' launches (a kernel row of fam_production.replay_small)."""
+        """keys: build only these plan kernels' launches (a kernel row: kernel_row below)."""
         self.torch, self.wheel, self.extra, self.plan, self.model = torch, wheel, extra, plan, model
         self.m = plan.shape.batch * plan.shape.tokens_per_seq
         self.b, self.t = plan.shape.batch, plan.shape.tokens_per_seq
@@ -416,6 +416,24 @@ class Layer:
             if key == "fc1":
                 out[key].append(self._act(m * top_k, f))
         return out
+
+
+# ===================================================================== one plan kernel as a kernel row
+def kernel_row(p: Any, torch: Any, wheel) -> dict:
+    """A plan small kernel as the replay launches it, timed as a kernel row (points.REPLAY_SMALL, measured
+    by production.py): Layer built for this one key at the point's plan (B sequences of T tokens), as many
+    as rotate the kernel's bytes over >= 4 x L2 (at most 64); one timed call = every launch the plan kernel
+    stands for (the CSV's launches column)."""
+    from harness import kernel_names, slots_for, time_graph
+    from points import _plan
+    plan = _plan(p.model, "standard", p.tp, p.M // p.T, p.T, 512, p.layer)
+    slots = slots_for(plan.kernel(p.plan_key).hbm_bytes)
+    layers = [Layer(torch, wheel, wheel.extra, plan, p.model, seed=1000 + i, keys=(p.plan_key,))
+              for i in range(slots)]
+    calls = [lambda seq=layer.launches[p.plan_key]: [c() for c in seq] for layer in layers]
+    res = time_graph(torch, calls, reps=max(64, len(calls)), replays=20)
+    res["kernel_names"] = kernel_names(torch, calls[0])
+    return res
 
 
 # ===================================================================== capture, time, trace
