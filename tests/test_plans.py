@@ -112,7 +112,8 @@ def test_traffic_is_derived_from_shapes(k3):
     assert fc1.weight_bytes == 16 * (3584 * 2 * 256 // 2 + 3584 * 2 * 256 // 32)  # MXFP4 4.25 bits; 192 padded to 256
     spec = specialized.build(k3, 16, DecodeShape(1, 1), "kda").kernel("experts")  # P1: the real 192 rows
     assert spec.weights[0].nbytes == 16 * (3584 * 2 * 192 // 2 + 3584 * 2 * 192 // 32)
-    padded = specialized.build(k3, 16, DecodeShape(1, 1), "kda", fusions=set(specialized.FUSIONS) - {"unpadded_experts"})
+    padded = specialized.build(k3, 16, DecodeShape(1, 1), "kda",
+                               fusions=set(specialized.FUSIONS) - {"unpadded_experts"})
     assert padded.kernel("experts").weights[0].nbytes == fc1.weight_bytes
 
 

@@ -45,7 +45,7 @@ def normalise(row: Mapping[str, Any]) -> dict[str, Any]:
 @lru_cache(maxsize=512)
 def _plan(model: str, variant: str, tp: int, batch: int, tokens: int, context: int, layer: str):
     from simulator.config import load_model
-    from simulator.cost.step import build_plan, head_plan
+    from simulator.cost.step import head_plan
     cfg, shape = load_model(model), DecodeShape(batch, tokens, context)
     if layer == "head":
         return head_plan(cfg, tp, shape, variant, False)

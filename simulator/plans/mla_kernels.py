@@ -48,7 +48,8 @@ def mla_g_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
     return Kernel(key="mla_g_proj", name="gemm_g_proj", kind="gemm", family="gemm", op=lin.linear, stream="aux",
                   deps=("attn_res_pre",), reads=(act("x", M, D),), weights=(weight("mla.w_g", D, n, shard="col"),),
                   writes=(act("mla.g", M, n),), flops=lin.gemm_flops(M, D, n),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=MLA + "MultiHeadLatentAttention._forward_q_lora",
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  source=MLA + "MultiHeadLatentAttention._forward_q_lora",
                   note="output-gate projection on an aux stream, overlapped while tokens < 512 (V-MLA)")
 
 
@@ -93,7 +94,8 @@ def mla_absorb(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   weights=(weight("mla.w_uk", cfg.kv_lora_rank, Nh * cfg.qk_nope_dim, shard="col"),),
                   writes=(act("mla.qlat", M, Nh, cfg.kv_lora_rank),),
                   flops=lin.gemm_flops(M * Nh, cfg.qk_nope_dim, cfg.kv_lora_rank),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=MLA + "MultiHeadLatentAttention._attention",
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  source=MLA + "MultiHeadLatentAttention._attention",
                   note="absorbed decode: q_nope . W_UK -> 512-wide latent query per head (V-MLA)")
 
 
@@ -137,7 +139,8 @@ def mla_w_uv(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   weights=(weight("mla.w_uv", cfg.kv_lora_rank, Nh * cfg.v_head_dim, shard="col"),),
                   writes=(act(out, M, Nh * cfg.v_head_dim),),
                   flops=lin.gemm_flops(M * Nh, cfg.kv_lora_rank, cfg.v_head_dim),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=MLA + "MultiHeadLatentAttention._v_up_proj",
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  source=MLA + "MultiHeadLatentAttention._v_up_proj",
                   note="latent -> 128 per head (V-MLA)")
 
 
