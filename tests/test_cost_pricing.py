@@ -199,7 +199,8 @@ def test_each_kernel_pays_its_family_floor() -> None:
     hw, k3 = load_hardware("gb300"), load_model("kimi-k3")
     std = build_plan(k3, "standard", 16, DecodeShape(1, 1, 512), "kda")
     mla = build_plan(k3, "standard", 16, DecodeShape(1, 1, 512), "mla")
-    want = {"attn_res_pre": hw.floor_reduction_us, "topk": hw.floor_topk_us, "router": hw.kernel_fixed_us + hw.gemm_fixed_us}
+    want = {"attn_res_pre": hw.floor_reduction_us, "topk": hw.floor_topk_us,
+            "router": hw.kernel_fixed_us + hw.gemm_fixed_us}
     hopper = build_plan(k3, "standard", 16, DecodeShape(1, 1, 512), "kda", arch="sm90")  # a separate finalize
     assert fixed_us(hopper.kernel("finalize"), hw) == pytest.approx(hw.floor_finalize_us)
     for key, floor in want.items():

@@ -22,7 +22,8 @@ def test_fp64_all_agree(tiny, layer, tp, batch, tokens):
     for v in result.variants.values():
         assert not v.flips, f"{v.variant} flipped routing in fp64"
         for t in v.tensors:
-            assert t.rel_rms_error < 1e-12, f"{v.variant} {t.name}: rel RMS {t.rel_rms_error:.2e}, max abs {t.max_abs_error:.2e}"
+            assert t.rel_rms_error < 1e-12, (f"{v.variant} {t.name}: rel RMS {t.rel_rms_error:.2e}, "
+                                             f"max abs {t.max_abs_error:.2e}")
 
 
 @pytest.mark.parametrize("layer", ["mla", "dense"])
@@ -44,8 +45,8 @@ def test_p_ranks_equal_one_rank(tiny, layer):
     for tp in (1, 16):
         d = make_dims(tiny, tp, shape, None, layer)
         io, st = make_inputs(tiny, d, np.random.default_rng(4))
-        out, new_state, _ = run_plan(specialized.build(tiny, tp, shape, layer), d, LayerWeights(tiny, d.layer, 4), io, st,
-                                     Precision("fp64"))
+        out, new_state, _ = run_plan(specialized.build(tiny, tp, shape, layer), d, LayerWeights(tiny, d.layer, 4), io,
+                                     st, Precision("fp64"))
         outs.append((out, new_state))
     np.testing.assert_allclose(outs[1][0].delta, outs[0][0].delta, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(outs[1][0].prefix, outs[0][0].prefix, rtol=1e-12, atol=1e-12)

@@ -39,7 +39,8 @@ def _weights(rng: np.random.Generator, k: int, n: int) -> np.ndarray:
 
 @pytest.mark.parametrize("k, n, seed", [(32, 1, 0), (64, 7, 1), (256, 33, 2)], ids=["K32-N1", "K64-N7", "K256-N33"])
 def test_mxfp4_quantize_t_is_bit_identical(k, n, seed):
-    w = _weights(np.random.default_rng(seed), k, n) if k >= 64 else np.random.default_rng(seed).standard_normal((k, n), dtype=np.float32)
+    w = (_weights(np.random.default_rng(seed), k, n) if k >= 64
+         else np.random.default_rng(seed).standard_normal((k, n), dtype=np.float32))
     codes, bits = fast.mxfp4_quantize_t(w)
     ref = mxfp4_quantize(np.ascontiguousarray(w.T))
     assert codes.shape == ref.packed.shape and codes.dtype == np.uint8
@@ -73,7 +74,8 @@ def test_e2m1_code_rounds_as_ml_dtypes():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
-@pytest.mark.parametrize("m, k, n", [(1, 64, 5), (3, 96, 7), (9, 256, 64)], ids=["M1-K64-N5", "M3-K96-N7", "M9-K256-N64"])
+@pytest.mark.parametrize("m, k, n", [(1, 64, 5), (3, 96, 7), (9, 256, 64)],
+                         ids=["M1-K64-N5", "M3-K96-N7", "M9-K256-N64"])
 def test_mxfp4_matmul_fused_matches_reference(m, k, n, dtype):
     rng = np.random.default_rng(m * k + n)
     q = mxfp4_quantize(np.ascontiguousarray(_weights(rng, k, n).T))
@@ -117,7 +119,8 @@ def _decode_all(row, half, even, odd):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
-@pytest.mark.parametrize("k0, width", [(0, 64), (32, 32), (5, 40), (17, 1)], ids=["aligned", "block", "odd-start", "one"])
+@pytest.mark.parametrize("k0, width", [(0, 64), (32, 32), (5, 40), (17, 1)],
+                         ids=["aligned", "block", "odd-start", "one"])
 def test_mxfp4_weight_row_slice_matches_dequantized(k0, width, dtype):
     rng = np.random.default_rng(k0 + width)
     w = _weights(rng, 128, 6)
@@ -170,7 +173,8 @@ def test_dense_weights_held_as_bf16_and_read_back_exactly(tiny):
     r = w["router.w"]
     assert w._held["router.w"].dtype == ml_dtypes.bfloat16 and r.dtype == np.float32
     np.testing.assert_array_equal(r, w._make("router.w"))
-    np.testing.assert_array_equal(w.shard("router.w", np.float64, "col", 1, 4), column_shard(r, 1, 4).astype(np.float64))
+    np.testing.assert_array_equal(w.shard("router.w", np.float64, "col", 1, 4),
+                                  column_shard(r, 1, 4).astype(np.float64))
     np.testing.assert_array_equal(w.shard("router.w", np.float64, "row", 3, 4), row_shard(r, 3, 4).astype(np.float64))
     assert w["kda.a_log"].dtype == np.float32 and w._held["kda.a_log"].dtype == np.float32  # FP32 in the checkpoint
 
@@ -229,7 +233,8 @@ def test_backend_names():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
-@pytest.mark.parametrize("m, k, n", [(1, 7, 5), (3, 64, 600), (40, 33, 1100)], ids=["M1-K7-N5", "M3-K64-N600", "M40-K33-N1100"])
+@pytest.mark.parametrize("m, k, n", [(1, 7, 5), (3, 64, 600), (40, 33, 1100)],
+                         ids=["M1-K7-N5", "M3-K64-N600", "M40-K33-N1100"])
 def test_bf16_matmul_matches_widened_gemm(m, k, n, dtype, monkeypatch):
     """Reading bf16 bits (a strided column shard, several 512-wide tiles) == widen then GEMM; one thread, the
     threads' split and no prefetch give the same bits; a view whose columns are not adjacent is copied first,
@@ -450,8 +455,8 @@ def test_mxfp4_grouped_equals_products_of_the_shards(m, dtype):
     xs = [values(rng.standard_normal((m + 2, 256)).astype(dtype)) for _ in range(3)]  # every rank its column shard
     together = linear_grouped(xs, [(t, (MXFP4Weight(*gate),)) for t in tokens], ("col",))
     for r in range(3):
-        np.testing.assert_array_equal(together[r], linear_grouped([xs[r]], [(t, (MXFP4Weight(*gate).shard("col", r, 3),))
-                                                                             for t in tokens])[0])
+        np.testing.assert_array_equal(together[r], linear_grouped(
+            [xs[r]], [(t, (MXFP4Weight(*gate).shard("col", r, 3),)) for t in tokens])[0])
     h = values(rng.standard_normal((3 * m, 32)).astype(dtype))
     groups = [(np.arange(r * m, (r + 1) * m), (w,)) for r, w in enumerate(rows)]
     table, items = _table(rows), _items(rows, m)

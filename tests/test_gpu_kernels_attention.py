@@ -106,14 +106,16 @@ def test_kda_split_v_kernels_match_simulator(interpreted, case):
 
 def test_kda_split_v_points_mirror_the_one_program_points():
     """Every one-program point has its split-V twin; the split-V kernel alone also runs the batches around
-    the L2 size (KDA_B_L2, KDA_B_ABSORB, KDA_B_DRAIN), appended after the twins so the measured grid's halves stay as they were."""
+    the L2 size (KDA_B_L2, KDA_B_ABSORB, KDA_B_DRAIN), appended after the twins so the measured grid's halves
+    stay as they were."""
     kda = points.kda_points()
     one = [p for p in kda if p.impl == "triton"]
     split = [p for p in kda if p.impl == "triton_split_v"]
     twins, extra = split[:len(one)], split[len(one):]
     assert kda == one + split and len(one) > 0
     assert [p.id.replace("/triton_split_v/", "/triton/") for p in twins] == [p.id for p in one]
-    extra_b = set(points.KDA_B_L2) | {b for grid in (points.KDA_B_ABSORB, points.KDA_B_DRAIN) for bs in grid.values() for b in bs}
+    extra_b = set(points.KDA_B_L2) | {b for grid in (points.KDA_B_ABSORB, points.KDA_B_DRAIN)
+                                      for bs in grid.values() for b in bs}
     assert {p.B for p in extra} == extra_b and not extra_b & set(points.KDA_B)
     assert len({p.id for p in kda}) == len(kda)
 

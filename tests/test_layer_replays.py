@@ -95,18 +95,76 @@ def test_errors_against_the_precommitted_makespans(table):
     assert errors["kda-b1t1"] > errors["kda-b8t1"] > errors["kda-b64t1"] > 0
 
 
-def test_every_replayed_layer_agrees_with_the_one_compare_trace_takes(table):
-    """compare-trace finds one of the four KDA layers (the graph put each on other stream ids); the median
-    over all four, cut by kernel count, is within 2 % of it for every replay."""
+def test_compare_trace_finds_every_replayed_layer(table):
+    """The graph runs each KDA layer's branches on other stream ids than the layer before (latent_down forks
+    onto a second stream); compare-trace groups layers by their streams' labels in start order, not by the
+    ids, so it finds all four layers of every replay, and its makespan is the median over all four (the
+    kernel-count cut of layer_table agrees)."""
     for r in table:
-        assert r["all_layers_us"] is not None
-        assert abs(r["all_layers_us"] / r["measured_us"] - 1) < 0.02, r["replay"]
+        assert r["layers_found"] == r["layers_replayed"] == 4, r["replay"]
+        assert r["all_layers_us"] == pytest.approx(r["measured_us"], rel=1e-3), r["replay"]
+
+
+def test_layers_on_changing_stream_ids_are_one_signature():
+    """Two layers of the same kernels whose second stream (and the main stream after the join) change ids
+    between layers: one signature of two layers; a layer with another kernel order stays a signature apart."""
+    from types import SimpleNamespace
+
+    from simulator.report.trace_layers import layer_shapes
+    from simulator.report.trace_reader import KernelEvent
+
+    class Labels:  # every name its own label; "a" is the layer's anchor (plan kernel 0)
+        plan = [0, 1, 2]
+        engine = SimpleNamespace(name="toy")
+
+        def label(self, k):
+            return k.name
+
+        def __call__(self, label):
+            return frozenset({"abc".index(label)})
+
+    def layer(t0: float, streams: tuple[int, int, int], names=("a", "b", "c")) -> list:
+        return [KernelEvent(name=n, ts=t0 + 10.0 * i, dur=5.0, stream=(0, s), key=None)
+                for i, (n, s) in enumerate(zip(names, streams))]
+
+    kernels = layer(0.0, (7, 158, 159)) + layer(100.0, (158, 160, 161)) + layer(200.0, (7, 7, 7), ("a", "c", "b"))
+    shapes = layer_shapes(kernels, Labels())
+    assert [len(s.layers) for s in shapes] == [2, 1]
+    assert [stream for stream, _ in shapes[0].signature] == [(0, 7), (0, 158), (0, 159)]  # the first layer's ids
 
 
 def test_repeat_on_a_fresh_machine_reproduces_the_makespans(table):
-    repeat = {r["replay"]: r for r in _rows(LAYERS_DIR / "repeat" / "comparison.csv")}
-    for r in table:
-        assert abs(float(repeat[r["replay"]]["measured_us"]) / r["measured_us"] - 1) < 0.03, r["replay"]
+    for again in ("repeat", "round2"):  # round 2: the same script on another fresh H200, after the refit
+        repeat = {r["replay"]: r for r in _rows(LAYERS_DIR / again / "comparison.csv")}
+        for r in table:
+            assert abs(float(repeat[r["replay"]]["measured_us"]) / r["measured_us"] - 1) < 0.03, (again, r["replay"])
+
+
+# ---- round 2: the replay's small kernels measured as kernel rows, the laws refit, new predictions first
+@pytest.fixture(scope="module")
+def table2() -> list[dict]:
+    return layer_table.table(LAYERS_DIR / "predictions_round2.csv", LAYERS_DIR / "round2", "")
+
+
+def test_round2_predictions_price_the_same_replays_with_the_refit_laws():
+    first = {r["replay"]: r for r in _rows(LAYERS_DIR / "predictions.csv")}
+    second = {r["replay"]: r for r in _rows(LAYERS_DIR / "predictions_round2.csv")}
+    assert set(first) == set(second)
+    keep = ("model", "batch", "tokens_per_seq", "context", "kernels", "left_out", "kernel_set")
+    assert all({k: second[n][k] for k in keep} == {k: first[n][k] for k in keep} for n in first)
+    assert any(second[n]["makespan_us"] != first[n]["makespan_us"] for n in first)  # the refit moved them
+
+
+def test_round2_committed_comparison_and_registered_outcome(table2):
+    """calibration/h200/README.md registered before the round-2 replays that kda-b1t1 and mla-b8t4 would
+    still miss 10 % (the small law's one floor per plan kernel, shared by both models; the block-FP8 fc2
+    law at M = 32) and that the others need not: 10 of 12 within 10 %, both misses under-predictions."""
+    committed = {r["replay"]: r for r in _rows(LAYERS_DIR / "round2" / "comparison.csv")}
+    for r in table2:
+        assert r["matched"] == r["plan_kernels"] and r["unmatched_measured"] == r["unmatched_plan"] == 0
+        assert float(committed[r["replay"]]["measured_us"]) == pytest.approx(r["measured_us"], abs=1e-3)
+    misses = {r["replay"]: r["error_pct"] for r in table2 if abs(r["error_pct"]) > 10}
+    assert sorted(misses) == ["kda-b1t1", "mla-b8t4"] and all(v > 0 for v in misses.values())
 
 
 def test_all_layers_makespan_refuses_runs_that_are_not_one_layer_each():

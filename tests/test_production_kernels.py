@@ -29,6 +29,7 @@ import points as pts  # noqa: E402
 import vllm_wheel  # noqa: E402
 
 FAMILY_CSVS = ("moe", "mla", "kda", "small", "gemm")
+SIDE_CSVS = ("small_topk_sigmoid", "small_grouped_topk")  # measured and predicted, not read by validate
 
 
 def _rows(path: Path) -> list[dict]:
@@ -53,7 +54,7 @@ def test_production_points_cover_the_grid_and_name_known_kernels():
 def test_every_measured_row_was_predicted_before_and_names_its_package():
     predicted = {r["id"] for r in _rows(DATA / "predictions.csv")}
     assert predicted == {p.id for p in pts.production_points()}
-    measured = [r for name in FAMILY_CSVS + ("small_topk_sigmoid",) for r in _rows(DATA / f"{name}.csv")]
+    measured = [r for name in FAMILY_CSVS + SIDE_CSVS for r in _rows(DATA / f"{name}.csv")]
     assert len(measured) == len(predicted) and all(r["status"] == "ok" for r in measured)
     assert {r["id"] for r in measured} <= predicted
     for r in measured:
@@ -63,8 +64,7 @@ def test_every_measured_row_was_predicted_before_and_names_its_package():
 
 
 def test_repeat_run_agrees_within_ten_percent():
-    first = {r["id"]: float(r["median_us"]) for name in FAMILY_CSVS + ("small_topk_sigmoid",)
-             for r in _rows(DATA / f"{name}.csv")}
+    first = {r["id"]: float(r["median_us"]) for name in FAMILY_CSVS + SIDE_CSVS for r in _rows(DATA / f"{name}.csv")}
     again = [(r["id"], float(r["median_us"])) for name in FAMILY_CSVS for r in _rows(DATA / "repeat" / f"{name}.csv")]
     assert len(again) >= 240
     assert max(abs(us / first[i] - 1) for i, us in again) < 0.10
@@ -77,6 +77,18 @@ def test_validate_reads_every_production_family():
     doc = json.loads(r.output)
     assert set(doc["by_family"]) == set(FAMILY_CSVS)
     assert doc["measured_points"] == sum(len(_rows(DATA / f"{f}.csv")) for f in FAMILY_CSVS)
+
+
+def test_topk_rows_count_the_alignment_launches_vllm_makes():
+    """The plan's topk stands for grouped_topk and, where the experts align, moe_align_block_size's two
+    kernels: Kimi K3's Marlin experts always align; DeepSeek-V3's Triton experts when M top_k 4 > E (256)."""
+    rows = [r for r in _rows(DATA / "small.csv") if r["impl"] == "vllm_topk_align"]
+    assert len(rows) == 3 * len(pts.PROD_M)
+    for r in rows:
+        m, top_k, experts = int(r["M"]), int(r["K"]), int(r["N"])
+        aligns = r["model"] == "kimi-k3" or m * top_k * 4 > experts
+        assert int(r["launches"]) == (3 if aligns else 1), r["id"]
+        assert ("moe_align_block_size" in r["kernel_names"]) == aligns, r["id"]
 
 
 def test_vllm_kda_kernels_are_priced_as_the_split_v_recurrence():

@@ -12,7 +12,8 @@ from simulator.dtypes import mxfp4_quantize
 
 
 def numpys(seed, shape, std):
-    return np.random.default_rng(np.random.SeedSequence(seed)).standard_normal(shape, dtype=np.float32) * np.float32(std)
+    return (np.random.default_rng(np.random.SeedSequence(seed)).standard_normal(shape, dtype=np.float32)
+            * np.float32(std))
 
 
 def first_try_rejections(seed, n_u32):

@@ -45,7 +45,8 @@ def cover_problems(cfg: dict, plan, launches: dict) -> list[str]:
     problems += [f"a launch names {k}, which the plan does not have" for k in sorted(done - set(keys))]
     delta = len(cfg["launches"]) - len(keys)
     if delta != cfg["count_delta"]:
-        problems.append(f"count_delta {cfg['count_delta']} but {len(cfg['launches'])} launches - {len(keys)} kernels = {delta}")
+        problems.append(f"count_delta {cfg['count_delta']} but {len(cfg['launches'])} launches - "
+                        f"{len(keys)} kernels = {delta}")
     if delta != 0 and not cfg["differences"]:
         problems.append("the counts differ and no difference is listed")
     return problems
@@ -139,7 +140,8 @@ def test_each_plan_kernel_cites_the_function_that_launches_it(cfg, k3):
 
 @pytest.mark.parametrize("path", sorted(BUILD))
 @pytest.mark.parametrize("layer", ["kda", "mla"])
-@pytest.mark.parametrize("tp, batch, tokens", [(16, 1, 8), (16, 1, 1)] + [(8, b, 1) for b in (*range(1, 9), 16, 32, 64)])
+@pytest.mark.parametrize("tp, batch, tokens",
+                         [(16, 1, 8), (16, 1, 1)] + [(8, b, 1) for b in (*range(1, 9), 16, 32, 64)])
 def test_every_kernel_cites_its_source_function(path, layer, tp, batch, tokens, k3):
     plan = plan_of({"path": path, "layer": layer, "tp": tp, "batch": batch, "tokens_per_seq": tokens}, k3)
     assert [k.key for k in plan.kernels if not SOURCE.fullmatch(k.source)] == []
@@ -202,6 +204,7 @@ def test_the_pattern_table_names_every_launch_the_map_lists():
                 missing.add(key)
             elif MAP["launch"][lid]["external"]:  # named inside FlashInfer / TRT-LLM: the map describes it
                 continue
-            elif not any(p.search(name.strip()) for p in patterns[key] for name in MAP["launch"][lid]["name"].split(" / ")):
+            elif not any(p.search(name.strip()) for p in patterns[key]
+                         for name in MAP["launch"][lid]["name"].split(" / ")):
                 unmatched.add(lid)
     assert missing == set() and unmatched == set()

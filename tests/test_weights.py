@@ -61,7 +61,8 @@ def test_packed_experts_are_the_packer_on_numpys_draws(tiny):
     for part in ("w_gate", "w_down"):
         shape, _ = weights.weight_spec(tiny, f"expert.2.{part}")
         codes, bits = w.expert_part(2, part)
-        want_codes, want_bits = fast.mxfp4_quantize_t(weights._normal(4, 1, f"expert.2.{part}", shape, shape[0] ** -0.5))
+        want_codes, want_bits = fast.mxfp4_quantize_t(
+            weights._normal(4, 1, f"expert.2.{part}", shape, shape[0] ** -0.5))
         np.testing.assert_array_equal(codes, want_codes)
         np.testing.assert_array_equal(bits, want_bits)
 

@@ -132,7 +132,8 @@ def load_extra(folder: Path, torch) -> dict[str, Any]:
 class Layer:
     """One layer's buffers and its launches per plan key: launches[key] = [zero-argument calls]."""
 
-    def __init__(self, torch, wheel, extra: dict, plan, model: str, seed: int) -> None:
+    def __init__(self, torch, wheel, extra: dict, plan, model: str, seed: int, keys=None) -> None:
+        """keys: build only these plan kernels' launches (a kernel row: kernel_row below)."""
         self.torch, self.wheel, self.extra, self.plan, self.model = torch, wheel, extra, plan, model
         self.m = plan.shape.batch * plan.shape.tokens_per_seq
         self.b, self.t = plan.shape.batch, plan.shape.tokens_per_seq
@@ -140,7 +141,8 @@ class Layer:
         self.gen = torch.Generator(device="cuda").manual_seed(seed)
         self.bufs: dict[str, Any] = {}
         self.stand_ins: set[str] = set()
-        self.launches = {k.key: self.build(k) for k in plan if k.kind != "collective"}
+        self.launches = {k.key: self.build(k) for k in plan
+                         if k.kind != "collective" and (keys is None or k.key in keys)}
 
     # ---- buffers named after the plan's tensors, so a kernel reads what its predecessor wrote
     def buf(self, tensor, shape=None, dtype=None):
@@ -294,7 +296,7 @@ class Layer:
         bias = torch.randn(logits.shape[-1], device="cuda", dtype=torch.float32, generator=self.gen) / 8
         calls = [lambda: self.wheel.moe.grouped_topk(logits, r["n_group"], r["topk_group"], r["top_k"], True,
                                                      r["scale"], bias, 1)]
-        return calls + self._moe()["align"]
+        return calls + self._align()[0]
 
     def k_fc1(self, k):
         return self._moe()["fc1"]
@@ -326,7 +328,32 @@ class Layer:
             b = b[:, :a.shape[-1]]
         return [lambda: torch.add(a, b, out=out)]
 
-    # ---- routed experts: built once for topk's alignment, fc1 and fc2
+    # ---- routed experts: the routing and vLLM's alignment launches built once, for topk, fc1 and fc2
+    def _align(self) -> tuple[list, Any, Any, Any]:
+        """(alignment launches, routed ids, router weights, aligned buffers per block size): Marlin aligns at
+        the block fused_marlin_moe picks; the Triton path at its tile's BLOCK_SIZE_M when M k 4 > E."""
+        if "aligned" in self.__dict__:
+            return self.aligned
+        import fam_production as fp
+        torch, m, fc1 = self.torch, self.m, self.plan.kernel("fc1")
+        if self.model == "kimi-k3":
+            e, top_k = fp.EXPERTS, fp.TOP_K
+            block = fp.marlin_block_m(m)
+        else:
+            from points import Point
+            e, top_k = 256, ROUTING[self.model]["top_k"]
+            _, big_l, two_f = fc1.weights[0].shape
+            p = Point("moe", "vllm_triton_moe_fp8", "fc1", self.model, "mla", TP, M=m, K=big_l, N=two_f, fmt="fp8")
+            block = fp._triton_moe_setup(torch, self.wheel, p)[2]["BLOCK_SIZE_M"] if m * top_k * 4 > e else 0
+        ids, weights = self._routing(fc1, top_k, e)
+        calls, bufs = [], None
+        if block:
+            bufs = fp._align(self.wheel, torch, ids, block, experts=e)
+            calls = [lambda s=bufs[0], x=bufs[1], n=bufs[2]: self.wheel.moe.moe_align_block_size(
+                ids, e, block, s, x, n, None, None)]
+        self.aligned = (calls, ids, weights, (block, bufs))
+        return self.aligned
+
     def _moe(self) -> dict[str, list]:
         if "moe" not in self.__dict__:
             self.moe = (self._marlin if self.model == "kimi-k3" else self._triton_fp8)()
@@ -354,9 +381,7 @@ class Layer:
         _, big_l, two_f = fc1.weights[0].shape
         f = two_f // 2
         e, top_k = fp.EXPERTS, fp.TOP_K
-        ids, weights = self._routing(fc1, top_k, e)
-        block = fp.marlin_block_m(m)
-        sorted_ids, expert_ids, n_post = fp._align(self.wheel, torch, ids, block)
+        align, ids, weights, (block, (sorted_ids, expert_ids, n_post)) = self._align()
         routed = (sorted_ids, expert_ids, n_post, weights, block)
         ws = torch.zeros(torch.cuda.get_device_properties(0).multi_processor_count * fp.MARLIN_BLOCKS_PER_SM,
                          dtype=torch.int32, device="cuda")
@@ -366,9 +391,7 @@ class Layer:
         h = torch.empty(m * top_k, two_f, device="cuda", dtype=torch.bfloat16)
         a2 = torch.randn(m * top_k, f, device="cuda", dtype=torch.bfloat16, generator=self.gen)
         out = self.buf(self.plan.kernel("fc2").writes[0]).view(m * top_k, big_l)
-        align = lambda: self.wheel.moe.moe_align_block_size(ids, e, block, sorted_ids, expert_ids, n_post,  # noqa
-                                                            None, None)
-        return {"align": [align],
+        return {"align": align,
                 "fc1": [fp._marlin_call(self.wheel, torch, "fc1", a1, h, w1, s1, routed, m, big_l, two_f, ws),
                         self._act(m * top_k, f)],
                 "fc2": [fp._marlin_call(self.wheel, torch, "fc2", a2, out, w2, s2, routed, m, f, big_l, ws)]}
@@ -381,8 +404,8 @@ class Layer:
         _, big_l, two_f = fc1.weights[0].shape
         f = two_f // 2
         e, top_k = 256, ROUTING[self.model]["top_k"]
-        ids, weights = self._routing(fc1, top_k, e)
-        out: dict[str, list] = {"align": [], "fc1": [], "fc2": []}
+        align, ids, weights, _ = self._align()
+        out: dict[str, list] = {"align": align, "fc1": [], "fc2": []}
         for key, kk, n in (("fc1", big_l, two_f), ("fc2", f, big_l)):
             p = Point("moe", "vllm_triton_moe_fp8", key, self.model, "mla", TP, M=m, K=kk, N=n, U=ids.unique().numel(),
                       fmt="fp8")
@@ -392,11 +415,25 @@ class Layer:
             out[key].append(call)
             if key == "fc1":
                 out[key].append(self._act(m * top_k, f))
-                if m * top_k * 4 > e:  # vLLM aligns (else one-token blocks, no alignment launch)
-                    s_ids, e_ids, n_post = fp._align(self.wheel, torch, ids, cfg["BLOCK_SIZE_M"], experts=e)
-                    out["align"].append(lambda s=s_ids, x=e_ids, n=n_post, bm=cfg["BLOCK_SIZE_M"]:
-                                        self.wheel.moe.moe_align_block_size(ids, e, bm, s, x, n, None, None))
         return out
+
+
+# ===================================================================== one plan kernel as a kernel row
+def kernel_row(p: Any, torch: Any, wheel) -> dict:
+    """A plan small kernel as the replay launches it, timed as a kernel row (points.REPLAY_SMALL, measured
+    by production.py): Layer built for this one key at the point's plan (B sequences of T tokens), as many
+    as rotate the kernel's bytes over >= 4 x L2 (at most 64); one timed call = every launch the plan kernel
+    stands for (the CSV's launches column)."""
+    from harness import kernel_names, slots_for, time_graph
+    from points import _plan
+    plan = _plan(p.model, "standard", p.tp, p.M // p.T, p.T, 512, p.layer)
+    slots = slots_for(plan.kernel(p.plan_key).hbm_bytes)
+    layers = [Layer(torch, wheel, wheel.extra, plan, p.model, seed=1000 + i, keys=(p.plan_key,))
+              for i in range(slots)]
+    calls = [lambda seq=layer.launches[p.plan_key]: [c() for c in seq] for layer in layers]
+    res = time_graph(torch, calls, reps=max(64, len(calls)), replays=20)
+    res["kernel_names"] = kernel_names(torch, calls[0])
+    return res
 
 
 # ===================================================================== capture, time, trace

@@ -184,13 +184,20 @@ def small_points() -> list[Point]:
         _small("triton", key, m) for m in SMALL_M for key in SMALL_KEYS]
 
 
-def _small(impl: str, key: str, m: int) -> Point:
-    """The Kimi K3 TP8 plan's small kernel `key` at M tokens: width N, top_k K, AttnRes sources n_src."""
-    k = _plan("kimi-k3", "standard", 8, m, 1, 512, "kda").kernel(key)
-    n_src = next((t.shape[0] + 1 for t in k.reads if t.name == "blocks"), 0)  # snapshots + prefix
+def _small(impl: str, key: str, m: int, model: str = "kimi-k3", layer: str = "kda", tp: int = 8, b: int = 0,
+           t: int = 1) -> Point:
+    """The plan's small kernel `key` at M tokens (B sequences of T where given; the Kimi K3 TP8 KDA layer
+    unless named): width N, top_k K, AttnRes sources n_src."""
+    from simulator.cost.measured import ATTN_RES_STAND_IN, attn_res_stand_in
+    plan = _plan(model, "standard", tp, m // t, t, 512, layer)
+    if key in ATTN_RES_STAND_IN.values() and key not in {k.key for k in plan.kernels}:
+        k = attn_res_stand_in(model, tp, m // t, t, layer, key)  # DeepSeek-V3's residual, measured as AttnRes
+    else:
+        k = plan.kernel(key)
+    n_src = next((x.shape[0] + 1 for x in k.reads if x.name == "blocks"), 0)  # snapshots + prefix
     width = k.reads[0].shape[-1] if key == "topk" else k.writes[0].shape[-1]  # topk: E scores in
     top_k = k.reads[0].shape[1] if key == "finalize" else (k.writes[0].shape[-1] if key == "topk" else 0)
-    return Point("small", impl, key, "kimi-k3", "kda", 8, M=m, K=top_k, N=width, n_src=n_src)
+    return Point("small", impl, key, model, layer, tp, M=m, K=top_k, N=width, n_src=n_src, B=b, T=t)
 
 
 def ceiling_points() -> list[Point]:
@@ -270,7 +277,26 @@ PRODUCTION_IMPLS = {
     "torch_rms_norm": ("torch", "torch.nn.functional.rms_norm",
                        "stand-in for _C::rms_norm (in the 92 MB _C_stable_libtorch, not carried)"),
     "torch_matmul": ("torch", "cuBLAS through torch.matmul", ""),
+    # the plan's small kernels as the whole-layer replay launches them (layer_replay.Layer, fam_production)
+    "vllm_attn_res": (VLLM, "Triton _attn_res_kernel (kimi_k3/nvidia/ops/attn_res.py)",
+                      "DeepSeek-V3 (no blocks): stand-in for _C::fused_add_rms_norm (not carried)"),
+    "vllm_topk_align": (VLLM, "_moe_C::grouped_topk, then _moe_C::moe_align_block_size where vLLM aligns "
+                              "(Marlin always; Triton fused_moe when M k 4 > E)", ""),
+    "vllm_causal_conv1d": (VLLM, "Triton causal_conv1d_update (mamba/ops/causal_conv1d.py)", ""),
+    "fla_gated_rms_norm": (VLLM, "FLA Triton rms_norm_gated, sigmoid gate (third_party/.../kda.py)", ""),
+    "triton_situ_mul": ("moe-sim", "the GPU suite's Triton SiTU-and-mul (fam_small.situ_mul)",
+                        "stand-in for _C::silu_and_mul / situ_and_mul (not carried)"),
+    "torch_cat": ("torch", "torch.cat", ""),
+    "torch_add": ("torch", "torch.add", ""),
+    "torch_fp8_copy": ("torch", "one copy to FP8 of the query rows and the new cache row",
+                       "stand-in for vLLM's fused concat + FP8 quantisation + cache insert"),
 }
+# plan key -> implementation of the replay's small kernels that had no production law (round 2);
+# mla_norm: torch_rms_norm, one launch over the q and kv latents in 512-wide groups (a stand-in)
+REPLAY_SMALL = {"attn_res_pre": "vllm_attn_res", "attn_res_post": "vllm_attn_res", "topk": "vllm_topk_align",
+                "kda_conv": "vllm_causal_conv1d", "kda_gated_norm": "fla_gated_rms_norm",
+                "shared_act": "triton_situ_mul", "tail_concat": "torch_cat", "tail_add": "torch_add",
+                "mla_norm": "torch_rms_norm", "mla_cache_insert": "torch_fp8_copy"}
 
 
 def production_points() -> list[Point]:
@@ -306,11 +332,28 @@ def production_points() -> list[Point]:
         pts += [_small(impl, key, m) for impl, key in (
             ("vllm_topk_sigmoid", "topk"), ("vllm_grouped_topk", "topk"), ("vllm_moe_sum", "finalize"),
             ("torch_rms_norm", "latent_norm"))]
+    pts += replay_small_points()
     shapes = [s for s in _dense_gemm_shapes() if s[3] == 8]
     pts += [Point("gemm", "torch_matmul", key, model, layer, tp, M=m, K=K, N=N, fmt="bf16",
                   variant="out_fp32" if out == "fp32" else "")
             for key, model, layer, tp, K, N, out in shapes for m in PROD_BATCH]
     return _unique(pts)
+
+
+def replay_small_points() -> list[Point]:
+    """REPLAY_SMALL's kernels at the standard plans' shapes: Kimi K3 TP8 and TP16 (KDA layer), DeepSeek-V3 TP8
+    (MLA layer), M over PROD_M as one token per sequence; the KDA verify's conv and gated norm (plans with
+    T > 1 only) at B in PROD_BATCH x T in 4, 8."""
+    from simulator.cost.measured import ATTN_RES_STAND_IN
+    pts = []
+    for model, layer, tp in (("kimi-k3", "kda", 8), ("kimi-k3", "kda", 16), ("deepseek-v3", "mla", 8)):
+        keys = [ATTN_RES_STAND_IN.get(k.key, k.key) for k in _plan(model, "standard", tp, 8, 4, 512, layer)]
+        keys = [k for k in keys if k in REPLAY_SMALL]
+        for key in keys:
+            shapes = ([(b, t) for b in PROD_BATCH for t in PROD_TOKENS[1:]] if key.startswith("kda_")
+                      else [(m, 1) for m in PROD_M])
+            pts += [_small(REPLAY_SMALL[key], key, b * t, model, layer, tp, b, t) for b, t in shapes]
+    return pts
 
 
 def _unique(pts: list[Point]) -> list[Point]:

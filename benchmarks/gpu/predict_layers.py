@@ -44,8 +44,11 @@ def replay_keys(model: str, batch: int, tokens: int) -> tuple[str, ...]:
 def _plan(model: str, batch: int, tokens: int):
     from simulator.config import load_model
     from simulator.cost.step import build_plan
+    from simulator.hardware import load_hardware
     from simulator.plans.kernel import DecodeShape
-    return build_plan(load_model(model), "standard", TP, DecodeShape(batch, tokens, CONTEXT), dict(LAYERS)[model])
+    from simulator.plans.standard import arch_of
+    return build_plan(load_model(model), "standard", TP, DecodeShape(batch, tokens, CONTEXT), dict(LAYERS)[model],
+                      arch=arch_of(load_hardware("h200")))  # Hopper's stock plan: the kernels the replay ran
 
 
 def makespan(timeline) -> float:

@@ -40,6 +40,16 @@ def chosen(family: str, impls: list[str] | None, probe: bool) -> list:
     return todo
 
 
+def measure(p):
+    """What measures a point: the replay's own launches for its small kernels with no other row
+    (points.REPLAY_SMALL, layer_replay.kernel_row), else fam_production."""
+    import fam_production as fp
+    if pts.REPLAY_SMALL.get(p.plan_key) == p.impl:
+        import layer_replay
+        return layer_replay.kernel_row
+    return fp.measure
+
+
 def record_run(out: Path, family: str, doc: dict) -> None:
     path = out / "runs.json"
     runs = json.loads(path.read_text()) if path.exists() else {}
@@ -64,7 +74,7 @@ def run_family(family: str, wheel, torch, out: Path, env: dict, probe: bool, bud
             break
         t1 = time.time()
         try:
-            res = {"status": "ok", **fp.measure(p, torch, wheel)}
+            res = {"status": "ok", **measure(p)(p, torch, wheel)}
             done += 1
         except Exception as exc:  # one bad point must not cost the rest of the run
             traceback.print_exc()
@@ -99,6 +109,9 @@ def main() -> int:
     wheel = vllm_wheel.load(args.wheel_dir, torch)
     if wheel is None:
         return 2
+    if args.family == "small":  # the replay's small kernels (AttnRes, conv, gated norm) from the extra sources
+        from layer_replay import load_extra
+        wheel.extra = load_extra(args.wheel_dir, torch)
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment(torch)
     env_path = args.out / "env.json"

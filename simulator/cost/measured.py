@@ -45,7 +45,7 @@ def normalise(row: Mapping[str, Any]) -> dict[str, Any]:
 @lru_cache(maxsize=512)
 def _plan(model: str, variant: str, tp: int, batch: int, tokens: int, context: int, layer: str):
     from simulator.config import load_model
-    from simulator.cost.step import build_plan, head_plan
+    from simulator.cost.step import head_plan
     cfg, shape = load_model(model), DecodeShape(batch, tokens, context)
     if layer == "head":
         return head_plan(cfg, tp, shape, variant, False)
@@ -110,7 +110,27 @@ def _moe(r: dict) -> Kernel:
 def _small(r: dict) -> Kernel:
     if r["variant"] == "launch_floor":
         return Kernel("empty_kernel", "empty_kernel", "pointwise", family="small")
-    return _plan(r["model"], "standard", r["tp"], r["M"], 1, 512, r["layer"]).kernel(r["plan_key"])
+    t = r["T"] or 1  # a kernel of the verify plans only (the KDA conv, its gated norm) is measured at T > 1
+    plan = _plan(r["model"], "standard", r["tp"], r["M"] // t, t, 512, r["layer"])
+    if r["plan_key"] in ATTN_RES_STAND_IN.values() and r["plan_key"] not in {k.key for k in plan.kernels}:
+        return attn_res_stand_in(r["model"], r["tp"], r["M"] // t, t, r["layer"], r["plan_key"])
+    return plan.kernel(r["plan_key"])
+
+
+# a plain residual's add + norm kernel -> the AttnRes kernel measured in its place at one source (DeepSeek-V3's
+# rows of calibration/h200/production, taken when its plans ran the AttnRes kernel)
+ATTN_RES_STAND_IN = {"input_norm": "attn_res_pre", "post_attn_norm": "attn_res_post"}
+
+
+def attn_res_stand_in(model: str, tp: int, batch: int, tokens: int, layer: str, key: str) -> Kernel:
+    """vLLM's AttnRes + norm kernel `key` at a plain-residual model's shape, launched with PDL: what was measured,
+    though that model's plans run fused_add_rms_norm instead (plans/common.py `residual_pre`)."""
+    from simulator.config import load_model
+    from simulator.cost.step import representative_layer
+    from simulator.plans import common as c
+    cfg = load_model(model)
+    d = c.make_dims(cfg, tp, DecodeShape(batch, tokens, 512), representative_layer(cfg, layer), layer)
+    return (c.attn_res_pre if key == "attn_res_pre" else c.attn_res_post)(d, c.PDL)
 
 
 def _kda(r: dict) -> Kernel:

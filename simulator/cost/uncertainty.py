@@ -130,7 +130,8 @@ def coverage(res: Residuals, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
         lo, hi = res.quantile(fam, np.array([lo_p, hi_p]))
         inside = int(sum(lo <= r <= hi for r in held))
         by_family[fam] = {"n": len(held), "covered": inside, "coverage": round(inside / len(held), 4),
-                          "interval_pct": [round(100 * math.expm1(float(lo)), 2), round(100 * math.expm1(float(hi)), 2)]}
+                          "interval_pct": [round(100 * math.expm1(float(lo)), 2),
+                                           round(100 * math.expm1(float(hi)), 2)]}
         inside_all, n_all = inside_all + inside, n_all + len(held)
     return {"level": level, "n": n_all, "coverage": round(inside_all / n_all, 4), "by_family": by_family,
             "method": "family residual quantiles from the fitted half of each grid, checked on the held-back half"}

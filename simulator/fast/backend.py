@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from simulator.fast.experts import PackedExperts, run_streamed
+from simulator.plans.fuse import Chain
 from simulator.fast.packed import BF16Weight
 from simulator.fast.replacements import REPLACEMENTS
 from simulator.plans.kernel import EXPERT, Kernel
@@ -45,11 +46,18 @@ class FastBackend:
                   consts: dict[str, Any]) -> list[Any]:
         """A routed-expert op streamed over the touched experts' chunks on all ranks; any other op once a rank."""
         parts, op = routed_parts(kernel), self.replacements.get(kernel.op, kernel.op)
-        if not parts or not hasattr(op, "over_ranks"):  # streams: the routed-expert ops of fast/experts.py
+        if not parts or not streams(op):  # streams: the routed-expert ops of fast/experts.py, and fused chains of them
             return [kernel.op(*a, **consts) for a in args]
         idx = [ranks[0].buf[t.name] for t in kernel.reads if t.dtype == "int32"]  # topk.idx, the same on every rank
         touched = np.unique(idx[0]) if idx else np.empty(0, np.int64)
         return run_streamed(op, args, consts, weights.stream_experts(touched, parts))
+
+
+def streams(op: Any) -> bool:
+    """Whether `op` continues its output over chunks of experts (`only` / `out`): a routed-expert op of
+    fast/experts.py, or a fused kernel (plans/fuse.py) whose every part is one, so re-running it on each chunk
+    redoes no other work (the persistent FC1 + FC2 experts kernel)."""
+    return hasattr(op, "over_ranks") or (isinstance(op, Chain) and all(p.routed for p in op.parts))
 
 
 def routed_parts(kernel: Kernel) -> list[str]:

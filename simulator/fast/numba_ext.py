@@ -54,7 +54,8 @@ def decode_block_simd(typingctx, row, j, half_scale, even, odd):  # type: ignore
                                        if signature.args[2] != types.float32 else args[2], ir.Constant(i32, 0))
         scale = builder.shuffle_vector(scale, scale, ir.Constant(ir.VectorType(i32, 16), [0] * 16))
         table = ir.Constant(bytes16, [int(v) for v in E2M1_X2])
-        nibbles = (builder.and_(codes, ir.Constant(bytes16, [15] * 16)), builder.lshr(codes, ir.Constant(bytes16, [4] * 16)))
+        nibbles = (builder.and_(codes, ir.Constant(bytes16, [15] * 16)),
+                   builder.lshr(codes, ir.Constant(bytes16, [4] * 16)))
         for nib, arg, ty in zip(nibbles, args[3:], signature.args[3:]):
             looked = ir.Constant(bytes16, ir.Undefined)
             for lane in range(16):
@@ -163,7 +164,8 @@ def _mxfp4_dot_compiled(codes, c0, scales, s0, lut, xp, x0, nbytes):  # type: ig
         return lambda codes, c0, scales, s0, lut, xp, x0, nbytes: mxfp4_dot_bf16(codes, c0, scales, s0, lut, xp, x0,
                                                                                   nbytes)
     if has_avx512() and xp.dtype in (types.float32, types.float64):
-        return lambda codes, c0, scales, s0, lut, xp, x0, nbytes: mxfp4_dot_avx512(codes, c0, scales, s0, xp, x0, nbytes)
+        return lambda codes, c0, scales, s0, lut, xp, x0, nbytes: mxfp4_dot_avx512(codes, c0, scales, s0, xp, x0,
+                                                                                    nbytes)
     return lambda codes, c0, scales, s0, lut, xp, x0, nbytes: _dot_loops(codes, c0, scales, s0, lut, xp, x0, nbytes,
                                                                           False)
 

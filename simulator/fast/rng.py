@@ -183,7 +183,8 @@ def _draw_row(state, raw, u32, pos, std, out, wi, ki, fi):  # type: ignore[no-un
             x, pos = _tail(state, raw, u32, pos + 1, rabs)
         else:
             u, pos = _u32(state, raw, u32, pos + 1)
-            if (fi[idx - 1] - fi[idx]) * _unit_float(u) + fi[idx] >= np.exp(-0.5 * np.float64(x) * x):  # C: a double exp
+            if ((fi[idx - 1] - fi[idx]) * _unit_float(u) + fi[idx]
+                    >= np.exp(-0.5 * np.float64(x) * x)):  # C: a double exp
                 continue  # rejected: the next uint32 is a fresh try
         out[j] = x * std
         j += 1

@@ -74,7 +74,8 @@ def kda_bv(d: Dims) -> int:
         return PACKED_BV
     n = d.shape.batch * d.kda_heads_r
     return 4 if n <= 48 else 8 if n <= 96 else 16 if n <= 192 else KDA_BV
-KDA_RESIDENT = 8  # such programs resident per SM (the H200 split-V rows: per-token time scales with B x heads x 16 / 1056)
+# such programs resident per SM (the H200 split-V rows: per-token time scales with B x heads x 16 / 1056)
+KDA_RESIDENT = 8
 
 
 def kda_recurrent(d: Dims, launch: Launch = PLAIN, bv: int | None = None) -> Kernel:
@@ -90,7 +91,8 @@ def kda_recurrent(d: Dims, launch: Launch = PLAIN, bv: int | None = None) -> Ker
                   consts=(("batch", B), ("lower_bound", d.cfg.gate_lower_bound), ("checkpoints", T > 1)),
                   reads=(act("kda.qkv_conv", M, 3 * C), act("kda.z", M, C), act("kda.b", M, Nh), _state(d)),
                   weights=_gate_weights(d), writes=(act("kda.o", M, C), _state(d)) + checkpoints,
-                  flops=kda_ops.delta_rule_flops(M, Nh, H), math="fp32", ctas=B * Nh * (H // (bv or kda_bv(d))), ctas_per_sm=KDA_RESIDENT,
+                  flops=kda_ops.delta_rule_flops(M, Nh, H), math="fp32", ctas=B * Nh * (H // (bv or kda_bv(d))),
+                  ctas_per_sm=KDA_RESIDENT,
                   serial_steps=T - 1, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
                   source=RECURRENT + ("fused_recurrent_kda" if T > 1 else "fused_recurrent_kda_packed_decode"),
                   note="gate + beta + L2 norm + delta-rule update of the FP32 state; grid (B x heads, H/BV) of "
@@ -135,7 +137,8 @@ def kda_out_copy(d: Dims) -> Kernel:
     M, C = d.M, d.kda_w_r
     return Kernel(key="kda_out_copy", name="copy_core_attn_out", kind="pointwise", family="small", op=pointwise.add,
                   reads=(act("kda.o", M, C),), writes=(act("kda.o", M, C),), source=KDA_STOCK,
-                  note="core_attn_out[0, :n] = packed decode output: one elementwise copy launch (one token per sequence)")
+                  note="core_attn_out[0, :n] = packed decode output: one elementwise copy launch "
+                       "(one token per sequence)")
 
 
 def kda_split(d: Dims, launch: Launch = PLAIN) -> Kernel:

@@ -74,7 +74,8 @@ def router(d: Dims, launch: Launch = PLAIN) -> Kernel:
     return Kernel(key="router", name="router_gemm_bf16_fp32", kind="gemm", family="gemm", op=lin.linear,
                   reads=(act("x2", M, D),), weights=(weight("router.w", D, E),),
                   writes=(act("router.logits", M, E, dtype="fp32"),), flops=lin.gemm_flops(M, D, E),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=FUSED_MOE + "router/gate_linear.py:GateLinear",
+                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  source=FUSED_MOE + "router/gate_linear.py:GateLinear",
                   note="replicated router GEMM with FP32 logits (V-MODEL GateLinear; PR #53524)")
 
 
@@ -123,7 +124,8 @@ def split_router(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
                floor="topk", scope="ranks",
                op=allgather_topk, consts=(("cfg", cfg),), reads=shards,
                weights=(weight("router.bias", E, dtype="fp32"),),
-               writes=(act("latent.z", M, L), act("topk.idx", M, k, dtype="int32"), act("topk.weight", M, k, dtype="fp32")),
+               writes=(act("latent.z", M, L), act("topk.idx", M, k, dtype="int32"),
+                       act("topk.weight", M, k, dtype="fp32")),
                diagnostics=("margin",), flops=route_flops(M, E), math="fp32",
                collective=Collective("all_gather", sum(t.nbytes for t in shards), P, in_kernel=True),
                fusions=("split_router",), replaces=("topk", "topk_indices", "mxfp8_quant"), pdl=launch.pdl,
@@ -166,7 +168,8 @@ def gate_up_act(d: Dims, prefix: str, F: int, stream: str = "main", deps: tuple[
                 launch: Launch = PLAIN) -> Kernel:
     """The gate+up GEMM with the activation in its epilogue (glu_epilogue): 2 kernels -> 1."""
     M, D, cfg = d.M, d.D, d.cfg
-    return Kernel(key=f"{prefix}_gate_up_act", name=f"skinny_gemm_{prefix}_gate_up_{cfg.hidden_act}", kind="gemm", family="gemm",
+    return Kernel(key=f"{prefix}_gate_up_act", name=f"skinny_gemm_{prefix}_gate_up_{cfg.hidden_act}", kind="gemm",
+                  family="gemm",
                   op=ex.linear_glu, consts=(("cfg", cfg),), reads=(act("x2", M, D),), weights=(_gate_up(prefix, D, F),),
                   writes=(act(f"{prefix}.h", M, F),), stream=stream, deps=deps,
                   flops=lin.gemm_flops(M, D, 2 * F) + ex.glu_flops(M, F, cfg.hidden_act), fusions=("glu_epilogue",),
@@ -201,7 +204,8 @@ def fc1(d: Dims, pad: bool = True, deps: tuple[str, ...] = (), fusions: tuple[st
                   deps=deps, reads=(act(src, M, L), act("topk.idx", M, k, dtype="int32")),
                   weights=(_experts(d, ("w_gate", "w_up"), pad),), writes=(act("moe.h", M, k, F),),
                   flops=lin.gemm_flops(M * k, L, 2 * F) + ex.glu_flops(M * k, F, cfg.hidden_act), math=expert_math(d),
-                  group_rows=M * k, group_tokens=M, fusions=fusions, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  group_rows=M * k, group_tokens=M, fusions=fusions, pdl=launch.pdl,
+                  prefetch_bytes=launch.prefetch_bytes,
                   source=TRTLLM_MOE,
                   note=f"grouped GEMM over the U(M) = {U} touched experts' TP shards ({Fp} intermediate rows per rank"
                        + (", padded by the stock loader" if Fp != F else "") + "), activation in the epilogue")
@@ -213,7 +217,8 @@ def fc2(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
     return Kernel(key="fc2", name="moe_fc2_down", kind="moe", family="moe", op=ex.expert_fc2,
                   reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32")),
                   weights=(_experts(d, ("w_down",), pad),), writes=(act("moe.slots", M, k, L),),
-                  flops=lin.gemm_flops(M * k, F, L), math=expert_math(d), group_rows=M * k, group_tokens=M, pdl=launch.pdl,
+                  flops=lin.gemm_flops(M * k, F, L), math=expert_math(d), group_rows=M * k, group_tokens=M,
+                  pdl=launch.pdl,
                   prefetch_bytes=launch.prefetch_bytes, source=TRTLLM_MOE,
                   note="grouped down GEMM, one output row per (token, slot); intermediate padded like FC1")
 
@@ -238,9 +243,11 @@ def fc2_finalize(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
                          act("topk.weight", M, k, dtype="fp32")),
                   weights=(_experts(d, ("w_down",), pad),), writes=(act("moe.partial", M, L),),
                   flops=lin.gemm_flops(M * k, F, L) + ex.finalize_flops(M, k, L), math=expert_math(d),
-                  group_rows=M * k, group_tokens=M, fusions=("moe_finalize",) + (() if pad else ("unpadded_experts",)), replaces=("fc2", "finalize"),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.run",
-                  note="routing weight and scatter-add in the FC2 epilogue: the [M, k, L] slot outputs are never written")
+                  group_rows=M * k, group_tokens=M, fusions=("moe_finalize",) + (() if pad else ("unpadded_experts",)),
+                  replaces=("fc2", "finalize"), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  source=SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.run",
+                  note="routing weight and scatter-add in the FC2 epilogue: "
+                       "the [M, k, L] slot outputs are never written")
 
 
 # ---------------------------------------------------------------------------------------
@@ -256,7 +263,8 @@ def latent_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     width = L + (D if shared else 0)
     latent = act("tail.sum", M, L, window=(1, 0, L))
     normed = act("latent.normed", M, L)
-    on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=K3 + "latent_moe_runner.py:LatentMoERunner._shard_up_proj_tail")
+    on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+              source=K3 + "latent_moe_runner.py:LatentMoERunner._shard_up_proj_tail")
     norm_kernel = (
         Kernel(key="latent_norm", name="rmsnorm_latent", kind="pointwise", family="small",
                floor="reduction", op=norm.rms_norm,
@@ -270,7 +278,8 @@ def latent_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     return [
         Kernel(key="tail_concat", name="concat_latent_shared", kind="pointwise", family="small", op=pointwise.concat,
                reads=(act("moe.partial", M, L),) + shared, writes=(act("tail.cat", M, width),), **on,
-               note="copy both partial sums into one buffer so one all-reduce carries them (V-LMR tier 2 / TRT-LLM #18505)"),
+               note="copy both partial sums into one buffer so one all-reduce carries them "
+                    "(V-LMR tier 2 / TRT-LLM #18505)"),
         all_reduce_kernel(d, "moe_all_reduce", "tail.cat", "tail.sum", width, launch=launch,
                           note="one all-reduce of [M, L + D] (TRT-LLM #18505: 13.2 us at GB300 TEP8, M=8)"),
         norm_kernel,
@@ -310,7 +319,8 @@ def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     ar_bytes = act("moe.partial", M, L).nbytes + act("shared.partial", M, D // P).nbytes
     on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=TAIL_OP)
     return [
-        Kernel(key="tail_ar_norm_rs", name="latent_tail_allreduce_rmsnorm_reducescatter", kind="collective", family="collective",
+        Kernel(key="tail_ar_norm_rs", name="latent_tail_allreduce_rmsnorm_reducescatter", kind="collective",
+               family="collective",
                floor="reduction",
                scope="ranks", op=ex.allreduce_rmsnorm_reducescatter, consts=(("eps", cfg.rms_norm_eps),),
                reads=(act("moe.partial", M, L), act("shared.partial", M, D)), weights=(weight("latent.norm", L),),
@@ -357,7 +367,8 @@ def topk_indices(d: Dims, launch: Launch = PLAIN) -> Kernel:
 
 
 def experts(d: Dims, pad: bool, weighted: bool, deps: tuple[str, ...], launch: Launch = PLAIN,
-            name: str = "ExpertsKernel", source: str = SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.run") -> Kernel:
+            name: str = "ExpertsKernel",
+            source: str = SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.run") -> Kernel:
     """The persistent experts kernel: FC1, SiTU and FC2 in one launch (hidden rows exchanged through a
     workspace, never a kernel boundary); rows stay in top-k order for the tail, or with `weighted` the
     routing-weighted latent partial is summed in FC2's epilogue."""
@@ -365,7 +376,8 @@ def experts(d: Dims, pad: bool, weighted: bool, deps: tuple[str, ...], launch: L
     parts = [fc1(d, pad), fc2_finalize(d, pad) if weighted else fc2(d, pad)]
     return fuse(parts, "experts", name, "moe", "moe", ("moe.partial",) if weighted else ("moe.slots",), source,
                 deps=deps, math=expert_math(d), group_rows=M * k, group_tokens=M, pdl=launch.pdl,
-                fusions=("persistent_experts",) + (() if pad else ("unpadded_experts",)) + (("moe_finalize",) if weighted else ()),
+                fusions=("persistent_experts",) + (() if pad else ("unpadded_experts",))
+                + (("moe_finalize",) if weighted else ()),
                 note=f"FC1 + SiTU + FC2 over the touched experts' shards ({expert_shard(d, pad)} intermediate rows per "
                      "rank), FP4 weights; one persistent launch")
 
@@ -388,7 +400,8 @@ def stock_tail(d: Dims, launch: Launch = PLAIN, finalize_in: bool = True) -> lis
     RMSNorm + shared RS), AdaptiveUpProjectionKernel (row shard + shared slice, multicast), LamportCopyKernel.
     Without `finalize_in` the experts already summed their rows (the specialized moe_finalize)."""
     a, b = latent_tail_fused(d, launch)
-    collective = fuse(([finalize(d)] if finalize_in else []) + [a], "tail_collective", "CollectiveKernel", "collective", "collective",
+    collective = fuse(([finalize(d)] if finalize_in else []) + [a], "tail_collective", "CollectiveKernel", "collective",
+                      "collective",
                       ("latent.normed", "shared.slice"), TAIL_OP, deps=("shared_down",), floor="reduction",
                       pdl=launch.pdl, fusions=(), note="top-k finalize, latent all-reduce, RMSNorm and shared "
                       "reduce-scatter in one CuTe DSL collective (allreduce_rmsnorm_reduce_scatter)")
@@ -433,7 +446,8 @@ def shared_push(d: Dims) -> Kernel:
 @context_free
 def experts_group(d: Dims) -> Kernel:
     """ExpertsGroupKernel (9-32 tokens): one CTA builds the (expert, <= 8 tokens) unit table first."""
-    return Kernel(key="experts_group", name="ExpertsGroupKernel", kind="pointwise", family="small", op=pointwise.nothing,
+    return Kernel(key="experts_group", name="ExpertsGroupKernel", kind="pointwise", family="small",
+                  op=pointwise.nothing,
                   pdl=True, source=SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.group",
                   note="the persistent experts' unit table (one CTA); moe-sim's grouped ops index experts directly")
 

@@ -33,9 +33,11 @@ are set in the call that builds it.
     unpadded_experts      the experts read the 192 real intermediate rows per rank at TP16, not the stock
                           loader's zero padding to 256 (ExpertsGeometry takes 3 of 4 128-row tiles)
 
-The plan follows vLLM 0.33.0's specialized decode (docs/vllm-k3-source.md; each kernel's `source`):
-KDA + MoE at TP16, 1 x 8 tokens: 13 launches (8 main, 3 shared-expert launches on the aux stream, 2 L2
-prefetches); at 1 x 1 the small-batch chain: 8. The source serves 1-8, 16, 32 and 64 tokens and runs the
+The plan follows vLLM 0.33.0's specialized decode (docs/vllm-k3-source.md; each kernel's `source`), at
+1 x 8 tokens (each fusion's count is the plan with only it switched off; tests/test_plans.py builds them):
+KDA + MoE at TP16: 22 standard kernels -> 13 (fused_kda -3, oproj_allreduce_norm -2, split_router -3,
+kda_fb_in_kernel -1, persistent_experts -1, one_kernel_tail -2, l2_prefetch +2): 8 main, 3 shared-expert
+launches on the aux stream, 2 L2 prefetches; at 1 x 1 the small-batch chain: 8. The source serves 1-8, 16, 32 and 64 tokens and runs the
 stock forward otherwise (`serves`: `build` returns the standard plan's kernels for those steps).
 Dimension legend: M tokens, D hidden, P TP degree, E experts, L latent, k active experts.
 """

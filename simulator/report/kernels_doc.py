@@ -53,7 +53,8 @@ kernels it replaced.
 
 
 def _plan_table(plan: Plan) -> str:
-    rows = ["| # | key | kernel | stream | kind | weights (KB) | HBM bytes | fusions | launched by (vLLM 0.33.0) | reasoning |",
+    rows = ["| # | key | kernel | stream | kind | weights (KB) | HBM bytes | fusions "
+            "| launched by (vLLM 0.33.0) | reasoning |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for i, k in enumerate(plan, 1):
         rows.append(f"| {i} | `{k.key}` | {k.name} | {k.stream} | {k.kind} | {k.weight_bytes / 1024:,.0f} | "

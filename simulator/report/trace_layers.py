@@ -47,17 +47,22 @@ def _measure(kernels: list[KernelEvent], pos: int, what: str) -> float | None:
 
 
 def layer_shapes(kernels: list[KernelEvent], classify: Classifier) -> list[LayerShape]:
-    """One process's kernels cut into layers and grouped by signature, most frequent first."""
+    """One process's kernels cut into layers and grouped by signature, most frequent first.
+
+    A layer is the time window between two cuts, every stream's kernels in it included; its streams are
+    taken in the order their first kernel starts, and layers whose streams hold the same labels in that
+    order are one signature whatever the stream ids: a CUDA-graph replay runs each layer's branches on
+    other stream ids than the layer before. The signature names the streams of its first layer."""
     merged = sorted(kernels, key=lambda k: (k.ts, str(k.stream)))
     labels = [classify.label(k) for k in merged]
     cuts = _cuts(labels, classify)
-    groups: dict[Signature, list[list[list[KernelEvent]]]] = {}
+    groups: dict[tuple[tuple[str, ...], ...], tuple[Signature, list[list[list[KernelEvent]]]]] = {}
     for lo, hi in zip(cuts, cuts[1:] + [len(merged)]):
         streams = by_stream(merged[lo:hi])
-        order = sorted(streams, key=str)
+        order = sorted(streams, key=lambda s: (streams[s][0].ts, str(s)))
         sig = tuple((s, tuple(classify.label(k) for k in streams[s])) for s in order)
-        groups.setdefault(sig, []).append([streams[s] for s in order])
-    ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+        groups.setdefault(tuple(labels for _, labels in sig), (sig, []))[1].append([streams[s] for s in order])
+    ranked = sorted(groups.values(), key=lambda sl: -len(sl[1]))
     return [LayerShape(sig, layers) for sig, layers in ranked[:MAX_SIGNATURES]]
 
 
