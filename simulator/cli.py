@@ -39,7 +39,8 @@ LayerType = _choices("LayerType", LAYER_TYPES)
 VariantChoice = _choices("VariantChoice", VARIANTS + ("both",))
 
 
-ModelOpt = Annotated[str, typer.Option("--model", help="Model name (see `moe-sim list models`) or path to a config.json.")]
+ModelOpt = Annotated[str, typer.Option("--model", help=(
+    "Model name (see `moe-sim list models`) or path to a config.json."))]
 # ranges are checked by simulator.limits.check_flags: one sentence in the flag's spelling, exit 2
 WideOpt = Annotated[bool, typer.Option("--wide", help=(
     "Print every table in its full layout whatever the terminal's width (tables otherwise stack or wrap "
@@ -51,7 +52,8 @@ TokensOpt = Annotated[int, typer.Option("--tokens-per-seq", help=(
     "(8 for the published trace's 7 drafts)."))]
 LayerOpt = Annotated[Optional[LayerType], typer.Option("--layer", case_sensitive=False, help=(
     "Layer type (default: the model's own, the type most of its layers have: kda for Kimi K3, mla for DeepSeek-V3)."))]
-ContextOpt = Annotated[int, typer.Option("--context", help="Tokens already in the KV cache / folded into the KDA state.")]
+ContextOpt = Annotated[int, typer.Option("--context", help=(
+    "Tokens already in the KV cache / folded into the KDA state."))]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of a table.")]
 SkewOpt = Annotated[float, typer.Option("--expert-skew", help=(
     "Zipf exponent s of expert popularity (0 = uniform routing; DeepSeek-V3 ~1.01, Qwen3-235B ~1.2): fewer "
@@ -80,14 +82,17 @@ def _guard(fn: Callable[[], Any]) -> Any:
 @app.command()
 def check(
     model: ModelOpt = "tiny-k3",
-    layer: Annotated[LayerChoice, typer.Option("--layer", case_sensitive=False, help="Layer type to check.")] = LayerChoice.all,
+    layer: Annotated[LayerChoice, typer.Option("--layer", case_sensitive=False, help=(
+        "Layer type to check."))] = LayerChoice.all,
     tp: TpOpt = 4,
     batch: BatchOpt = 3,
     tokens_per_seq: TokensOpt = 1,
     context: ContextOpt = 64,
-    precision: Annotated[PrecisionChoice, typer.Option("--precision", case_sensitive=False, help="fp64 proves the algebra; bf16 is GPU-faithful.")] = PrecisionChoice.fp64,
+    precision: Annotated[PrecisionChoice, typer.Option("--precision", case_sensitive=False, help=(
+        "fp64 proves the algebra; bf16 is GPU-faithful."))] = PrecisionChoice.fp64,
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights, inputs and state.")] = 0,
-    all_reduce: Annotated[str, typer.Option("--all-reduce", help="Reduction order: one_shot, two_shot or ring.")] = "one_shot",
+    all_reduce: Annotated[str, typer.Option("--all-reduce", help=(
+        "Reduction order: one_shot, two_shot or ring."))] = "one_shot",
     backend: Annotated[Optional[str], typer.Option("--backend", help=(
         "How the plans' ops run: numpy (their NumPy forms, the definitions) or fast (compiled replacements and "
         "packed weights); default: $MOE_SIM_KERNELS, else fast."))] = None,
@@ -137,7 +142,8 @@ def _backend(flag: str | None) -> str:
     return name
 
 
-HardwareOpt = Annotated[str, typer.Option("--hardware", help="GPU profile name (see `moe-sim list hardware`) or path to a .toml profile.")]
+HardwareOpt = Annotated[str, typer.Option("--hardware", help=(
+    "GPU profile name (see `moe-sim list hardware`) or path to a .toml profile."))]
 KernelsOpt = Annotated[Optional[str], typer.Option("--kernels", help=(
     "Kernel implementation set to price with (its measured laws, simulator/hardware/laws/); default: the GPU's "
     "best-measured set, 'datasheet' where none is measured. 'datasheet' prices every kernel from the profile."))]
@@ -145,8 +151,10 @@ VariantOpt = Annotated[VariantChoice, typer.Option("--variant", case_sensitive=F
 IntervalOpt = Annotated[float, typer.Option("--interval", help=(
     "Probability of the interval printed beside each time (0.9: the 5th to 95th percentile of the draws; "
     "docs/cost-model.md section 8)."))]
-DrawsOpt = Annotated[int, typer.Option("--draws", help="Seeded draws of the constants and kernel-family errors behind the interval.")]
-IntervalSeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the interval's draws (same seed, same interval).")]
+DrawsOpt = Annotated[int, typer.Option("--draws", help=(
+    "Seeded draws of the constants and kernel-family errors behind the interval."))]
+IntervalSeedOpt = Annotated[int, typer.Option("--seed", help=(
+    "Seed of the interval's draws (same seed, same interval)."))]
 NoIntervalOpt = Annotated[bool, typer.Option("--no-interval", help="Central values only (skip the draws).")]
 
 
@@ -156,8 +164,11 @@ def _interval_spec(level: float, draws: int, seed: int, off: bool) -> Any:
     return None if off else spec
 
 
-DisableOpt = Annotated[Optional[list[str]], typer.Option("--disable-fusion", help="Turn one fusion of the specialized plan off (repeatable).")]
-EnableOpt = Annotated[Optional[list[str]], typer.Option("--enable-fusion", help="Turn a what-if fusion on (repeatable); the published path has none left (vLLM 0.33.0 settled the expert padding).")]
+DisableOpt = Annotated[Optional[list[str]], typer.Option("--disable-fusion", help=(
+    "Turn one fusion of the specialized plan off (repeatable)."))]
+EnableOpt = Annotated[Optional[list[str]], typer.Option("--enable-fusion", help=(
+    "Turn a what-if fusion on (repeatable); the published path has none left (vLLM 0.33.0 settled the expert "
+    "padding)."))]
 
 
 def _fusions(variant: Enum, disable: list[str] | None, enable: list[str] | None) -> frozenset[str]:
@@ -198,7 +209,8 @@ def layer(
     enable_fusion: EnableOpt = None,
     expert_skew: SkewOpt = 0.0,
     draft_correlation: CorrelationOpt = 0.0,
-    plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also write timeline, kernel-bar and roofline charts (PNG + SVG) to this folder.")] = None,
+    plot_dir: Annotated[Optional[str], typer.Option("--plot", help=(
+        "Also write timeline, kernel-bar and roofline charts (PNG + SVG) to this folder."))] = None,
     interval: IntervalOpt = 0.9,
     draws: DrawsOpt = 400,
     seed: IntervalSeedOpt = 0,
@@ -227,7 +239,8 @@ def layer(
         cfg, hw = load_model(model), load_hardware(hardware, kernels)
         kind = _layer_type(cfg, layer_type)
         routing = RoutingStats(expert_skew, draft_correlation)
-        shape, fusions = DecodeShape(batch, tokens_per_seq, context, routing), _fusions(variant, disable_fusion, enable_fusion)
+        shape = DecodeShape(batch, tokens_per_seq, context, routing)
+        fusions = _fusions(variant, disable_fusion, enable_fusion)
         spec = _interval_spec(interval, draws, seed, no_interval)
         doc = layer_report(cfg, hw, tp, shape, kind, variant.value, fusions, spec)
         if plot_dir is not None:
@@ -248,7 +261,8 @@ def step(
     tp: TpOpt = 16,
     batch: BatchOpt = 1,
     context: ContextOpt = 512,
-    draft_tokens: Annotated[int, typer.Option("--draft-tokens", help="Draft tokens verified per step (0 = no speculative decoding).")] = 0,
+    draft_tokens: Annotated[int, typer.Option("--draft-tokens", help=(
+        "Draft tokens verified per step (0 = no speculative decoding)."))] = 0,
     acceptance_length: Annotated[Optional[float], typer.Option("--acceptance-length", help=(
         "vLLM's mean acceptance length: tokens emitted per verify step per sequence, bonus token included "
         "(1 <= a <= draft tokens + 1). Default: each draft accepted with probability 0.85 given the one before "
@@ -269,7 +283,8 @@ def step(
     sensitivity: Annotated[bool, typer.Option("--sensitivity", help=(
         "Rank the uncertain constants and kernel-family errors by their share of the step time's variance "
         "(one at a time, each at its 5th and 95th percentile)."))] = False,
-    plot_dir: Annotated[Optional[str], typer.Option("--plot", help="With --sensitivity: write the tornado chart (PNG + SVG) to this folder.")] = None,
+    plot_dir: Annotated[Optional[str], typer.Option("--plot", help=(
+        "With --sensitivity: write the tornado chart (PNG + SVG) to this folder."))] = None,
     as_json: JsonOpt = False,
     wide: WideOpt = False,
 ) -> None:
@@ -302,7 +317,8 @@ def step(
                           fusions, routing, routing_bracket, spec)
         if sensitivity:
             from simulator.cost.sensitivity import step_sensitivity
-            doc["sensitivity"] = step_sensitivity(cfg, hw, spec, tp, batch, context, draft_tokens, doc["acceptance_length"],
+            doc["sensitivity"] = step_sensitivity(cfg, hw, spec, tp, batch, context, draft_tokens,
+                                                  doc["acceptance_length"],
                                                   variant.value, drafter, fusions, routing)
             if plot_dir is not None:
                 from simulator.report.uncertainty_plots import plot_tornado
@@ -324,7 +340,8 @@ def trace(
     tokens_per_seq: TokensOpt = 1,
     context: ContextOpt = 512,
     layer_type: LayerOpt = None,
-    whole_step: Annotated[bool, typer.Option("--step", help="Trace every layer of the step end to end instead of one layer.")] = False,
+    whole_step: Annotated[bool, typer.Option("--step", help=(
+        "Trace every layer of the step end to end instead of one layer."))] = False,
     variant: VariantOpt = VariantChoice.both,
 ) -> None:
     """Write the layer (or step) timeline as a Chrome trace: one process per variant, one track per stream.
@@ -364,7 +381,8 @@ def _engines() -> str:
 
 @app.command("compare-trace")
 def compare_trace(
-    profile: Annotated[str, typer.Argument(help="Chrome-trace / Perfetto JSON (or .json.gz): torch profiler, Nsight export or moe-sim trace.")],
+    profile: Annotated[str, typer.Argument(help=(
+        "Chrome-trace / Perfetto JSON (or .json.gz): torch profiler, Nsight export or moe-sim trace."))],
     model: ModelOpt = "kimi-k3",
     hardware: HardwareOpt = "gb300",
     tp: TpOpt = 16,
@@ -372,11 +390,19 @@ def compare_trace(
     tokens_per_seq: TokensOpt = 1,
     context: ContextOpt = 512,
     layer_type: LayerOpt = None,
-    variant: Annotated[Optional[str], typer.Option("--variant", help="standard or specialized (default: the engine's, else standard).")] = None,
-    engine: Annotated[Optional[str], typer.Option("--engine", help=f"Kernel-name table: {_engines()} (default: detected from the trace's kernel names).")] = None,
-    patterns: Annotated[Optional[str], typer.Option("--patterns", help="A pattern table of your own (TOML, shaped like simulator/report/kernel_patterns.toml).")] = None,
-    plan_keys: Annotated[Optional[str], typer.Option("--plan-keys", help="Compare a partial layer: comma-separated plan keys (default: the engine's, else all).")] = None,
-    plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also draw the measured layer under the model's (PNG + SVG) in this folder.")] = None,
+    variant: Annotated[Optional[str], typer.Option("--variant", help=(
+        "standard or specialized (default: the engine's, else standard)."))] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", help=(
+        f"Kernel-name table: {_engines()} (default: detected from the trace's kernel names)."))] = None,
+    patterns: Annotated[Optional[str], typer.Option("--patterns",
+                                                    help="A pattern table of your own (TOML, shaped like "
+                                                         "simulator/report/kernel_patterns.toml).")] = None,
+    plan_keys: Annotated[Optional[str], typer.Option("--plan-keys",
+                                                     help="Compare a partial layer: comma-separated plan keys "
+                                                          "(default: the engine's, else all).")] = None,
+    plot_dir: Annotated[Optional[str], typer.Option("--plot",
+                                                    help="Also draw the measured layer under the model's (PNG + SVG) "
+                                                         "in this folder.")] = None,
     kernels: KernelsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -415,8 +441,10 @@ def ablation(
     tokens_per_seq: TokensOpt = 1,
     context: ContextOpt = 512,
     layer_type: LayerOpt = None,
-    acceptance_length: Annotated[Optional[float], typer.Option("--acceptance-length", help="For the step columns when tokens-per-seq > 1.")] = None,
-    plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also write waterfall charts (PNG + SVG) to this folder.")] = None,
+    acceptance_length: Annotated[Optional[float], typer.Option("--acceptance-length", help=(
+        "For the step columns when tokens-per-seq > 1."))] = None,
+    plot_dir: Annotated[Optional[str], typer.Option("--plot", help=(
+        "Also write waterfall charts (PNG + SVG) to this folder."))] = None,
     as_json: JsonOpt = False,
     wide: WideOpt = False,
 ) -> None:
@@ -441,9 +469,11 @@ def ablation(
         kind, shape = _layer_type(cfg, layer_type), DecodeShape(batch, tokens_per_seq, context)
         make_dims(cfg, tp, shape, None, kind)
         if acceptance_length is not None and not 1 <= acceptance_length <= tokens_per_seq:
-            raise UserError(f"--acceptance-length {acceptance_length:g} must lie in [1, --tokens-per-seq = {tokens_per_seq}]: "
+            raise UserError(f"--acceptance-length {acceptance_length:g} must lie in [1, --tokens-per-seq = "
+                            f"{tokens_per_seq}]: "
                             f"a verify step of {tokens_per_seq} token(s) per sequence emits at most {tokens_per_seq}.")
-        doc = ablate(cfg, hw, tp, batch, tokens_per_seq, context, kind, acceptance_length) | fit_keys(cfg, hw, tp, shape)
+        doc = ablate(cfg, hw, tp, batch, tokens_per_seq, context, kind, acceptance_length) | fit_keys(cfg, hw, tp,
+                                                                                                      shape)
         a, assumption = acceptance(tokens_per_seq - 1, acceptance_length)
         doc["speculation"] = {"draft_tokens": tokens_per_seq - 1, "acceptance_length": a, "assumption": assumption,
                               "note": "the savings are times, which the acceptance length does not change"}
@@ -458,10 +488,15 @@ def ablation(
 
 @app.command("run")
 def run_cmd(
-    scenario: Annotated[str, typer.Argument(help="Scenario TOML file, or the name of a shipped one (see `moe-sim list scenarios`).")],
-    out: Annotated[Optional[str], typer.Option("--out", help="Folder for points.csv, summary.json and the plots.")] = None,
+    scenario: Annotated[str,
+                        typer.Argument(help="Scenario TOML file, or the name of a shipped one (see `moe-sim list "
+                                            "scenarios`).")],
+    out: Annotated[Optional[str], typer.Option("--out",
+                                               help="Folder for points.csv, summary.json and the plots.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Cut every sweep axis to its first and last value.")] = False,
-    yes: Annotated[bool, typer.Option("--yes", help="Run a grid larger than 20,000 points (its estimated time is printed without it).")] = False,
+    yes: Annotated[bool, typer.Option("--yes",
+                                      help="Run a grid larger than 20,000 points (its estimated time is printed "
+                                           "without it).")] = False,
     no_interval: Annotated[bool, typer.Option("--no-interval", help=(
         "Central values only: no 90 % bounds columns or bands, about 20x faster a point (large grids)."))] = False,
     as_json: JsonOpt = False,
@@ -519,8 +554,12 @@ def validate(
         "Folder of GPU measurement CSVs (benchmarks/gpu/suite.py), or the name of a shipped set (h200). "
         "Default: the H200 measurements shipped with the package (calibration/h200 in a clone)."))] = None,
     hardware: HardwareOpt = "h200",
-    plot_dir: Annotated[Optional[str], typer.Option("--plot", help="Also write predicted-vs-measured charts (PNG + SVG) to this folder.")] = None,
-    fit: Annotated[bool, typer.Option("--fit", help="Fit the kernel set these CSVs measure (their kernel_set.toml) and write it into the GPU's laws file (simulator/hardware/laws/).")] = False,
+    plot_dir: Annotated[Optional[str], typer.Option("--plot",
+                                                    help="Also write predicted-vs-measured charts (PNG + SVG) to this "
+                                                         "folder.")] = None,
+    fit: Annotated[bool, typer.Option("--fit",
+                                      help="Fit the kernel set these CSVs measure (their kernel_set.toml) and write "
+                                           "it into the GPU's laws file (simulator/hardware/laws/).")] = False,
     kernels: KernelsOpt = None,
     as_json: JsonOpt = False,
     wide: WideOpt = False,
@@ -532,7 +571,8 @@ def validate(
 
     Example: moe-sim validate --measurements calibration/h200
     """
-    from simulator.cost.validate import kernel_set_of, set_default, set_name, validate as run_validation, write_kernel_set
+    from simulator.cost.validate import (kernel_set_of, set_default, set_name, validate as run_validation,
+        write_kernel_set)
     from simulator.hardware import load_hardware
     from simulator.paths import measurement_folder
 
@@ -569,7 +609,9 @@ def validate(
 
 @app.command()
 def calibrate(
-    hardware: Annotated[str, typer.Option("--hardware", help="The profile whose published-fitted constants to refit (a name or a TOML path).")] = "gb300",
+    hardware: Annotated[str, typer.Option("--hardware",
+                                          help="The profile whose published-fitted constants to refit (a name or a "
+                                               "TOML path).")] = "gb300",
     as_json: JsonOpt = False,
     wide: WideOpt = False,
 ) -> None:

@@ -252,7 +252,8 @@ def _validate(cfg: ModelConfig) -> None:
                  "kda_heads", "kda_head_dim", "conv_size", "dense_intermediate"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 0:
             raise _bad(cfg, name, "must be a non-negative integer")
-    for name in ("rms_norm_eps", "mla_lora_eps", "rope_theta", "situ_beta", "situ_linear_beta", "routed_scaling_factor"):
+    for name in ("rms_norm_eps", "mla_lora_eps", "rope_theta", "situ_beta", "situ_linear_beta",
+                 "routed_scaling_factor"):
         if not 0 < getattr(cfg, name) < math.inf:  # also refuses NaN, which fails every comparison
             raise _bad(cfg, name, "must be a finite positive number")
     if not math.isfinite(cfg.gate_lower_bound):
@@ -396,7 +397,8 @@ def _layer_kinds(r: _Reader, num_layers: int) -> tuple[str, ...]:
 def _common(r: _Reader, name: str, family: str) -> dict[str, Any]:
     num_layers = r.get("num_hidden_layers", int)
     if not 0 < num_layers <= MAX_LAYERS:
-        raise UserError(f"{r.source}: field 'num_hidden_layers' = {num_layers} must be an integer in [1, {MAX_LAYERS}].")
+        raise UserError(f"{r.source}: field 'num_hidden_layers' = {num_layers} must be an integer in [1, "
+                        f"{MAX_LAYERS}].")
     drafting = r.get("moe_sim_drafting", str, "autoregressive")
     if drafting not in ("block", "autoregressive"):
         raise UserError(f"{r.source}: field 'moe_sim_drafting' = {drafting!r} is not 'block' or 'autoregressive'.")
@@ -443,7 +445,8 @@ def _rope_scaling(r: _Reader) -> RopeScaling | None:
     scaling = RopeScaling(factor=y.get("factor", float), original_max=y.get("original_max_position_embeddings", int),
                           beta_fast=y.get("beta_fast", float, 32.0), beta_slow=y.get("beta_slow", float, 1.0),
                           mscale_all_dim=y.get("mscale_all_dim", float, 0.0))
-    bad = [k for k, ok in (("factor", scaling.factor >= 1), ("original_max_position_embeddings", scaling.original_max > 0),
+    bad = [k for k, ok in (("factor", scaling.factor >= 1),
+                           ("original_max_position_embeddings", scaling.original_max > 0),
                            ("beta_slow", 0 < scaling.beta_slow < scaling.beta_fast),
                            ("mscale_all_dim", scaling.mscale_all_dim >= 0)) if not ok]  # NaN fails every test
     if bad or not math.isfinite(scaling.factor * scaling.beta_fast * scaling.mscale_all_dim):
@@ -521,7 +524,8 @@ def parse_config(raw: Any, name: str, source: str) -> ModelConfig:
     if model_type == "kimi_k3":
         text = raw.get("text_config")
         if not isinstance(text, dict):
-            raise UserError(f"{source}: field 'text_config' is missing or not an object (kimi_k3 nests the text model there).")
+            raise UserError(f"{source}: field 'text_config' is missing or not an object (kimi_k3 nests the text model "
+                            f"there).")
         return _parse_kimi_linear(text, name, source)
     if model_type == "kimi_linear":
         return _parse_kimi_linear(raw, name, source)

@@ -216,11 +216,13 @@ def _expert_weights(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Pre
     Every expert's parts have the specification's shapes, so the shard is checked against the declared
     per-expert shape once, not per expert."""
     names, shards = tuple(name[len(EXPERT):] for name, _ in parts), tuple(shard for _, shard in parts)
-    got = [shard_shape(weight_spec(weights.cfg, f"expert.0.{name}")[0], shard, rank.tp) for name, shard in zip(names, shards)]
+    got = [shard_shape(weight_spec(weights.cfg, f"expert.0.{name}")[0], shard, rank.tp)
+           for name, shard in zip(names, shards)]
     shape = list(got[0])
     shape[t.pack_axis] = sum(g[t.pack_axis] for g in got)
     if tuple(shape) != (t.unpadded or t.shape)[1:]:
-        raise BindingError(f"kernel '{kernel.key}' is handed experts as {tuple(shape)}, declared {(t.unpadded or t.shape)[1:]}")
+        raise BindingError(f"kernel '{kernel.key}' is handed experts as {tuple(shape)}, declared "
+                           f"{(t.unpadded or t.shape)[1:]}")
     fn = runner.experts(weights, names, shards, rank)
     return fn if fn is not None else lambda e: tuple(_shard(weights.get(f"expert.{e}.{name}", prec.dtype), shard, rank)
                            for name, shard in zip(names, shards))

@@ -107,7 +107,8 @@ class LayerWeights:
     Held: each dense weight once, in its checkpoint format (bf16 or FP32); routed MXFP4 experts packed
     per part in a cache of `expert_cache_bytes`, regenerated from their own stream when evicted (the
     same numbers every time). A pass over many experts streams them (`stream_experts`): a chunk of
-    `stream_chunk_bytes` drawn on all cores, used by every rank, then the next. Float copies for computing (`get`, `shard`, `expert`) are made on
+    `stream_chunk_bytes` drawn on all cores, used by every rank, then the next. Float copies for computing (`get`,
+    `shard`, `expert`) are made on
     request; full copies are kept in a second cache of `copy_cache_bytes`, so P simulated ranks and the
     reference share one float64 copy of a small weight while a 1.9 GB one is not kept."""
 
@@ -124,7 +125,8 @@ class LayerWeights:
     _streamed: dict[tuple[int, str], Packed] = field(default_factory=dict, repr=False)  # the chunk in flight
     expert_generations: int = 0  # expert parts generated (more than the touched parts x 3 means evictions)
     spill_reads: int = 0  # expert parts read back from spill_dir instead of drawn
-    generate_s: float = 0.0  # wall seconds spent drawing and packing weights, or reading them back (benchmarks take it out)
+    # wall seconds spent drawing and packing weights, or reading them back (benchmarks take it out)
+    generate_s: float = 0.0
 
     def __post_init__(self) -> None:
         self._experts = BoundedCache(self.expert_cache_bytes)
@@ -224,7 +226,8 @@ class LayerWeights:
     def _spill_path(self, key: tuple[int, str]) -> str | None:
         if self.spill_dir is None:
             return None
-        return os.path.join(self.spill_dir, f"{self.cfg.name}-layer{self.layer}-seed{self.seed}-expert{key[0]}-{key[1]}.mxfp4")
+        return os.path.join(self.spill_dir,
+                            f"{self.cfg.name}-layer{self.layer}-seed{self.seed}-expert{key[0]}-{key[1]}.mxfp4")
 
     def _read_or_draw(self, key: tuple[int, str], path: str | None, spilled: bool) -> Packed:
         """Part `key` read from its spill file `path` (codes, then scale bits), or drawn (and spilled there)."""

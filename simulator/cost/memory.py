@@ -10,7 +10,8 @@ per layer, times the model's layers of that kind; its key names the part in ever
 
 Replicated on every rank in the stock layout (docs/sources.md §K1h): the router, the latent down /
 up projections and the MLA q_a / kv_a projection. Kimi K3 comes to 1.56 TB in all, 205 GB per GPU at
-TP8 (1.56 TB / 8 plus the replicated weights): more than an H200 (141 GB), B200 (180 GB) or GB200 (186 GB) holds, so TP8 on those needs pipeline
+TP8 (1.56 TB / 8 plus the replicated weights): more than an H200 (141 GB), B200 (180 GB) or GB200 (186 GB) holds, so
+TP8 on those needs pipeline
 parallelism; the CLI still prices the TP8 layer (with a warning), a sweep skips the point.
 
 The cache and the state grow with the batch and the context and soon dominate: absorbed MLA keeps one

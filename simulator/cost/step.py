@@ -77,10 +77,12 @@ def layer_us(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape
 
 
 def _layer(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
-           fusions: frozenset[str] | None, makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> tuple[Any, int]:
+           fusions: frozenset[str] | None,
+           makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> tuple[Any, int]:
     """The plan of the shape's `plan_shape`: one object for every shape that builds the same kernels, so a
     pricing that remembers plans (the uncertainty draws do, by identity) prices it once."""
-    plan = build_plan(cfg, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions, arch=standard.arch_of(hw))
+    plan = build_plan(cfg, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions,
+                      arch=standard.arch_of(hw))
     return makespan(plan, hw), len(plan)
 
 
@@ -126,7 +128,8 @@ draft_us = lru_cache(maxsize=8192)(_draft)
 def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape,
                    layer_type: str, fusions: frozenset[str] | None = None,
                    makespan: Makespan = makespan_us) -> Timeline:
-    return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions, arch=standard.arch_of(hw)), hw, makespan.loop)
+    return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions, arch=standard.arch_of(hw)), hw,
+                    makespan.loop)
 
 
 @lru_cache(maxsize=1024)  # the same plan objects for the same drafting: pricings that remember plans hit
@@ -179,7 +182,8 @@ def validate_speculation(draft_tokens: int, acceptance_length: float | None) -> 
     if acceptance_length is None:
         return float(draft_tokens + 1) if draft_tokens else 1.0
     if not 1.0 <= acceptance_length <= draft_tokens + 1:
-        raise UserError(f"--acceptance-length = {acceptance_length} must lie in [1, draft tokens + 1 = {draft_tokens + 1}] "
+        raise UserError(f"--acceptance-length = {acceptance_length} must lie in [1, draft tokens + 1 = "
+                        f"{draft_tokens + 1}] "
                         "(tokens emitted per verify step, bonus token included).")
     return float(acceptance_length)
 
@@ -230,7 +234,8 @@ def _step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, batch: i
     if draft_tokens:
         dcfg, drafting, taps = load_drafter(drafter)
         if (dcfg.hidden_size, dcfg.vocab_size) != (cfg.hidden_size, cfg.vocab_size):
-            raise UserError(f"drafter '{dcfg.name}' (hidden {dcfg.hidden_size}, vocab {dcfg.vocab_size}) does not match "
+            raise UserError(f"drafter '{dcfg.name}' (hidden {dcfg.hidden_size}, vocab {dcfg.vocab_size}) does not "
+                            f"match "
                             f"model '{cfg.name}' (hidden {cfg.hidden_size}, vocab {cfg.vocab_size}); pass --drafter.")
         breakdown["draft"], n = draft(dcfg, hw, tp, batch, draft_tokens, context, drafting, taps)
         kernels += n

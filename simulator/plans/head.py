@@ -30,10 +30,12 @@ def head_plan(cfg: ModelConfig, tp: int, shape: DecodeShape, variant: str, pdl: 
                weights=(weight("embed.rows", M, D),), note="each rank gathers the rows it owns (V/P of them)"),
         Kernel(key="embed_all_reduce", name="allreduce", kind="collective", family="collective",
                reads=(x,), writes=(x,), pdl=pdl,
-               collective=Collective("all_reduce", x.nbytes, P), note="vocab-parallel embedding: rows from their owner"),
+               collective=Collective("all_reduce", x.nbytes, P),
+               note="vocab-parallel embedding: rows from their owner"),
         Kernel(key="final_mix_norm", name="attn_res_final_mix_rmsnorm", kind="pointwise", family="small",
                floor="reduction", pdl=pdl,
-               reads=(act("sources", n_src, M, D),), writes=(x,), weights=(weight("final_norm", D), weight("final_res", 2, D)),
+               reads=(act("sources", n_src, M, D),), writes=(x,), weights=(weight("final_norm", D),
+                                                                           weight("final_res", 2, D)),
                note="output AttnRes mix over every snapshot + prefix, then model.norm")
         if cfg.residual == "attn_res" else
         Kernel(key="final_norm", name="fused_add_rms_norm", kind="pointwise", family="small", floor="reduction",
@@ -64,4 +66,5 @@ def draft_head_plan(drafter: ModelConfig, tp: int, shape: DecodeShape, taps: int
                 flops=gemm_flops(M, taps * D, D // tp),
                 note="projects the target hidden states tapped at several layers into the drafter")
     head = head_plan(drafter, tp, shape, "standard")
-    return Plan("standard", "draft_head", tp, shape, (fc,) + tuple(k for k in head.kernels if k.key != "embed_all_reduce"))
+    kept = tuple(k for k in head.kernels if k.key != "embed_all_reduce")
+    return Plan("standard", "draft_head", tp, shape, (fc,) + kept)

@@ -135,7 +135,8 @@ class Kernel:
     fusions: tuple[str, ...] = ()  # named fusions of the specialized plan this kernel embodies
     replaces: tuple[str, ...] = ()  # keys of the standard-plan kernels this fused kernel replaces
     note: str = ""  # source or reasoning (docs/kernels.md is generated from these)
-    source: str = ""  # the vLLM 0.33.0 function that launches it, "vllm/<package path>.py:<qualified name>" (docs/vllm_k3_map.toml)
+    # the vLLM 0.33.0 function that launches it, "vllm/<package path>.py:<qualified name>" (docs/vllm_k3_map.toml)
+    source: str = ""
     op: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
     consts: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
     scope: Literal["rank", "ranks"] = "rank"
