@@ -24,7 +24,6 @@ First thing: a 1 GiB GPU0 -> GPU1 copy, its bandwidth printed and written to DIR
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import statistics
@@ -197,12 +196,8 @@ def p2p_check(torch: Any, out_dir: Path) -> str:
 
 
 def _write_skew(path: Path, row: dict) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=SKEW_FIELDS, extrasaction="ignore")
-        if new:
-            w.writeheader()
-        w.writerow(row)
+    from rows import append_row
+    append_row(path, row, SKEW_FIELDS)
 
 
 def _agree(torch: Any, dist: Any, device: Any, ok: bool) -> bool:

@@ -72,17 +72,24 @@ def time_graph(torch: Any, calls: list[Callable[[], Any]], reps: int = 32, repla
             calls[i % len(calls)]()
     graph.replay()  # first replay uploads the graph
     torch.cuda.synchronize()
-    per_launch = []
+    per_launch = replay_us(torch, graph, replays, reps)
+    del graph
+    return {"median_us": statistics.median(per_launch), "p10_us": percentile(per_launch, 0.1),
+            "p90_us": percentile(per_launch, 0.9), "reps": reps, "replays": replays}
+
+
+def replay_us(torch: Any, graph: Any, replays: int, per: int) -> list[float]:
+    """µs per unit of each of `replays` timed replays of a captured, uploaded graph holding `per` units
+    (launches, layers), timed between CUDA events on the replaying stream."""
+    times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        per_launch.append(start.elapsed_time(end) * 1000.0 / reps)  # ms -> µs per launch
-    del graph
-    return {"median_us": statistics.median(per_launch), "p10_us": percentile(per_launch, 0.1),
-            "p90_us": percentile(per_launch, 0.9), "reps": reps, "replays": replays}
+        times.append(start.elapsed_time(end) * 1000.0 / per)  # ms -> µs
+    return times
 
 
 def count_launches(torch: Any, call: Callable[[], Any]) -> int:

@@ -46,7 +46,6 @@ the grouped_topk launch scores its own logits (timing only). Without a GPU: one 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
@@ -60,7 +59,8 @@ from typing import Any, Callable
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
 
-from harness import say_no_gpu  # noqa: E402
+from harness import replay_us, say_no_gpu  # noqa: E402
+from rows import append_row  # noqa: E402
 from predict_layers import BATCHES, CONTEXT, LAYERS, TOKENS, TP, replay_name  # noqa: E402
 
 REPLAYS = 20
@@ -482,14 +482,7 @@ def replay(torch, wheel, extra, model: str, batch: int, tokens: int, n_layers: i
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
-    per_layer = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        per_layer.append(start.elapsed_time(end) * 1000.0 / n_layers)
+    per_layer = replay_us(torch, graph, REPLAYS, n_layers)
     name = replay_name(model, batch, tokens)
     with tempfile.TemporaryDirectory() as tmp:
         raw, trimmed = Path(tmp) / "raw.json", Path(tmp) / f"{name}.json.gz"
@@ -510,12 +503,7 @@ def replay(torch, wheel, extra, model: str, batch: int, tokens: int, n_layers: i
 
 
 def write_row(path: Path, row: dict) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-        if new:
-            w.writeheader()
-        w.writerow(row)
+    append_row(path, row, FIELDS)
 
 
 def main() -> int:

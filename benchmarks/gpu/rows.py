@@ -19,9 +19,15 @@ ENV_FIELDS = ["gpu", "driver", "torch", "triton"]
 
 def write_row(path: Path, row: dict, extra: tuple[str, ...] = ()) -> None:
     """Append one row to a family CSV (header on first write), so a run cut short keeps what it measured."""
+    append_row(path, row, pts.FIELDS + ENV_FIELDS + RESULT_FIELDS + list(extra))
+
+
+def append_row(path: Path, row: dict, fields: list[str]) -> None:
+    """Append `row` (its `fields`, in order; other keys ignored) to a CSV, writing the header first when the
+    file is new: every GPU script's writer, so a run cut short keeps the rows it finished."""
     new = not path.exists()
     with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=pts.FIELDS + ENV_FIELDS + RESULT_FIELDS + list(extra), extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         if new:
             w.writeheader()
         w.writerow(row)
