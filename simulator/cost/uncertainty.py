@@ -85,6 +85,11 @@ class Residuals:
         r = np.asarray(self.fitted[family])
         return np.interp(p, (np.arange(r.size) + 0.5) / r.size, r)
 
+    def interval_pct(self, family: str, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
+        """The family's central `level` interval as % of the law: 100 (exp(Q) - 1) at the two tails."""
+        lo, hi = self.quantile(family, np.array([(1 - level) / 2, (1 + level) / 2]))
+        return 100 * math.expm1(float(lo)), 100 * math.expm1(float(hi))
+
 
 def derive_residuals(folder: str | Path, hw: HardwareProfile) -> dict[str, Any]:
     """The residuals document from the measurements, exactly as `moe-sim validate` splits and refits them."""
@@ -122,16 +127,14 @@ def load_residuals(path: Path = RESIDUALS_FILE) -> Residuals:
 
 def coverage(res: Residuals, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
     """Share of held-back points inside law x exp([q_lo, q_hi]) of their family's fitted residuals."""
-    lo_p, hi_p = (1 - level) / 2, (1 + level) / 2
     by_family, inside_all, n_all = {}, 0, 0
     for fam, held in res.held_back.items():
         if fam not in res.fitted:
             continue
-        lo, hi = res.quantile(fam, np.array([lo_p, hi_p]))
-        inside = int(sum(lo <= r <= hi for r in held))
+        lo, hi = res.interval_pct(fam, level)
+        inside = int(sum(lo <= 100 * math.expm1(r) <= hi for r in held))
         by_family[fam] = {"n": len(held), "covered": inside, "coverage": round(inside / len(held), 4),
-                          "interval_pct": [round(100 * math.expm1(float(lo)), 2),
-                                           round(100 * math.expm1(float(hi)), 2)]}
+                          "interval_pct": [round(lo, 2), round(hi, 2)]}
         inside_all, n_all = inside_all + inside, n_all + len(held)
     return {"level": level, "n": n_all, "coverage": round(inside_all / n_all, 4), "by_family": by_family,
             "method": "family residual quantiles from the fitted half of each grid, checked on the held-back half"}

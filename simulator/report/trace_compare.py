@@ -28,13 +28,10 @@ Error = (measured - model) / model.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable
-
-import numpy as np
 
 from simulator.config import ModelConfig
 from simulator.cost.timeline import Timeline, schedule
@@ -209,7 +206,6 @@ def family_intervals(rows: list[dict[str, Any]], plan: Plan, hw: HardwareProfile
     duration, what the law predicts), the duration's for a stream's first kernel. Adds family, interval and
     inside to each row; returns the count inside."""
     res = residuals_of(hw)
-    lo_p, hi_p = (1 - level) / 2, (1 + level) / 2
     inside = checked = 0
     for r in rows:
         fam, _ = kernel_families(plan.kernel(r["plan"]))
@@ -218,7 +214,7 @@ def family_intervals(rows: list[dict[str, Any]], plan: Plan, hw: HardwareProfile
         if fam is None or fam not in res.fitted or err is None:
             r["interval_pct"], r["inside_interval"] = None, None
             continue
-        lo, hi = (100 * math.expm1(float(q)) for q in res.quantile(fam, np.array([lo_p, hi_p])))
+        lo, hi = res.interval_pct(fam, level)
         r["interval_pct"] = [round(lo, 1), round(hi, 1)]
         r["inside_interval"] = bool(lo <= err <= hi)
         inside, checked = inside + r["inside_interval"], checked + 1
