@@ -23,7 +23,7 @@ from simulator.errors import UserError
 from simulator.paths import data_dir
 
 MODELS_DIR = data_dir("models")
-ACTIVATIONS = ("situ", "silu")
+ACTIVATIONS = ("situ", "silu", "swiglu_oai")  # swiglu_oai: gpt-oss's clamped SwiGLU (ops/experts.glu)
 ATTENTION_KINDS = ("kda", "mla", "gqa")  # each an entry of simulator/attention/ (kernels, reference, state, memory)
 RESIDUALS = ("attn_res", "plain")  # Block Attention Residuals (Kimi K3), or a plain residual add + RMSNorm
 EXPERT_DTYPES = ("mxfp4", "fp8", "bf16")
@@ -53,6 +53,7 @@ class RopeScaling:
     beta_fast: float = 32.0  # rotations above which a pair is extrapolated (unchanged)
     beta_slow: float = 1.0  # rotations below which a pair is interpolated (frequency / s)
     mscale_all_dim: float = 0.0  # 0: no logit temperature (Hugging Face's default)
+    truncate: bool = True  # floor / ceil the correction range's ends (DeepSeek-V3); False keeps them (gpt-oss)
 
     @property
     def softmax_mscale(self) -> float:
@@ -75,7 +76,7 @@ class ModelConfig:
     attn_kinds: tuple[str, ...]  # per 0-based layer: an attention kind of simulator.attention ("kda", "mla")
     first_k_dense: int  # layers [0, first_k_dense) use a dense FFN instead of MoE
     dense_intermediate: int  # dense FFN width
-    hidden_act: str  # "situ" | "silu"
+    hidden_act: str  # "situ" | "silu" | "swiglu_oai"
     situ_beta: float  # beta_1 on the gate branch
     situ_linear_beta: float  # beta_2 on the up branch
     # --- MLA ---
@@ -111,6 +112,12 @@ class ModelConfig:
     expert_dtype: str  # storage of routed experts: "mxfp4" | "fp8" | "bf16"
     rope_scaling: RopeScaling | None = None  # YaRN; None: plain RoPE at rope_theta
     residual: str = "plain"  # "attn_res": Block AttnRes mixes the layer inputs; "plain": residual add + RMSNorm
+    # --- gpt-oss's MoE and attention extras ---
+    swiglu_limit: float = 7.0  # swiglu_oai: gate clamped to <= limit, up to [-limit, limit]
+    swiglu_alpha: float = 1.702  # swiglu_oai: gate * sigmoid(alpha * gate)
+    router_logit_bias: bool = False  # the router linear adds a learned bias to its logits (gpt-oss)
+    expert_bias: bool = False  # biases on every routed expert's gate, up and down projections (gpt-oss)
+    o_proj_bias: bool = False  # a bias on the attention output projection (gpt-oss: attention_bias)
     # --- GQA (RoPE at rope_theta / rope_scaling) ---
     gqa_heads: int = 0  # Nq query heads
     gqa_kv_heads: int = 0  # Nkv key/value heads (Nq / Nkv queries share each)
