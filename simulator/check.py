@@ -187,9 +187,9 @@ SAFETY = 1.1
 def _layer_weight_sizes(cfg: ModelConfig, layer_type: str) -> dict[str, int]:
     """name -> element count of the dense weights one layer's check generates: its attention and its FFN."""
     attn = cfg.attn_kinds[cfg.first_layer_of(layer_type)]
-    ffn = ("dense.",) if layer_type == "dense" else ("router.", "shared.", "latent.")
+    ffn = ("dense.",) if layer_type == "dense" else ("router.", "shared.", "latent.", "expert_bias.")
     return {name: int(np.prod(shape, dtype=object)) for name, (shape, _) in weight_table(cfg).items()
-            if "." not in name or name.startswith((f"{attn}.",) + ffn)}
+            if "." not in name or name.startswith((f"{attn}.", "o_proj.") + ffn)}
 
 
 def estimate_layer_bytes(cfg: ModelConfig, layer_type: str, tp: int, shape: DecodeShape) -> int:

@@ -116,6 +116,8 @@ class ModelConfig:
     swiglu_limit: float = 7.0  # swiglu_oai: gate clamped to <= limit, up to [-limit, limit]
     swiglu_alpha: float = 1.702  # swiglu_oai: gate * sigmoid(alpha * gate)
     router_logit_bias: bool = False  # the router linear adds a learned bias to its logits (gpt-oss)
+    selection_bias: bool = True  # a selection-only score bias (DeepSeek-V3's e_score_correction_bias, Kimi);
+    # False for plain softmax top-k routers (Qwen3-MoE, Mixtral, gpt-oss)
     expert_bias: bool = False  # biases on every routed expert's gate, up and down projections (gpt-oss)
     o_proj_bias: bool = False  # a bias on the attention output projection (gpt-oss: attention_bias)
     # --- GQA (RoPE at rope_theta / rope_scaling) ---

@@ -182,6 +182,8 @@ def _store(kernel: Kernel, rank: Rank, t: Tensor, value: Any) -> None:
 def _shard(w: Array, shard: str, rank: Rank) -> Array:
     if shard == "col":
         return column_shard(w, rank.r, rank.tp)
+    if shard == "rank0" and rank.r:
+        return np.zeros_like(w)
     return row_shard(w, rank.r, rank.tp) if shard == "row" else w
 
 

@@ -46,6 +46,8 @@ def reference_layer(cfg: ModelConfig, layer: int, shape: DecodeShape, w: LayerWe
         prefix = np.zeros_like(prefix)
     x = rms_norm_reference(h, W("input_norm"), eps)
     a, new_state = attention.kind(cfg.attn_kinds[layer]).reference(cfg, layer, shape, W, x, state)
+    if cfg.o_proj_bias:
+        a = a + W("o_proj.bias")
     prefix = prefix + a
     h2 = attn_res_mix_reference(blocks + [prefix], W("mlp_res_norm"), W("mlp_res_proj"), eps) if attn_res else prefix
     x2 = rms_norm_reference(h2, W("post_attn_norm"), eps)
@@ -68,10 +70,16 @@ def _weight(w: LayerWeights, name: str):
 
 def _experts(w: LayerWeights):
     """e -> expert e's (w_gate, w_up, w_down) in float64: packed MXFP4 parts multiplied by dequantizing
-    one row of W^T at a time (no 88 MB float64 copy of a full-size part), or float64 arrays."""
+    one row of W^T at a time (no 88 MB float64 copy of a full-size part), or float64 arrays; then its
+    (b_gate, b_up, b_down) where the model has expert biases."""
     if not w.packs_experts:
-        return lambda e: w.expert(e, F64)
-    return lambda e: tuple(MXFP4Weight(*q, form="reference") for q in w.expert_packed(e))
+        parts = lambda e: w.expert(e, F64)  # noqa: E731
+    else:
+        parts = lambda e: tuple(MXFP4Weight(*q, form="reference") for q in w.expert_packed(e))  # noqa: E731
+    if not w.cfg.expert_bias:
+        return parts
+    bias = [w.get(f"expert_bias.{p}", F64) for p in ("gate", "up", "down")]
+    return lambda e: parts(e) + tuple(b[e] for b in bias)
 
 
 REFERENCE_THREADS = 8  # at most; the experts of a streamed chunk are independent products (the dequantize
@@ -98,7 +106,8 @@ def _routed_experts(w: LayerWeights, z: np.ndarray, routing: Routing, cfg: Model
 
 
 def moe_reference(cfg: ModelConfig, w: LayerWeights, W, x2: np.ndarray, diag: dict) -> np.ndarray:
-    routing = route_reference(x2 @ W("router.w"), W("router.bias"), cfg)
+    logits = x2 @ W("router.w") + (W("router.logit_bias") if cfg.router_logit_bias else 0.0)
+    routing = route_reference(logits, W("router.bias") if cfg.selection_bias else np.zeros(cfg.num_experts), cfg)
     diag["topk_idx"], diag["margin"] = routing.topk_idx, routing.margin
     if cfg.latent_dim:
         z = x2 @ W("latent.w_down")  # [M, L]

@@ -152,8 +152,13 @@ class LayerWeights:
 
     def shard(self, name: str, dtype: type | None, how: str, rank: int, tp: int) -> Array:
         """Rank r's shard ("col", "row" or "full") in `dtype`: only the shard is converted (each rank
-        reads its own once); a view of the held weight when `dtype` is None or the held dtype."""
+        reads its own once); a view of the held weight when `dtype` is None or the held dtype. "rank0": the
+        whole weight on rank 0 and zeros on the others (a row-parallel layer's bias, added once by the sum)."""
+        if how == "rank0":
+            how = "full" if rank == 0 else "zeros"
         held = self._held_weight(name)
+        if how == "zeros":
+            return np.zeros(held.shape, dtype or held.dtype)
         if how == "full" and dtype is not None:
             return self.get(name, dtype)
         part = column_shard(held, rank, tp) if how == "col" else row_shard(held, rank, tp) if how == "row" else held
@@ -354,7 +359,7 @@ def weight_table(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
                                                                "post_attn_norm": ((d,), "norm")}
     for weights in ATTENTION_WEIGHTS.values():
         table |= weights(cfg)
-    return table | {
+    return table | _biases(cfg) | {
         # MoE
         "router.w": ((d, cfg.num_experts), "linear"), "router.bias": ((cfg.num_experts,), "bias"),
         "latent.w_down": ((d, cfg.latent_dim), "linear"), "latent.norm": ((cfg.latent_dim,), "norm"),
@@ -369,6 +374,16 @@ def weight_table(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
     }
 
 
+def _biases(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    """gpt-oss's biases, for a model that has them: the router linear's logit bias, every routed expert's gate, up
+    and down biases (one row per expert; down is added once, by rank 0) and o_proj's (row-parallel: rank 0 adds it)."""
+    E, F, d = cfg.num_experts, cfg.moe_intermediate, cfg.hidden_size
+    return (({"router.logit_bias": ((E,), "bias")} if cfg.router_logit_bias else {})
+            | ({"expert_bias.gate": ((E, F), "bias"), "expert_bias.up": ((E, F), "bias"),
+                "expert_bias.down": ((E, cfg.expert_in_dim), "bias")} if cfg.expert_bias else {})
+            | ({"o_proj.bias": ((d,), "bias")} if cfg.o_proj_bias else {}))
+
+
 def model_weight_table(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (full shape, TP layout) of the weights outside the decoder layers: the vocab-parallel
     embedding (rows split by vocab) and LM head (columns split by vocab). The executor simulates one
@@ -378,7 +393,8 @@ def model_weight_table(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str
 
 
 def shard_shape(shape: tuple[int, ...], shard: str, tp: int) -> tuple[int, ...]:
-    """Per-rank shape of a weight under `shard`: "col" splits the last axis, "row" the first, "full" none."""
+    """Per-rank shape of a weight under `shard`: "col" splits the last axis, "row" the first, "full" and
+    "rank0" none."""
     if shard == "col":
         return shape[:-1] + (shape[-1] // tp,)
     if shard == "row":

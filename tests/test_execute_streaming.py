@@ -37,15 +37,15 @@ def test_chunked_grouped_ops_equal_one_call(tiny, m, dtype):
     weight = r.topk_weight.astype(dtype)
     expert = lambda e: tuple(t.astype(dtype) for t in w.expert(e))  # noqa: E731
     gate_up, down = (lambda e: expert(e)[:2]), (lambda e: expert(e)[2:])
-    h = fx.expert_fc1(z, r.topk_idx, gate_up, tiny)
+    h = fx.expert_fc1(z, r.topk_idx, gate_up, cfg=tiny)
     whole = {"fc1": h, "fc2": fx.expert_fc2(h, r.topk_idx, down),
              "fc2_finalize": fx.expert_fc2_finalize(h, r.topk_idx, weight, down),
              "outputs_reference": ex.expert_outputs_reference(z, r.topk_idx, expert, tiny)}
-    numpy_forms = {"fc1": ex.expert_fc1(z, r.topk_idx, gate_up, tiny), "fc2": ex.expert_fc2(h, r.topk_idx, down),
+    numpy_forms = {"fc1": ex.expert_fc1(z, r.topk_idx, gate_up, cfg=tiny), "fc2": ex.expert_fc2(h, r.topk_idx, down),
                    "fc2_finalize": ex.expert_fc2_finalize(h, r.topk_idx, weight, down)}
     for name, value in numpy_forms.items():  # on float experts the replacement is the op, bit for bit
         np.testing.assert_array_equal(whole[name], value, err_msg=name)
-    calls = {"fc1": lambda c, o: fx.expert_fc1(z, r.topk_idx, gate_up, tiny, only=c, out=o),
+    calls = {"fc1": lambda c, o: fx.expert_fc1(z, r.topk_idx, gate_up, cfg=tiny, only=c, out=o),
              "fc2": lambda c, o: fx.expert_fc2(h, r.topk_idx, down, only=c, out=o),
              "fc2_finalize": lambda c, o: fx.expert_fc2_finalize(h, r.topk_idx, weight, down, only=c, out=o),
              "outputs_reference": lambda c, o: ex.expert_outputs_reference(z, r.topk_idx, expert, tiny, only=c, out=o)}
@@ -154,10 +154,10 @@ def test_grouped_ops_over_all_ranks_equal_each_rank_alone(tiny, dtype, avx512, m
             return fx.PackedExperts(part, names, tuple(how[p] for p in names), r, tp)
         return lambda e: tuple(form(MXFP4Weight(*packed[(e, p)]).shard(how[p], r, tp)) for p in names)
     dense = lambda w: np.asarray(w, np.float64).astype(dtype)  # noqa: E731
-    hs = fx.expert_fc1.over_ranks(zs, [topk_idx] * tp, [shards(r, ("gate", "up")) for r in range(tp)], tiny)
+    hs = fx.expert_fc1.over_ranks(zs, [topk_idx] * tp, [shards(r, ("gate", "up")) for r in range(tp)], cfg=tiny)
     for r in range(tp):
-        np.testing.assert_array_equal(hs[r], fx.expert_fc1(zs[r], topk_idx, shards(r, ("gate", "up")), tiny))
-        assert_close(hs[r], fx.expert_fc1(zs[r], topk_idx, shards(r, ("gate", "up"), dense), tiny), dtype)
+        np.testing.assert_array_equal(hs[r], fx.expert_fc1(zs[r], topk_idx, shards(r, ("gate", "up")), cfg=tiny))
+        assert_close(hs[r], fx.expert_fc1(zs[r], topk_idx, shards(r, ("gate", "up"), dense), cfg=tiny), dtype)
     hs = [values(h) for h in hs]  # bfloat16: FC1 writes its output as bfloat16
     downs = [shards(r, ("down",)) for r in range(tp)]
     for name, ranks_form, one in (

@@ -83,7 +83,7 @@ def test_routed_experts_fused_matches_reference(tiny, m, dtype):
     ref = ex.routed_experts_reference(z, r.topk_idx, r.topk_weight.astype(dtype), expert, tiny)
     assert_close(ex.routed_experts_fused(z, r.topk_idx, r.topk_weight.astype(dtype), expert, tiny), ref, dtype)
     gate_up, down = (lambda e: expert(e)[:2]), (lambda e: expert(e)[2:])  # the parts each kernel declares
-    h = ex.expert_fc1(z, r.topk_idx, gate_up, tiny)
+    h = ex.expert_fc1(z, r.topk_idx, gate_up, cfg=tiny)
     chain = ex.expert_finalize(ex.expert_fc2(h, r.topk_idx, down), r.topk_weight.astype(dtype))
     assert_close(chain, ref, dtype)
     assert_close(ex.expert_fc2_finalize(h, r.topk_idx, r.topk_weight.astype(dtype), down), chain, dtype)

@@ -64,13 +64,20 @@ def _top_order(rng, dtype):  # type: ignore[no-untyped-def]
 
 
 def _fc(name):  # type: ignore[no-untyped-def]
+    """Half the draws carry expert biases (gpt-oss: [E, 2F] before FC1's activation, [E, Din] after FC2)."""
     def make(rng, dtype, packed=False):  # type: ignore[no-untyped-def]
         t = _experts(rng, dtype, packed)
+        n_exp, f2, din = 8, 2 * t["h"].shape[2], t["z"].shape[1]
+        with_bias = rng.random() < 0.5
         if name == "fc1":
-            return ((t["z"], t["idx"], t["gate_up"][0], CFG), (t["z"], t["idx"], t["gate_up"][1], CFG))
+            bias = (rng.standard_normal((n_exp, f2)).astype(dtype),) if with_bias else ()
+            return ((t["z"], t["idx"], t["gate_up"][0], *bias, {"cfg": CFG}),
+                    (t["z"], t["idx"], t["gate_up"][1], *bias, {"cfg": CFG}))
+        bias = (rng.standard_normal((n_exp, din)).astype(dtype),) if with_bias else ()
         if name == "fc2":
-            return ((t["h"], t["idx"], t["down"][0]), (t["h"], t["idx"], t["down"][1]))
-        return ((t["h"], t["idx"], t["weight"], t["down"][0]), (t["h"], t["idx"], t["weight"], t["down"][1]))
+            return ((t["h"], t["idx"], t["down"][0], *bias), (t["h"], t["idx"], t["down"][1], *bias))
+        return ((t["h"], t["idx"], t["weight"], t["down"][0], *bias),
+                (t["h"], t["idx"], t["weight"], t["down"][1], *bias))
     return make
 
 
@@ -82,7 +89,9 @@ EXAMPLES = {norm.rms_norm: _rms_norm, norm.attn_res_mix: _attn_res_mix, router.t
 
 def _compare(op, replacement, op_args, fast_args, dtype):  # type: ignore[no-untyped-def]
     """The replacement's result against the op's NumPy form (`__wrapped__`): equal indices, close floats."""
-    want, got = op.__wrapped__(*op_args), replacement(*fast_args)
+    split = lambda args: (args[:-1], args[-1]) if isinstance(args[-1], dict) else (args, {})  # noqa: E731
+    (op_pos, op_kw), (fast_pos, fast_kw) = split(op_args), split(fast_args)
+    want, got = op.__wrapped__(*op_pos, **op_kw), replacement(*fast_pos, **fast_kw)
     if want.dtype.kind in "iu":
         np.testing.assert_array_equal(got, want)
     else:
@@ -96,7 +105,7 @@ def _name(op):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("op", list(REPLACEMENTS), ids=_name)
 def test_every_replacement_computes_its_op(op, dtype):
-    for seed in range(3):
+    for seed in range(6):
         op_args, fast_args = EXAMPLES[op](np.random.default_rng(seed), dtype)
         _compare(op, REPLACEMENTS[op], op_args, fast_args, dtype)
 

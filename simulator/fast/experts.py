@@ -23,7 +23,7 @@ from simulator.config import ModelConfig
 from simulator.dtypes import Array
 from simulator.fast import kernels
 from simulator.fast.packed import MXFP4Weight, grouped_matmul
-from simulator.ops.experts import ExpertFn, _groups, glu_product
+from simulator.ops.experts import ExpertFn, _groups, bias_rows, glu_product
 from simulator.weights import Packed
 
 
@@ -48,24 +48,25 @@ class PackedExperts:
 
 
 # ===================================================================== the replacements, one rank
-def expert_fc1(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, cfg: ModelConfig, *,
+def expert_fc1(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, *bias: Array, cfg: ModelConfig,
                only: Collection[int] | None = None, out: Array | None = None) -> Array:
     """`ops.experts.expert_fc1`, streamable.   [M, Din] -> [M, k, F/P]"""
-    return expert_fc1_ranks([z], [topk_idx], [expert], cfg, only=only, outs=[out])[0]
+    return expert_fc1_ranks([z], [topk_idx], [expert], *[[b] for b in bias], cfg=cfg, only=only, outs=[out])[0]
 
 
-def expert_fc2(h: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, *,
+def expert_fc2(h: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, *bias: Array,
                only: Collection[int] | None = None, out: Array | None = None) -> Array:
     """`ops.experts.expert_fc2`, streamable.   [M, k, F/P] -> [M, k, Din]"""
-    return expert_fc2_ranks([h], [topk_idx], [expert], only=only, outs=[out])[0]
+    return expert_fc2_ranks([h], [topk_idx], [expert], *[[b] for b in bias], only=only, outs=[out])[0]
 
 
-def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array, expert: ExpertFn, *,
-                        only: Collection[int] | None = None, out: Array | None = None) -> Array:
+def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array, expert: ExpertFn,
+                        *bias: Array, only: Collection[int] | None = None, out: Array | None = None) -> Array:
     """`ops.experts.expert_fc2_finalize`, streamable: the adds into a token's row run in expert order
     (`kernels.scale_add_rows`, sequential), so chunked calls add in the single call's order.
     [M, k, F/P] -> [M, Din]"""
-    return expert_fc2_finalize_ranks([h], [topk_idx], [topk_weight], [expert], only=only, outs=[out])[0]
+    return expert_fc2_finalize_ranks([h], [topk_idx], [topk_weight], [expert], *[[b] for b in bias], only=only,
+                                     outs=[out])[0]
 
 
 # ===================================================================== the grouped ops on all ranks at once
@@ -74,12 +75,15 @@ def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: 
 # is what the op computes on that rank alone, bit for bit (each output element is one dot product,
 # whatever was computed beside it; tests/test_execute_streaming.py). A row shard's rows are then read
 # whole: rank r's slice of a down-projection row is the 96 bytes after rank r - 1's.
-def expert_fc1_ranks(zs: list[Array], topk_idx: list[npt.NDArray[np.int64]], experts: list[ExpertFn], cfg: ModelConfig,
-                     *, only: Collection[int] | None = None, outs: list[Array | None] | None = None) -> list[Array]:
-    """`expert_fc1` on every rank: P x [M, Din] -> P x [M, k, F/P]."""
+def expert_fc1_ranks(zs: list[Array], topk_idx: list[npt.NDArray[np.int64]], experts: list[ExpertFn],
+                     *bias: list[Array], cfg: ModelConfig, only: Collection[int] | None = None,
+                     outs: list[Array | None] | None = None) -> list[Array]:
+    """`expert_fc1` on every rank: P x [M, Din] -> P x [M, k, F/P]; `bias`: P x [E, 2F/P] when the model has it."""
     groups = list(_groups(topk_idx[0], only))
     rows, slots = (_cat(groups, 1), _cat(groups, 2)) if groups else (None, None)
     gu = _products_over_ranks(zs, [(e, r) for e, r, _ in groups], experts) if groups else []
+    if bias and groups:
+        gu = gu + np.stack([bias_rows(b, groups, gu.dtype) for b in bias[0]])
     hs = glu_product(gu, cfg) if groups else []  # [P, rows of all groups, F/P]
 
     def write(out: Array, h: Array) -> None:
@@ -87,21 +91,22 @@ def expert_fc1_ranks(zs: list[Array], topk_idx: list[npt.NDArray[np.int64]], exp
     return _continue(outs, len(zs), hs, lambda h: topk_idx[0].shape + (h.shape[1],), zs[0].dtype, write)
 
 
-def expert_fc2_ranks(hs: list[Array], topk_idx: list[npt.NDArray[np.int64]], experts: list[ExpertFn], *,
-                     only: Collection[int] | None = None, outs: list[Array | None] | None = None) -> list[Array]:
+def expert_fc2_ranks(hs: list[Array], topk_idx: list[npt.NDArray[np.int64]], experts: list[ExpertFn],
+                     *bias: list[Array], only: Collection[int] | None = None,
+                     outs: list[Array | None] | None = None) -> list[Array]:
     """`expert_fc2` on every rank: P x [M, k, F/P] -> P x [M, k, Din]."""
     def write(out: Array, product: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], Array]) -> None:
         rows, slots, y = product
         out[rows, slots] = y
-    return _continue(outs, len(hs), _down_products(hs, topk_idx[0], experts, only),
+    return _continue(outs, len(hs), _down_products(hs, topk_idx[0], experts, only, *bias),
                      lambda p: topk_idx[0].shape + (p[2].shape[1],), hs[0].dtype, write)
 
 
 def expert_fc2_finalize_ranks(hs: list[Array], topk_idx: list[npt.NDArray[np.int64]], topk_weight: list[Array],
-                              experts: list[ExpertFn], *, only: Collection[int] | None = None,
+                              experts: list[ExpertFn], *bias: list[Array], only: Collection[int] | None = None,
                               outs: list[Array | None] | None = None) -> list[Array]:
     """`expert_fc2_finalize` on every rank: P x [M, k, F/P] -> P x [M, Din]."""
-    products = [p + (w,) for p, w in zip(_down_products(hs, topk_idx[0], experts, only), topk_weight)]
+    products = [p + (w,) for p, w in zip(_down_products(hs, topk_idx[0], experts, only, *bias), topk_weight)]
 
     def write(out: Array, product: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], Array, Array]) -> None:
         rows, slots, y, weight = product
@@ -122,14 +127,17 @@ def _continue(outs: list[Array | None] | None, ranks: int, results: list[Any], s
 
 
 def _down_products(hs: list[Array], topk_idx: npt.NDArray[np.int64], experts: list[ExpertFn],
-                   only: Collection[int] | None) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], Array]]:
-    """Per rank (token rows, slots, h[rows, slots] @ W_down of each row's expert), group after group; [] when
-    no selected expert is in `only`."""
+                   only: Collection[int] | None, *bias: list[Array],
+                   ) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], Array]]:
+    """Per rank (token rows, slots, h[rows, slots] @ W_down of each row's expert (+ its bias row)), group after
+    group; [] when no selected expert is in `only`."""
     groups = list(_groups(topk_idx, only))
     if not groups:
         return []
     rows, slots, k = _cat(groups, 1), _cat(groups, 2), topk_idx.shape[1]
     ys = _products_over_ranks([h.reshape(-1, h.shape[-1]) for h in hs], [(e, r * k + s) for e, r, s in groups], experts)
+    if bias:
+        ys = [y + bias_rows(b, groups, y.dtype) for y, b in zip(ys, bias[0])]
     return [(rows, slots, y) for y in ys]
 
 

@@ -1,8 +1,9 @@
 """Gated MLPs: SiTU-GLU / SiLU-GLU, the shared MLP, the dense FFN and the routed (latent) experts.
 
     SiTU-GLU(g, u) = [b1 tanh(g / b1) sigmoid(g)] * [b2 tanh(u / b2)]     (Kimi K3: b1 = 4, b2 = 25)
-    SiLU-GLU(g, u) = g sigmoid(g) * u                                       (DeepSeek-V3)
-    MLP(x)         = GLU(x @ w_gate, x @ w_up) @ w_down
+    SiLU-GLU(g, u) = g sigmoid(g) * u                                       (DeepSeek-V3, Qwen3, Mixtral)
+    SwiGLU-OAI     = g' sigmoid(a g') * (u' + 1), g' = min(g, l), u' = clip(u, -l, l)   (gpt-oss: a 1.702, l 7)
+    MLP(x)         = GLU(x @ w_gate, x @ w_up) @ w_down       (+ b_gate, b_up, b_down where the model has them)
 
 Routed experts on token t with routing (idx, weight):
     y_t = sum_j weight[t, j] * MLP_{idx[t, j]}(z_t)          z = x (classic) or x @ W_latent_down (latent)
@@ -41,6 +42,9 @@ ExpertFn = Callable[[int], tuple[Array, ...]]  # e -> the parts of expert e's TP
 
 def glu(g: Array, u: Array, cfg: ModelConfig) -> Array:
     """The gated activation named by `cfg.hidden_act`; g, u [M, F] -> [M, F]."""
+    if cfg.hidden_act == "swiglu_oai":
+        g, u = np.minimum(g, cfg.swiglu_limit), np.clip(u, -cfg.swiglu_limit, cfg.swiglu_limit)
+        return g * sigmoid(cfg.swiglu_alpha * g) * (u + 1)
     sig = sigmoid(g)
     if cfg.hidden_act == "situ":
         b1, b2 = cfg.situ_beta, cfg.situ_linear_beta
@@ -55,6 +59,12 @@ def glu_product(gu: Array, cfg: ModelConfig) -> Array:
     0.28 ms with `sigmoid_exp` picking its numerator without `np.where`. Within a few ulp of `glu`,
     which the float64 reference keeps. (A Numba loop was slower: scalar tanhf, ~19 ns.)"""
     g, u = np.split(gu, 2, axis=-1)
+    if cfg.hidden_act == "swiglu_oai":
+        g, u = np.minimum(g, cfg.swiglu_limit), np.clip(u, -cfg.swiglu_limit, cfg.swiglu_limit)
+        h = sigmoid_exp(cfg.swiglu_alpha * g)
+        h *= g
+        h *= u + 1
+        return h
     h = sigmoid_exp(g)
     if cfg.hidden_act == "situ":
         gate, up = np.tanh(g / cfg.situ_beta), np.tanh(u / cfg.situ_linear_beta)
@@ -68,12 +78,15 @@ def glu_product(gu: Array, cfg: ModelConfig) -> Array:
     return h
 
 
-def mlp_reference(x: Array, w_gate: Array, w_up: Array, w_down: Array, cfg: ModelConfig) -> Array:
-    """Gated MLP in float64, cast back.   x [M, Din] -> [M, Dout]
-    A float32 weight is promoted by the product itself; a packed one multiplies in float64."""
+def mlp_reference(x: Array, w_gate: Array, w_up: Array, w_down: Array, cfg: ModelConfig,
+                  *bias: Array) -> Array:
+    """Gated MLP in float64, cast back; `bias` = (b_gate, b_up, b_down) for a model with expert biases.
+    x [M, Din] -> [M, Dout]. A float32 weight is promoted by the product itself; a packed one multiplies
+    in float64."""
     x64 = x.astype(np.float64)
-    h = glu(x64 @ w_gate, x64 @ w_up, cfg)  # [M, F]
-    return (h @ w_down).astype(x.dtype)
+    b_gate, b_up, b_down = (np.asarray(b, np.float64) for b in bias) if bias else (0.0, 0.0, 0.0)
+    h = glu(x64 @ w_gate + b_gate, x64 @ w_up + b_up, cfg)  # [M, F]
+    return (h @ w_down + b_down).astype(x.dtype)
 
 
 # ===================================================================== reference
@@ -93,7 +106,8 @@ def expert_outputs_reference(z: Array, topk_idx: npt.NDArray[np.int64], expert: 
     if out is None:
         out = np.zeros(topk_idx.shape + (z.shape[1],), dtype=z.dtype)  # [M, k, Din]
     for e, rows, slots in _groups(topk_idx, only):
-        out[rows, slots] = mlp_reference(z[rows], *expert(e), cfg)  # [n_e, Din]
+        parts = expert(e)  # (w_gate, w_up, w_down) [+ (b_gate, b_up, b_down)]
+        out[rows, slots] = mlp_reference(z[rows], *parts[:3], cfg, *parts[3:])  # [n_e, Din]
     return out
 
 
@@ -108,21 +122,32 @@ def routed_sum_reference(slots: Array, topk_weight: Array) -> Array:
 
 # ===================================================================== unfused kernels (standard plan)
 @replaceable
-def expert_fc1(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, cfg: ModelConfig) -> Array:
-    """FC1: gate+up GEMM per selected expert, activation in the epilogue; expert(e) = (w_gate, w_up).
-    [M, Din] -> [M, k, F/P]"""
+def expert_fc1(z: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, *bias: Array,
+               cfg: ModelConfig) -> Array:
+    """FC1: gate+up GEMM per selected expert, activation in the epilogue; expert(e) = (w_gate, w_up);
+    `bias`: [E, 2F/P] = [b_gate | b_up] rows added before the activation (gpt-oss).   [M, Din] -> [M, k, F/P]"""
     groups = list(_groups(topk_idx))
     gu = np.concatenate([np.concatenate([z[rows] @ w for w in expert(e)], axis=1) for e, rows, _ in groups])
+    if bias:
+        gu += bias_rows(bias[0], groups, gu.dtype)
     return _scatter(glu_product(gu, cfg), groups, topk_idx.shape, z.dtype)
 
 
 @replaceable
-def expert_fc2(h: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn) -> Array:
-    """FC2: down GEMM per selected expert, one output row per (token, slot); expert(e) = (w_down,).
-    [M, k, F/P] -> [M, k, Din]"""
+def expert_fc2(h: Array, topk_idx: npt.NDArray[np.int64], expert: ExpertFn, *bias: Array) -> Array:
+    """FC2: down GEMM per selected expert, one output row per (token, slot); expert(e) = (w_down,);
+    `bias`: [E, Din] rows added to each product (rank 0's; zeros on the others).   [M, k, F/P] -> [M, k, Din]"""
     groups = list(_groups(topk_idx))
     y = np.concatenate([h[rows, slots] @ expert(e)[0] for e, rows, slots in groups])  # [rows of all groups, Din]
+    if bias:
+        y += bias_rows(bias[0], groups, y.dtype)
     return _scatter(y, groups, topk_idx.shape, h.dtype)
+
+
+def bias_rows(bias: Array, groups: list, dtype: np.dtype) -> Array:
+    """Each group's expert bias row, once per row of the group, in group order.   [E, N] -> [rows, N]"""
+    return np.concatenate([np.broadcast_to(bias[e].astype(dtype), (len(rows), bias.shape[1]))
+                           for e, rows, _ in groups])
 
 
 def _scatter(values: Array, groups: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]],
@@ -140,14 +165,17 @@ def expert_finalize(y: Array, topk_weight: Array) -> Array:
 
 # ===================================================================== fused
 @replaceable
-def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array, expert: ExpertFn) -> Array:
-    """FC2 with the routing weight and the scatter-add in its epilogue; expert(e) = (w_down,).
+def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array, expert: ExpertFn,
+                        *bias: Array) -> Array:
+    """FC2 with the routing weight and the scatter-add in its epilogue; expert(e) = (w_down,); `bias` as FC2's.
     [M, k, F/P] -> [M, Din]. Never writes the [M, k, Din] slot outputs: at M = 8, k = 16, Din = 3584
     that is 0.9 MB of bf16 not written and not re-read, and one launch fewer. The adds into a token's
     row run in expert order, each product rounded to h's dtype before its add."""
     out = None
     for e, rows, slots in _groups(topk_idx):
         y = h[rows, slots] @ expert(e)[0]  # [n_e, Din]; a token picks an expert once: rows are distinct
+        if bias:
+            y += bias[0][e].astype(y.dtype)
         out = np.zeros((h.shape[0], y.shape[1]), dtype=h.dtype) if out is None else out
         out[rows] += topk_weight[rows, slots].astype(h.dtype)[:, None] * y
     return out
@@ -157,7 +185,7 @@ def routed_experts_fused(z: Array, topk_idx: npt.NDArray[np.int64], topk_weight:
                          expert: ExpertFn, cfg: ModelConfig) -> Array:
     """The specialized plan's routed experts, FC1 then the fused FC2 + finalize, with expert(e) =
     (w_gate, w_up, w_down); the same contract as `routed_experts_reference`.   [M, Din] -> [M, Din]"""
-    h = expert_fc1(z, topk_idx, lambda e: expert(e)[:2], cfg)  # [M, k, F/P]
+    h = expert_fc1(z, topk_idx, lambda e: expert(e)[:2], cfg=cfg)  # [M, k, F/P]
     return expert_fc2_finalize(h, topk_idx, topk_weight, lambda e: expert(e)[2:])
 
 
@@ -188,8 +216,9 @@ def linear_glu(x: Array, w_gate_up: Array, *, cfg: ModelConfig) -> Array:
 
 def glu_flops(M: int, F: int, act: str) -> int:
     """Per hidden element, transcendentals counted as one: SiLU-GLU g sigmoid(g) u = sigmoid (3: exp, add,
-    divide) + 2 multiplies = 5; SiTU-GLU adds b1 tanh(g / b1) and b2 tanh(u / b2) (3 each) = 11."""
-    return (11 if act == "situ" else 5) * M * F
+    divide) + 2 multiplies = 5; SiTU-GLU adds b1 tanh(g / b1) and b2 tanh(u / b2) (3 each) = 11; SwiGLU-OAI
+    adds the two clamps, a * g and u + 1 (1 each) = 9."""
+    return {"situ": 11, "swiglu_oai": 9}.get(act, 5) * M * F
 
 
 def finalize_flops(M: int, k: int, Din: int) -> int:

@@ -37,9 +37,11 @@ def linear_reference(x: Array, w: Array) -> Array:
     return (x.astype(np.float64) @ w.astype(np.float64)).astype(x.dtype)
 
 
-def linear(x: Array, w: Array) -> Array:
-    """The GEMM in x's dtype (float32: BF16 inputs with FP32 accumulation).   [M, K] @ [K, N] -> [M, N]"""
-    return x @ (w if w.dtype == x.dtype else w.astype(x.dtype))
+def linear(x: Array, w: Array, *bias: Array) -> Array:
+    """The GEMM in x's dtype (float32: BF16 inputs with FP32 accumulation), + a bias row [N] where the layer
+    has one (gpt-oss's router and o_proj).   [M, K] @ [K, N] -> [M, N]"""
+    y = x @ (w if w.dtype == x.dtype else w.astype(x.dtype))
+    return y + bias[0].astype(x.dtype) if bias else y
 
 
 # ===================================================================== MXFP4 weights

@@ -33,9 +33,13 @@ def add_rms_norm_post(residual: Array, attn_out: Array, norm_w: Array, *, eps: f
 
 
 def oproj_allreduce_add_norm(cores: list[Array], residuals: list[Array], w_o: list[Array], norm_w: list[Array],
-                             *, eps: float, store: Callable[[Array], Array]) -> tuple[list[Array], list[Array]]:
-    """All ranks: partial_r = core_r @ W_o shard; one-shot FP32 all-reduce; then `add_rms_norm_post` on the sum."""
+                             *bias: list[Array], eps: float, store: Callable[[Array], Array],
+                             ) -> tuple[list[Array], list[Array]]:
+    """All ranks: partial_r = core_r @ W_o shard (+ o_proj's bias: rank 0's, zeros elsewhere); one-shot FP32
+    all-reduce; then `add_rms_norm_post` on the sum."""
     partials = [c @ w for c, w in zip(cores, w_o)]  # P x [M, D]
+    if bias:
+        partials = [p + b.astype(p.dtype) for p, b in zip(partials, bias[0])]
     outs = [add_rms_norm_post(r, total, n, eps=eps, store=store)
             for r, total, n in zip(residuals, all_reduce_one_shot(partials), norm_w)]
     return [o[0] for o in outs], [o[1] for o in outs]

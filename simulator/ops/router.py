@@ -102,6 +102,11 @@ def route_fused(logits: Array, bias: Array, cfg: ModelConfig) -> Routing:
     return Routing(idx, _combine(scores, idx, cfg), margin)
 
 
+def route_unbiased(logits: Array, *, cfg: ModelConfig) -> Routing:
+    """`route_fused` for a router with no selection bias (softmax top-k: Qwen3-MoE, Mixtral, gpt-oss)."""
+    return route_fused(logits, np.zeros(logits.shape[-1], logits.dtype), cfg)
+
+
 @replaceable
 def top_order(masked: Array, n: int) -> npt.NDArray[np.int64]:
     """First n of the stable descending order (lower index first among equals).   [M, E] -> [M, n]"""

@@ -293,6 +293,11 @@ def o_proj_weight(d: Dims) -> Tensor:
     return weight(f"{d.attn}.w_o", d.attn_width, d.D, shard="row")
 
 
+def o_proj_bias(d: Dims) -> tuple[Tensor, ...]:
+    """gpt-oss's o_proj bias: row-parallel, so rank 0 adds it (vLLM RowParallelLinear skips it on the others)."""
+    return (weight("o_proj.bias", d.D, shard="rank0", dtype="fp32"),) if d.cfg.o_proj_bias else ()
+
+
 def kda_in_proj(d: Dims, name: str, launch: Launch = PLAIN, source: str = LLG) -> Kernel:
     """x @ [W_q | W_k | W_v | W_g | W_fa | W_b] per rank: q, k, v, g column shards, f_a replicated."""
     M, D, C, Nh, H = d.M, d.D, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim
@@ -346,7 +351,8 @@ def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: s
 def o_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, n = d.M, d.D, d.attn_width
     return Kernel(key="o_proj", name="cutlass_gemm_o_proj", kind="gemm", family="gemm", op=lin.linear,
-                  reads=(act("attn.core", M, n),), weights=(o_proj_weight(d),), writes=(act("attn.partial", M, D),),
+                  reads=(act("attn.core", M, n),), weights=(o_proj_weight(d),) + o_proj_bias(d),
+                  writes=(act("attn.partial", M, D),),
                   flops=lin.gemm_flops(M, n, D), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=LLG,
                   note="row-parallel o_proj; its partial sum still needs the all-reduce")
 
@@ -383,7 +389,7 @@ def oproj_allreduce_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
         flops = attn_res_post_flops(d)
     else:
         reads, writes = (act("prefix", M, D),), (act("prefix", M, D), act("x2", M, D))
-        weights, flops = (weight("post_attn_norm", D),), M * D + norm.rms_norm_flops(M, D)
+        weights, flops = (weight("post_attn_norm", D),) + o_proj_bias(d), M * D + norm.rms_norm_flops(M, D)
         name, op = "fused_oproj_allreduce_rmsnorm", res.oproj_allreduce_add_norm
     payload = act("attn.partial", M, D)
     return Kernel(

@@ -51,7 +51,7 @@ LLG = K3 + "low_latency_gemm.py:KimiK3LowLatencyLinearMethod.apply"  # every sto
 
 ALL_WEIGHTS = -1  # prefetch_bytes meaning "every weight byte this kernel declares" (resolved on build)
 EXPERT = "expert.*."  # weight-part prefix of a routed expert's weight, bound per touched expert
-Shard = Literal["full", "col", "row"]  # replicated, output columns r/P, input rows r/P (weights.py)
+Shard = Literal["full", "col", "row", "rank0"]  # replicated, columns r/P, rows r/P, rank 0 only (weights.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from simulator.ops import experts as ex
 from simulator.ops import linear as lin
 from simulator.ops import norm, pointwise
 from simulator.ops.experts import expected_unique_experts
-from simulator.ops.router import allgather_topk, route_flops, route_fused
+from simulator.ops.router import allgather_topk, route_flops, route_fused, route_unbiased
 from simulator.plans.common import PLAIN, Dims, Launch, act, all_reduce_kernel, context_free, packed, weight
 from simulator.plans.fuse import cite, fuse
 from simulator.plans.kernel import K3, SD, Collective, Kernel, Tensor
@@ -64,6 +64,24 @@ def _experts(d: Dims, parts: tuple[str, ...], pad: bool) -> Tensor:
                   padded=padded, dtype=d.cfg.expert_dtype, axis=0 if down else -1)
 
 
+def _expert_bias(d: Dims, down: bool) -> tuple[Tensor, ...]:
+    """gpt-oss's expert biases: [E, 2F/P] = [b_gate | b_up] column shards for FC1; [E, Din] for FC2, added on
+    rank 0 only (vLLM's gpt-oss loader zeros w2_bias on the other ranks: the all-reduce adds it once)."""
+    E = d.cfg.num_experts
+    if not d.cfg.expert_bias:
+        return ()
+    if down:
+        return (weight("expert_bias.down", E, d.L, shard="rank0", dtype="fp32"),)
+    return (packed((("expert_bias.gate", "col"), ("expert_bias.up", "col")), E, 2 * d.F_r, dtype="fp32"),)
+
+
+def _router_weights(d: Dims) -> tuple[Tensor, ...]:
+    """The router's weight, and its logit bias where the model has one (gpt-oss)."""
+    E = d.cfg.num_experts
+    return (weight("router.w", d.D, E),) + ((weight("router.logit_bias", E, dtype="fp32"),)
+                                            if d.cfg.router_logit_bias else ())
+
+
 # ---------------------------------------------------------------------------------------
 # router and latent down-projection
 # ---------------------------------------------------------------------------------------
@@ -72,7 +90,7 @@ def _experts(d: Dims, parts: tuple[str, ...], pad: bool) -> Tensor:
 def router(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, E = d.M, d.D, d.cfg.num_experts
     return Kernel(key="router", name="router_gemm_bf16_fp32", kind="gemm", family="gemm", op=lin.linear,
-                  reads=(act("x2", M, D),), weights=(weight("router.w", D, E),),
+                  reads=(act("x2", M, D),), weights=_router_weights(d),
                   writes=(act("router.logits", M, E, dtype="fp32"),), flops=lin.gemm_flops(M, D, E),
                   pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
                   source=FUSED_MOE + "router/gate_linear.py:GateLinear",
@@ -94,8 +112,9 @@ def latent_down(d: Dims, deps: tuple[str, ...], launch: Launch = PLAIN) -> Kerne
 def topk(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M, E, k = d.cfg, d.M, d.cfg.num_experts, d.cfg.top_k
     return Kernel(key="topk", name="moe_routing_topk", kind="router", family="small",
-                  floor="topk", op=route_fused, consts=(("cfg", cfg),),
-                  reads=(act("router.logits", M, E, dtype="fp32"),), weights=(weight("router.bias", E, dtype="fp32"),),
+                  floor="topk", op=route_fused if cfg.selection_bias else route_unbiased, consts=(("cfg", cfg),),
+                  reads=(act("router.logits", M, E, dtype="fp32"),),
+                  weights=(weight("router.bias", E, dtype="fp32"),) if cfg.selection_bias else (),
                   writes=(act("topk.idx", M, k, dtype="int32"), act("topk.weight", M, k, dtype="fp32")),
                   diagnostics=("margin",), flops=route_flops(M, E), math="fp32",
                   pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=TRTLLM_MOE,
@@ -202,7 +221,8 @@ def fc1(d: Dims, pad: bool = True, deps: tuple[str, ...] = (), fusions: tuple[st
     return Kernel(key="fc1", name="moe_fc1_gate_up_act", kind="moe", family="moe",
                   op=ex.expert_fc1, consts=(("cfg", cfg),),
                   deps=deps, reads=(act(src, M, L), act("topk.idx", M, k, dtype="int32")),
-                  weights=(_experts(d, ("w_gate", "w_up"), pad),), writes=(act("moe.h", M, k, F),),
+                  weights=(_experts(d, ("w_gate", "w_up"), pad),) + _expert_bias(d, False),
+                  writes=(act("moe.h", M, k, F),),
                   flops=lin.gemm_flops(M * k, L, 2 * F) + ex.glu_flops(M * k, F, cfg.hidden_act), math=expert_math(d),
                   group_rows=M * k, group_tokens=M, fusions=fusions, pdl=launch.pdl,
                   prefetch_bytes=launch.prefetch_bytes,
@@ -216,7 +236,7 @@ def fc2(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
     M, L, F, k = d.M, d.L, d.F_r, d.cfg.top_k
     return Kernel(key="fc2", name="moe_fc2_down", kind="moe", family="moe", op=ex.expert_fc2,
                   reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32")),
-                  weights=(_experts(d, ("w_down",), pad),), writes=(act("moe.slots", M, k, L),),
+                  weights=(_experts(d, ("w_down",), pad),) + _expert_bias(d, True), writes=(act("moe.slots", M, k, L),),
                   flops=lin.gemm_flops(M * k, F, L), math=expert_math(d), group_rows=M * k, group_tokens=M,
                   pdl=launch.pdl,
                   prefetch_bytes=launch.prefetch_bytes, source=TRTLLM_MOE,
@@ -241,7 +261,7 @@ def fc2_finalize(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
     return Kernel(key="fc2_finalize", name="moe_fc2_down_finalize", kind="moe", family="moe", op=ex.expert_fc2_finalize,
                   reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32"),
                          act("topk.weight", M, k, dtype="fp32")),
-                  weights=(_experts(d, ("w_down",), pad),), writes=(act("moe.partial", M, L),),
+                  weights=(_experts(d, ("w_down",), pad),) + _expert_bias(d, True), writes=(act("moe.partial", M, L),),
                   flops=lin.gemm_flops(M * k, F, L) + ex.finalize_flops(M, k, L), math=expert_math(d),
                   group_rows=M * k, group_tokens=M, fusions=("moe_finalize",) + (() if pad else ("unpadded_experts",)),
                   replaces=("fc2", "finalize"), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
