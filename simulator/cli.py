@@ -422,8 +422,10 @@ def compare_trace(
             output_dir(plot_dir, "--plot")
         cfg, hw = load_model(model), load_hardware(hardware, kernels)
         keys = tuple(k.strip() for k in plan_keys.split(",") if k.strip()) if plan_keys else None
+        engine_set = None if kernels else (lambda name: load_hardware(hardware, name))  # the engine's kernel set
         doc, timeline = run_compare(profile, cfg, hw, tp, DecodeShape(batch, tokens_per_seq, context),
-                                    _layer_type(cfg, layer_type), variant, engine, patterns, keys)
+                                    _layer_type(cfg, layer_type), variant, engine, patterns, keys,
+                                    with_kernels=engine_set)
         if plot_dir:
             doc["plots"] = [str(p) for p in plot_compare(doc, timeline, plot_dir)]
         return doc

@@ -384,3 +384,20 @@ def test_table_fits_the_terminal_without_cutting_a_number_or_a_name(columns: str
     lines = r.output.splitlines()
     assert max(len(line) for line in lines) <= int(columns) and "…" not in r.output
     assert sum(1 for line in lines if line.startswith("│ ") and line.split("│")[1].strip()) == 19  # one row each
+
+
+def test_an_engine_prices_with_its_own_kernel_set_unless_told_otherwise() -> None:
+    """The suite's trace, named as the gpu-suite engine, is priced with the suite's measured laws (its kernel set
+    in the pattern table): its layer makespan lands within 10 %; --kernels still overrides, and the production
+    set's faster Marlin and FlashMLA laws then miss the suite's Triton kernels by far more."""
+    path = SUITE[0]
+    meta = json.loads(gzip.decompress(path.read_bytes()))["moeSimSuite"]
+    args = ("--hardware", "h200", "--tp", str(meta["tp"]), "--batch", str(meta["batch"]),
+            "--tokens-per-seq", str(meta["tokens_per_seq"]), "--engine", "gpu-suite")
+    own, other = _compare(path, *args), _compare(path, *args, "--kernels", "vllm")
+    assert own["kernel_set"] == "gpu-suite" and other["kernel_set"] == "vllm"
+
+    def error(doc: dict) -> float:
+        ms = doc["makespan_us"]
+        return abs(ms["model"] / ms["measured"] - 1)
+    assert error(own) < 0.10 < error(other)

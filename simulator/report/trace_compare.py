@@ -165,9 +165,12 @@ def _median_of(values: Any) -> float | None:
 
 def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer_type: str,
                   variant: str | None = None, engine: str | None = None, patterns: str | None = None,
-                  plan_keys: tuple[str, ...] | None = None, console: Any = None) -> tuple[dict[str, Any], Timeline]:
+                  plan_keys: tuple[str, ...] | None = None, console: Any = None,
+                  with_kernels: Callable[[str], HardwareProfile] | None = None) -> tuple[dict[str, Any], Timeline]:
     """Read `path`, find its engine (unless named) and its decode layers, build the plan of the same
-    configuration and compare; the doc and the model timeline."""
+    configuration and compare; the doc and the model timeline. `with_kernels`: the profile pricing with another
+    measured kernel set, called with the engine's own (`kernel_set` in the pattern table) when the user named
+    none: a trace of the GPU suite's kernels is priced with the suite's laws, not the production set's."""
     trace = read_kernels(path, console)
     plans = _PlanMaker(cfg, tp, shape, layer_type, variant, plan_keys, arch_of(hw))
     step = step_check(trace, shape, patterns)
@@ -176,6 +179,8 @@ def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, sha
         detected = detect_engine(trace, plans, patterns)
         engine = detected["chosen"]
     eng = load_engine(engine, patterns)
+    if with_kernels is not None and eng.kernel_set and eng.kernel_set != hw.kernels:
+        hw = with_kernels(eng.kernel_set)
     plan = plans(eng)
     timeline = schedule(plan, hw)
     doc = {"trace": str(path), "engine": eng.name, "model": cfg.name, "hardware": hw.name, "kernel_set": hw.kernels,

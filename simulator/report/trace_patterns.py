@@ -30,6 +30,7 @@ class Engine:
     plan_keys: tuple[str, ...] | None
     patterns: dict[str, tuple[re.Pattern[str], ...]]
     part_of_previous: tuple[re.Pattern[str], ...] = ()  # second launches of one plan kernel (split-K reduce)
+    kernel_set: str | None = None  # the measured implementation set whose kernels the engine's traces show
 
 
 def load_engine(name: str, path: str | Path | None = None) -> Engine:
@@ -43,8 +44,11 @@ def load_engine(name: str, path: str | Path | None = None) -> Engine:
                 for key, pats in entry.get("patterns", {}).items()}
     keys = entry.get("plan_keys")
     parts = tuple(compile_pattern(p, source, name) for p in string_list(entry.get("part_of_previous", []), source))
+    kernel_set = entry.get("kernel_set")
+    if kernel_set is not None and not isinstance(kernel_set, str):
+        raise UserError(f"{source}: engine '{short(name)}' has kernel_set {short(repr(kernel_set))}, not a set name.")
     return Engine(name, str(entry.get("about", "")), entry.get("variant"), str(entry.get("match_on", "name")),
-                  tuple(string_list(keys, source)) if keys is not None else None, patterns, parts)
+                  tuple(string_list(keys, source)) if keys is not None else None, patterns, parts, kernel_set)
 
 
 def load_table(path: str | Path | None = None) -> tuple[Path, dict[str, Any]]:
