@@ -19,7 +19,8 @@ Pipeline (each step a function below):
 
 Step 1 is trace_reader.py; the pattern table and step 2 trace_patterns.py; steps 3 and 4 trace_layers.py;
 what the trace is (its engine when --engine is not given, whether its steps are decode steps)
-trace_detect.py; step 5 and the whole command here.
+trace_detect.py; step 5 and the whole command here. Beside the one layer, the whole step's coverage (every
+layer's plan and the head aligned with the trace, trace_step.py): how many of the step's kernels match.
 
 Makespan, both sides: first kernel start to last kernel end of one layer (the model's layer_us also
 counts the launch gap before its first kernel; this one does not, so both are measured the same way).
@@ -45,6 +46,7 @@ from simulator.report.trace_layers import LayerShape, NoMatch, Signature, best_l
 from simulator.report.trace_patterns import (  # noqa: F401  (engine_names, load_table: this module's API too)
     Classifier, Engine, engine_names, load_engine, load_table, partial_plan)
 from simulator.report.trace_reader import KernelTrace, read_kernels
+from simulator.report.trace_step import step_coverage, step_plan
 
 
 # ============================================================================ the comparison
@@ -193,6 +195,7 @@ def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, sha
             found = compare(trace, plan, timeline, Classifier(eng, plan), step.left_out)
             found["model_streams"] = "one stream, as the trace ran (the plan's side streams serialised)"
         doc |= found | family_intervals(found["kernels"], plan, hw)
+        doc["step_coverage"] = step_coverage(trace, step_plan(cfg, plan.variant, tp, shape, arch_of(hw)), eng)
     except NoMatch as exc:
         raise UserError(f"{exc}; {closest_engine(trace, plans, patterns, eng.name)}") from None
     doc["step"] = step.summary()
