@@ -403,6 +403,9 @@ def compare_trace(
     plot_dir: Annotated[Optional[str], typer.Option("--plot",
                                                     help="Also draw the measured layer under the model's (PNG + SVG) "
                                                          "in this folder.")] = None,
+    layer_index: Annotated[Optional[int], typer.Option("--layer-index", help=(
+        "Compare with this layer's plan (a sliding-window or full-attention layer; default: the layer "
+        "type's median layer)."))] = None,
     kernels: KernelsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -423,7 +426,8 @@ def compare_trace(
         cfg, hw = load_model(model), load_hardware(hardware, kernels)
         keys = tuple(k.strip() for k in plan_keys.split(",") if k.strip()) if plan_keys else None
         doc, timeline = run_compare(profile, cfg, hw, tp, DecodeShape(batch, tokens_per_seq, context),
-                                    _layer_type(cfg, layer_type), variant, engine, patterns, keys)
+                                    _layer_type(cfg, layer_type), variant, engine, patterns, keys,
+                                    layer=layer_index)
         if plot_dir:
             doc["plots"] = [str(p) for p in plot_compare(doc, timeline, plot_dir)]
         return doc

@@ -22,4 +22,5 @@ for layer in (12, 13):  # a sliding-window layer and a full-attention one
     moe_from = next(s.start_us for s in tl.spans if s.key == "router")
     attn_to = next(s.end_us for s in tl.spans if s.key == "post_attn_norm")
     kind = "sliding 128" if cfg.gqa_window(layer) else "full"
-    print(f"{layer},{kind},{len(tl.spans)},{tl.layer_us - start:.1f},{attn_to - start:.1f},{tl.layer_us - moe_from:.1f}")
+    span, attn, moe = tl.layer_us - start, attn_to - start, tl.layer_us - moe_from
+    print(f"{layer},{kind},{len(tl.spans)},{span:.1f},{attn:.1f},{moe:.1f}")

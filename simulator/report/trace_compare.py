@@ -167,11 +167,15 @@ def _median_of(values: Any) -> float | None:
 
 def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer_type: str,
                   variant: str | None = None, engine: str | None = None, patterns: str | None = None,
-                  plan_keys: tuple[str, ...] | None = None, console: Any = None) -> tuple[dict[str, Any], Timeline]:
+                  plan_keys: tuple[str, ...] | None = None, console: Any = None,
+                  layer: int | None = None) -> tuple[dict[str, Any], Timeline]:
     """Read `path`, find its engine (unless named) and its decode layers, build the plan of the same
-    configuration and compare; the doc and the model timeline."""
+    configuration (of layer index `layer`, else the layer type's representative) and compare; the doc and the
+    model timeline."""
+    if layer is not None and not 0 <= layer < cfg.num_layers:
+        raise UserError(f"--layer-index {layer} is not a layer of '{cfg.name}' (0 to {cfg.num_layers - 1}).")
     trace = read_kernels(path, console)
-    plans = _PlanMaker(cfg, tp, shape, layer_type, variant, plan_keys, arch_of(hw))
+    plans = _PlanMaker(cfg, tp, shape, layer_type, variant, plan_keys, arch_of(hw), layer)
     step = step_check(trace, shape, patterns)
     detected = None
     if engine is None:
@@ -243,10 +247,11 @@ class _PlanMaker:
     variant: str | None
     plan_keys: tuple[str, ...] | None
     arch: str = "sm100"  # the stock path the GPU runs (plans.standard.arch_of)
+    layer: int | None = None  # the layer index whose plan is compared (None: the type's representative)
 
     def __call__(self, eng: Engine) -> Plan:
         from simulator.cost.step import build_plan
         chosen = self.variant or eng.variant or "standard"
-        plan = build_plan(self.cfg, chosen, self.tp, self.shape, self.layer_type, arch=self.arch)
+        plan = build_plan(self.cfg, chosen, self.tp, self.shape, self.layer_type, layer=self.layer, arch=self.arch)
         return partial_plan(plan, self.plan_keys or eng.plan_keys)
 
