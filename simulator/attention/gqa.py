@@ -180,12 +180,13 @@ def reduce_segments(d: c.Dims, segments: int, launch: c.Launch = c.PLAIN) -> Ker
 
 
 def rope_cache_cast(d: c.Dims, launch: c.Launch = c.PLAIN) -> Kernel | None:
-    """vLLM keeps a YaRN cos/sin cache in fp32 (original_max x factor rows of H) and, inside each compiled piece of
-    the graph, casts it to the query's bf16 before the rotary kernel (RotaryEmbedding._match_cos_sin_cache_dtype:
-    under torch.compile the cast is never stored back). Layer 0's cast is fused into the step's embedding kernel.
-    No numerical effect in moe-sim (its RoPE computes its angles); its bytes are the table read and written."""
+    """vLLM builds gpt-oss's rotary embedding in fp32 (models/gpt_oss.py: get_rope(..., dtype=torch.float32)), a
+    YaRN cos/sin cache of original_max x factor rows of H, and inside each compiled piece of the graph casts it
+    to the query's bf16 before the rotary kernel (RotaryEmbedding._match_cos_sin_cache_dtype: under torch.compile
+    the cast is never stored back). Layer 0's cast is fused into the step's embedding kernel. No numerical effect
+    in moe-sim (its RoPE computes its angles); its bytes are the table read and written."""
     scaling = d.cfg.rope_scaling
-    if scaling is None or d.layer == 0:
+    if d.cfg.family != "gpt_oss" or scaling is None or d.layer == 0:
         return None
     rows, h = int(scaling.original_max * scaling.factor), d.cfg.gqa_head_dim
     return Kernel(key="gqa_rope_cache", name="triton_poi_fused__to_copy", kind="pointwise", family="small",

@@ -48,10 +48,14 @@ def runs_ogs(cfg: ModelConfig, arch: str) -> bool:
 
 
 def _padded(t: Tensor, arch: str) -> Tensor:
-    """The expert weights as ROCm's backend stores them: both matrix dimensions rounded up to ALIGN (zeros)."""
+    """The expert weights as ROCm's backend stores them: the hidden and each packed intermediate rounded up to
+    ALIGN (zeros): gate/up [U, D, 2F] -> [U, Dp, 2 Fp], down [U, F, D] -> [U, Fp, Dp]."""
     if arch not in ROCM:
         return t
-    shape = t.shape[:-2] + tuple(-(-n // ALIGN) * ALIGN for n in t.shape[-2:])
+    up = lambda n: -(-n // ALIGN) * ALIGN  # noqa: E731
+    rows, cols = t.shape[-2:]
+    parts = len(t.parts) if t.pack_axis in (-1, len(t.shape) - 1) else 1
+    shape = t.shape[:-2] + (up(rows), parts * up(cols // parts))
     return replace(t, shape=shape, unpadded=t.unpadded or t.shape) if shape != t.shape else t
 
 
