@@ -53,9 +53,10 @@ ROCM = ("gfx942", "gfx950")
 
 def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer: int | None = None,
           arch: str = "sm100") -> Plan:
-    """`arch`: "sm100" (GB300 and the Blackwell parts, what the source map describes) or "sm90" (Hopper: no
+    """`arch`: "sm100" (GB300 and the Blackwell parts, what the source map describes), "sm90" (Hopper: no
     tier-0 tail, no TRT-LLM-gen MXFP4 MoE and no KDA projection split; the MoE as before the map, one routing
-    launch, the unfused latent tail: the kernels the H200 measurements name)."""
+    launch, the unfused latent tail: the kernels the H200 measurements name), or "gfx942" / "gfx950" (ROCm:
+    Hopper's path with the attention and MoE kernels vLLM picks there; docs/gpt-oss.md)."""
     d = c.make_dims(cfg, tp, shape, layer, layer_type)
     if arch not in ("sm100", "sm90") + ROCM:
         raise ValueError(f"arch {arch!r} is not sm100, sm90, gfx942 or gfx950")

@@ -4,7 +4,7 @@ batch 32, one token per sequence, 1,720 cached positions (the trace's step annot
 32 sequences, 1,721.4 each with the new token). Makespan = first kernel start to last kernel end, as
 `moe-sim compare-trace` measures a layer.
 
-    python calibration/mi300x/predict_gptoss.py > calibration/mi300x/gptoss_prediction.csv
+    python docs/gpt_oss_prediction.py > docs/gpt-oss-prediction.csv
 """
 
 from simulator.config import load_model
