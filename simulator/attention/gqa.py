@@ -10,7 +10,12 @@
                sliding-window layer (vLLM frees the blocks a window has left behind)
 
 vLLM's paged decode attention on Hopper and Blackwell (FlashAttention / FlashInfer) reads the sequence's blocks
-through the table; BS = 16 positions per block is vLLM's default block size for those backends.
+through the table; BS = 16 positions per block is vLLM's default block size for those backends. On ROCm
+(arch gfx942 / gfx950) vLLM's ROCM_AITER_UNIFIED_ATTN backend runs aiter's Triton unified attention: one program
+per sequence and key/value head (the 2d kernel), or split-KV (the 3d kernel, then reduce_segments), by aiter's
+rule (`rocm_split`). gpt-oss's fp32 YaRN table is cast to bf16 in every layer past the first (`rope_cache_cast`).
+A sliding-window decode reads only its window's positions: its bytes (`traffic_bytes`) say so, while the pools it
+declares are whole (the op indexes them through the table).
 
 Dimension legend: M tokens (B sequences x T tokens), D hidden, Nq / Nkv query / key-value heads (on a rank:
 /P), H head dim, NB pool blocks, BS positions per block, S cached positions after this step, W window.

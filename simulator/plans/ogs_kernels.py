@@ -35,7 +35,9 @@ from simulator.plans.common import Dims, act, all_reduce_kernel, context_free
 from simulator.plans.fuse import cite
 from simulator.plans.kernel import Kernel, Tensor
 
-TK = "triton_kernels/"  # OpenAI's triton_kernels 3.5.1 (legacy routing API), as vLLM calls it
+# OpenAI's triton_kernels as vLLM 0.33.0 bundles it (its legacy 3.5.1 routing API; the trace's stacks show the same
+# files and lines: routing.py:292 routing, :160 sort_tokens, topk.py:87 topk)
+TK = "vllm/third_party/triton_kernels/"
 ROCM = ("gfx942", "gfx950")
 ALIGN = 256  # ROCm pads matmul_ogs experts' hidden and intermediate to this (oracle/mxfp4.py round-up helper)
 TILE = "16x128x256x1"  # BLOCK_M x BLOCK_N x BLOCK_K x split-K that triton_kernels picked in the MI300X trace
@@ -64,7 +66,7 @@ def pad_hidden(d: Dims) -> Kernel:
     x = act("x2", d.M, d.D)
     return Kernel(key="moe_pad", name="triton_poi_fused_constant_pad_nd_moe_forward", kind="pointwise",
                   family="small", op=pointwise.add, reads=(x,), writes=(x,),
-                  source="vllm/model_executor/layers/fused_moe/layer.py:FusedMoE.forward",
+                  source="vllm/model_executor/layers/fused_moe/runner/moe_runner.py:MoERunner._maybe_pad_hidden_states",
                   note=f"x2 padded to {-(-d.D // ALIGN) * ALIGN} columns of zeros for the padded experts (one Inductor "
                        "launch); declared in place: the zero columns change no number and add M x 192 x 2 B")
 
@@ -136,7 +138,8 @@ def finalize(d: Dims) -> Kernel:
                   reads=(act("moe.slots", M, k, L), act("topk.weight", M, k, dtype="fp32")),
                   writes=(act(out, M, L),), flops=ex.finalize_flops(M, k, L),
                   source=TK + "matmul_ogs.py:matmul_ogs",
-                  note="scatter the rows back to token order and sum each token's k rows with its routing weights")
+                  note="scatter the rows back to token order and sum each token's k rows with its routing weights (the "
+                       "trace's triton_kernels launches _finalize_matmul; 0.33.0's bundle reduces in reduce_grouped)")
 
 
 def ogs_moe(d: Dims, arch: str) -> list[Kernel]:
