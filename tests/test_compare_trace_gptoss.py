@@ -13,6 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from simulator.cli import app
+from simulator.config import load_model
+from simulator.plans.kernel import DecodeShape
+from simulator.report import trace_step
+from simulator.report.trace_patterns import load_engine
+from simulator.report.trace_reader import KernelEvent, KernelTrace
 
 runner = CliRunner()
 NORM = ("_ZN7ck_tile6kentryILi1ENS_12Rmsnorm2dFwdINS_27Rmsnorm2dFwdPipelineOnePassINS_27Rmsnorm2dFwdPipelineProblem"
@@ -103,3 +108,15 @@ def test_unknown_kernels_lower_the_step_match(tmp_path):
 def test_layer_index_outside_the_model(tmp_path, index):
     code, doc = compare(tmp_path, gptoss_step(2), "--layer-index", index)
     assert code == 2 and "is not a layer of 'gpt-oss-20b'" in doc["error"]
+
+
+def test_a_step_too_large_to_align_says_so(monkeypatch):
+    """Past MAX_STEP_CELLS the coverage is not computed (bounded time and memory) and says why."""
+    plan = trace_step.step_plan(load_model("gpt-oss-20b"), "standard", 1, DecodeShape(32, 1, 1720), "gfx942")
+    events = [KernelEvent(name, (2, 0), float(ts), 1.0, None) for ts, (name, _) in enumerate(layer(1) * 26)]
+    trace = KernelTrace("synthetic", events, len(events))
+    engine = load_engine("vllm-rocm")
+    assert trace_step.step_coverage(trace, plan, engine)["matched"] > 0
+    monkeypatch.setattr(trace_step, "MAX_STEP_CELLS", len(events) * len(plan) - 1)
+    cov = trace_step.step_coverage(trace, plan, engine)
+    assert cov["matched"] is None and "more than" in cov["why"]

@@ -51,8 +51,9 @@ def print_compare(doc: dict[str, Any]) -> None:
     cov = doc.get("step_coverage")
     if cov and cov.get("matched") is not None:
         missed = ", ".join(f"{escape(short_name(u['name']))} x{u['count']}" for u in cov["unmatched_measured"][:8])
-        con.print(f"whole step: {cov['matched']} of {cov['kernels']} kernels matched to plan kernels "
-                  f"({cov['matched_pct']:.1f} %)" + (f"; unmatched: {missed}" if missed else ""))
+        con.print(f"the trace's {cov['kernels']} kernels against the whole step's plan (every layer's own, the head): "
+                  f"{cov['matched']} matched ({cov['matched_pct']:.1f} %)"
+                  + (f"; unmatched: {missed}" if missed else ""))
     con.print(f"per launch (the idle gap before a kernel + its duration, where a profiler and the model split "
               f"them differently): median |error| {_num(doc['median_abs_launch_error_pct'], '.1f')} %")
     if "inside_family_interval" in doc:
