@@ -38,7 +38,7 @@ from simulator.plans.kernel import Kernel, Tensor
 # OpenAI's triton_kernels as vLLM 0.33.0 bundles it (its legacy 3.5.1 routing API; the trace's stacks show the same
 # files and lines: routing.py:292 routing, :160 sort_tokens, topk.py:87 topk)
 TK = "vllm/third_party/triton_kernels/"
-ROCM = ("gfx942", "gfx950")
+ROCM = ("gfx942", "gfx950")  # the AMD archs of plans/standard.arch_of
 ALIGN = 256  # ROCm pads matmul_ogs experts' hidden and intermediate to this (oracle/mxfp4.py round-up helper)
 TILE = "16x128x256x1"  # BLOCK_M x BLOCK_N x BLOCK_K x split-K that triton_kernels picked in the MI300X trace
 

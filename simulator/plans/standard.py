@@ -48,9 +48,6 @@ def arch_of(hw: Any) -> str:
     return "sm100" if hw.fp4_runs_as == "fp4" else "sm90"
 
 
-ROCM = ("gfx942", "gfx950")
-
-
 def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer: int | None = None,
           arch: str = "sm100") -> Plan:
     """`arch`: "sm100" (GB300 and the Blackwell parts, what the source map describes), "sm90" (Hopper: no
@@ -58,7 +55,7 @@ def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer:
     launch, the unfused latent tail: the kernels the H200 measurements name), or "gfx942" / "gfx950" (ROCm:
     Hopper's path with the attention and MoE kernels vLLM picks there; docs/gpt-oss.md)."""
     d = c.make_dims(cfg, tp, shape, layer, layer_type)
-    if arch not in ("sm100", "sm90") + ROCM:
+    if arch not in ("sm100", "sm90") + ogs.ROCM:
         raise ValueError(f"arch {arch!r} is not sm100, sm90, gfx942 or gfx950")
     c1 = EARLY if d.single_request else PLAIN
     kernels = [c.residual_pre(d, PDL)]
@@ -73,7 +70,9 @@ def attention_output(d: Dims) -> list[Kernel]:
     one GPU no all-reduce (vLLM's tensor_model_parallel_all_reduce returns its input): o_proj writes the output."""
     o_proj = c.o_proj(d, EARLY if d.single_request else PDL)
     if d.P == 1:
-        return [replace(o_proj, writes=(c.act("attn.out", d.M, d.D),)), c.residual_post(d, PDL)]
+        alone = replace(o_proj, writes=(c.act("attn.out", d.M, d.D),), note="o_proj on one GPU: its output is the "
+                        "attention output (no all-reduce)")
+        return [alone, c.residual_post(d, PDL)]
     return [o_proj, c.attn_all_reduce(d, PDL), c.residual_post(d, PDL)]
 
 
