@@ -403,6 +403,9 @@ def compare_trace(
     plot_dir: Annotated[Optional[str], typer.Option("--plot",
                                                     help="Also draw the measured layer under the model's (PNG + SVG) "
                                                          "in this folder.")] = None,
+    layer_index: Annotated[Optional[int], typer.Option("--layer-index", help=(
+        "Compare with this layer's plan (a sliding-window or full-attention layer; default: the layer "
+        "type's median layer)."))] = None,
     kernels: KernelsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -425,7 +428,7 @@ def compare_trace(
         engine_set = None if kernels else (lambda name: load_hardware(hardware, name))  # the engine's kernel set
         doc, timeline = run_compare(profile, cfg, hw, tp, DecodeShape(batch, tokens_per_seq, context),
                                     _layer_type(cfg, layer_type), variant, engine, patterns, keys,
-                                    with_kernels=engine_set)
+                                    layer=layer_index, with_kernels=engine_set)
         if plot_dir:
             doc["plots"] = [str(p) for p in plot_compare(doc, timeline, plot_dir)]
         return doc

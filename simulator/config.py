@@ -403,7 +403,8 @@ def _layer_kinds(r: _Reader, num_layers: int) -> tuple[str, ...]:
     return tuple(kinds)
 
 
-def _common(r: _Reader, name: str, family: str) -> dict[str, Any]:
+def _stack(r: _Reader, name: str, family: str, eps: float, theta: float, attention_factor: bool) -> dict[str, Any]:
+    """The fields every family shares: the stack's sizes, its norms' eps and RoPE (defaults: the family's)."""
     num_layers = r.get("num_hidden_layers", int)
     if not 0 < num_layers <= MAX_LAYERS:
         raise UserError(f"{r.source}: field 'num_hidden_layers' = {num_layers} must be an integer in [1, "
@@ -415,7 +416,14 @@ def _common(r: _Reader, name: str, family: str) -> dict[str, Any]:
         name=name, family=family, source=r.source,
         drafting=drafting, target_taps=r.get("moe_sim_target_taps", int, 1),
         hidden_size=r.get("hidden_size", int), vocab_size=r.get("vocab_size", int),
-        num_layers=num_layers, rms_norm_eps=r.positive("rms_norm_eps", 1e-6),
+        num_layers=num_layers, rms_norm_eps=r.positive("rms_norm_eps", eps),
+        rope_theta=r.positive("rope_theta", theta), rope_scaling=_rope_scaling(r, attention_factor),
+    )
+
+
+def _common(r: _Reader, name: str, family: str) -> dict[str, Any]:
+    """The MLA families' fields (kimi_linear, deepseek_v3)."""
+    return _stack(r, name, family, 1e-6, 10000.0, attention_factor=False) | dict(
         first_k_dense=r.get("first_k_dense_replace", int, 0),
         dense_intermediate=r.get("intermediate_size", int, 0),
         hidden_act=r.get("hidden_act", str, "silu"),
@@ -424,21 +432,24 @@ def _common(r: _Reader, name: str, family: str) -> dict[str, Any]:
         mla_heads=r.get("num_attention_heads", int), q_lora_rank=r.get("q_lora_rank", int),
         kv_lora_rank=r.get("kv_lora_rank", int), qk_nope_dim=r.get("qk_nope_head_dim", int),
         qk_rope_dim=r.get("qk_rope_head_dim", int), v_head_dim=r.get("v_head_dim", int),
-        rope_theta=r.positive("rope_theta", 10000.0), rope_scaling=_rope_scaling(r),
         moe_intermediate=r.get("moe_intermediate_size", int, 0),
         routed_scaling_factor=r.positive("routed_scaling_factor", 1.0),
     )
 
 
 YARN_KEYS = {"type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
-             "mscale", "mscale_all_dim"}
+             "mscale", "mscale_all_dim", "truncate"}
 
 
-def _rope_scaling(r: _Reader) -> RopeScaling | None:
+def _rope_scaling(r: _Reader, attention_factor: bool = False) -> RopeScaling | None:
     """`rope_scaling` as Hugging Face writes it; only YaRN is modelled, anything else is refused.
 
     A key that would change the math and is not modelled (another type, an unknown key, a rotary
     magnitude `mscale` different from `mscale_all_dim`) is an error, never silently dropped.
+    `attention_factor`: the family's attention uses Hugging Face's generic YaRN (`_compute_yarn_parameters`),
+    which, with neither `mscale` nor `mscale_all_dim`, multiplies cos and sin by 0.1 ln(factor) + 1, so every
+    q.k logit by its square: moe-sim's `mscale_all_dim = 1` (gpt_oss, qwen3_moe, mixtral). Otherwise the
+    DeepSeek reading: the attention folds `mscale_all_dim` into its softmax scale and `mscale` must equal it.
     """
     raw = r.get("rope_scaling", dict, None)
     if raw is None:
@@ -451,9 +462,14 @@ def _rope_scaling(r: _Reader) -> RopeScaling | None:
         raise UserError(f"{r.source}: field 'rope_scaling' has unknown key {unknown[0]!r} (known: "
                         f"{', '.join(sorted(YARN_KEYS))}).")
     y = _Reader(raw, f"{r.source} rope_scaling")
+    if attention_factor and {"mscale", "mscale_all_dim"} & set(raw):
+        raise UserError(f"{r.source}: field 'rope_scaling' sets mscale or mscale_all_dim; for model_type "
+                        f"{r.raw.get('model_type')!r} only YaRN's default attention factor 0.1 ln(factor) + 1 is "
+                        "modelled.")
     scaling = RopeScaling(factor=y.get("factor", float), original_max=y.get("original_max_position_embeddings", int),
                           beta_fast=y.get("beta_fast", float, 32.0), beta_slow=y.get("beta_slow", float, 1.0),
-                          mscale_all_dim=y.get("mscale_all_dim", float, 0.0))
+                          mscale_all_dim=1.0 if attention_factor else y.get("mscale_all_dim", float, 0.0),
+                          truncate=y.get("truncate", bool, True))
     bad = [k for k, ok in (("factor", scaling.factor >= 1),
                            ("original_max_position_embeddings", scaling.original_max > 0),
                            ("beta_slow", 0 < scaling.beta_slow < scaling.beta_fast),
@@ -461,7 +477,7 @@ def _rope_scaling(r: _Reader) -> RopeScaling | None:
     if bad or not math.isfinite(scaling.factor * scaling.beta_fast * scaling.mscale_all_dim):
         raise UserError(f"{r.source}: field 'rope_scaling' = {raw!r} is out of range: YaRN needs finite factor >= 1, "
                         "original_max_position_embeddings > 0, 0 < beta_slow < beta_fast, mscale_all_dim >= 0.")
-    mscale = y.get("mscale", float, 1.0)  # Hugging Face defaults: mscale 1, mscale_all_dim 0
+    mscale = y.get("mscale", float, scaling.mscale_all_dim if attention_factor else 1.0)  # HF: 1 and 0
     if mscale != scaling.mscale_all_dim:  # cos/sin would be scaled by get_mscale(mscale) / get_mscale(all_dim)
         raise UserError(f"{r.source}: field 'rope_scaling' has mscale {mscale:g} != mscale_all_dim "
                         f"{scaling.mscale_all_dim:g}; the rotary magnitude factor this implies is not modelled.")
@@ -525,6 +541,78 @@ def _parse_deepseek_v3(raw: dict[str, Any], name: str, source: str) -> ModelConf
     )
 
 
+# ---------------------------------------------------------------------------------------
+# GQA families: attention, routing and FFN read from each family's Hugging Face keys; a key absent from the
+# file takes the default of transformers' configuration_<family>.py (docs/models.md lists both)
+# ---------------------------------------------------------------------------------------
+
+NO_MLA_KDA = dict(mla_heads=0, q_lora_rank=0, kv_lora_rank=0, qk_nope_dim=0, qk_rope_dim=0, v_head_dim=0,
+                  mla_nope=False, mla_output_gate=False, kda_heads=0, kda_head_dim=0, conv_size=0,
+                  gate_lower_bound=0.0, situ_beta=4.0, situ_linear_beta=25.0, num_shared_experts=0, latent_dim=0,
+                  latent_norm=False, router_act="softmax", n_group=1, topk_group=1, routed_scaling_factor=1.0,
+                  attn_res_block=0, residual="plain")
+
+
+def _gqa(r: _Reader, base: dict[str, Any], head_dim: int | None, bias: bool) -> dict[str, Any]:
+    """GQA heads of every layer; `head_dim` None: hidden_size / num_attention_heads (Hugging Face's rule)."""
+    heads = r.get("num_attention_heads", int)
+    if heads <= 0:
+        raise UserError(f"{r.source}: field 'num_attention_heads' = {heads} must be a positive integer.")
+    if head_dim is None and base["hidden_size"] % heads:
+        raise UserError(f"{r.source}: field 'head_dim' is missing and num_attention_heads = {heads} does not divide "
+                        f"hidden_size = {base['hidden_size']}.")
+    return dict(attn_kinds=("gqa",) * base["num_layers"], gqa_heads=heads,
+                gqa_kv_heads=r.get("num_key_value_heads", int, heads),
+                gqa_head_dim=r.get("head_dim", int, head_dim or base["hidden_size"] // max(heads, 1)),
+                gqa_qkv_bias=r.get("attention_bias", bool, bias), mla_lora_eps=base["rms_norm_eps"])
+
+
+def _parse_gpt_oss(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
+    """gpt-oss (OpenAI, 2025): GQA with learned sinks on alternating banded / full layers, YaRN unrounded,
+    top-k router logits (with bias) softmaxed over the k, clamped-SwiGLU experts with biases, MXFP4 experts.
+    The experts' activation is fixed in its code (`GptOssExperts`), so `hidden_act` must be the published 'silu'."""
+    r = _Reader(raw, source)
+    base = _stack(r, name, "gpt_oss", 1e-5, 150000.0, attention_factor=True)
+    if "rope_scaling" not in raw:  # GptOssConfig's default rope_parameters
+        base["rope_scaling"] = RopeScaling(factor=32.0, original_max=4096, mscale_all_dim=1.0, truncate=False)
+    top_k = r.get("num_experts_per_tok", int, 4)
+    if r.get("experts_per_token", int, top_k) != top_k:  # the key of OpenAI's own checkpoint format
+        raise UserError(f"{source}: field 'experts_per_token' = {raw['experts_per_token']!r} differs from "
+                        f"num_experts_per_tok = {top_k}.")
+    if r.get("hidden_act", str, "silu") != "silu":
+        raise UserError(f"{source}: field 'hidden_act' = {raw['hidden_act']!r} is not 'silu'; gpt-oss's experts "
+                        "compute clamped SwiGLU whatever it says, and only the published value is accepted.")
+    bias = r.get("attention_bias", bool, True)
+    return ModelConfig(
+        **base, **NO_MLA_KDA, **_gqa(r, base, 64, bias),
+        gqa_sinks=True, gqa_windows=_layer_windows(r, base["num_layers"], 128), gqa_qk_norm=False,
+        o_proj_bias=bias, first_k_dense=0, dense_intermediate=0,
+        hidden_act="swiglu_oai", swiglu_limit=r.positive("swiglu_limit", 7.0),
+        swiglu_alpha=r.positive("swiglu_alpha", 1.702),
+        num_experts=r.get("num_local_experts", int), top_k=top_k, moe_intermediate=r.get("intermediate_size", int),
+        renormalize=True, router_logit_bias=True, expert_bias=True, expert_dtype=_expert_dtype(r),
+    )
+
+
+LAYER_TYPES = {"sliding_attention", "full_attention"}
+
+
+def _layer_windows(r: _Reader, num_layers: int, default_window: int | None) -> tuple[int, ...]:
+    """`layer_types` (default: sliding first, alternating) -> each layer's `sliding_window` or 0 (full)."""
+    types = r.get("layer_types", list, ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                        for i in range(num_layers)])
+    if len(types) != num_layers or not all(isinstance(t, str) and t in LAYER_TYPES for t in types):
+        raise UserError(f"{r.source}: field 'layer_types' must list 'sliding_attention' or 'full_attention' for each "
+                        f"of the {num_layers} layers.")
+    if "sliding_attention" not in types:
+        return (0,) * num_layers
+    window = None if r.raw.get("sliding_window", 0) is None else r.get("sliding_window", int, default_window)
+    if window is None or window <= 0:
+        raise UserError(f"{r.source}: field 'sliding_window' = {window!r} must be a positive integer when layer_types "
+                        "has sliding layers.")
+    return tuple(window if t == "sliding_attention" else 0 for t in types)
+
+
 def parse_config(raw: Any, name: str, source: str) -> ModelConfig:
     """Dispatch on `model_type`; `kimi_k3` unwraps `text_config`."""
     if not isinstance(raw, dict):
@@ -536,11 +624,11 @@ def parse_config(raw: Any, name: str, source: str) -> ModelConfig:
             raise UserError(f"{source}: field 'text_config' is missing or not an object (kimi_k3 nests the text model "
                             f"there).")
         return _parse_kimi_linear(text, name, source)
-    if model_type == "kimi_linear":
-        return _parse_kimi_linear(raw, name, source)
-    if model_type == "deepseek_v3":
-        return _parse_deepseek_v3(raw, name, source)
-    raise UserError(f"{source}: field 'model_type' = {model_type!r} is not one of kimi_k3, kimi_linear, deepseek_v3.")
+    parsers = {"kimi_linear": _parse_kimi_linear, "deepseek_v3": _parse_deepseek_v3, "gpt_oss": _parse_gpt_oss}
+    if not isinstance(model_type, str) or model_type not in parsers:
+        raise UserError(f"{source}: field 'model_type' = {model_type!r} is not one of kimi_k3, "
+                        f"{', '.join(parsers)}.")
+    return parsers[model_type](raw, name, source)
 
 
 def list_models() -> list[str]:

@@ -86,8 +86,8 @@ CASES = {
     "cfg-gate-bound-nan": (K3, kimi(gate_lower_bound="NaN"), "'gate_lower_bound' = nan must be a finite"),
     "cfg-rope-scaling-unknown-key": (DS, deepseek(rope_scaling='{"type": "yarn", "factor": 4, '
                                                                '"original_max_position_embeddings": 64, '
-                                                               '"mscale_all_dim": 1, "truncate": false}'),
-                                     "unknown key 'truncate'"),
+                                                               '"mscale_all_dim": 1, "attention_factor": 2}'),
+                                     "unknown key 'attention_factor'"),
     "cfg-hidden-2-20": (K3, kimi(hidden_size=str(2**20)), "this check needs about"),
     "cfg-rope-scaling-linear": (DS, deepseek(rope_scaling='{"type": "linear", "factor": 4.0}'),
                                 "only 'yarn' is modelled"),

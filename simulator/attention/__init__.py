@@ -4,7 +4,7 @@ An entry holds what the plans, the reference, the executor, the check and the me
 about one kind of attention layer, so they look the kind up instead of branching on it:
 
     standard / specialized   the kernels of each plan, from the normed input `x` to `attn.core` [M, n]:
-                             standard(d, c1, arch) (arch "sm100" or "sm90", plans/standard.arch_of),
+                             standard(d, c1, arch) (arch "sm100", "sm90", "gfx942" or "gfx950": plans/standard.arch_of),
                              specialized(d, on, go) (the fusions on, the launches)
     reference                the float64 textbook form: (cfg, layer, shape, W, x, state) -> (attention output, state)
     initial_state            a seeded state standing for `context` processed tokens

@@ -10,7 +10,12 @@
                sliding-window layer (vLLM frees the blocks a window has left behind)
 
 vLLM's paged decode attention on Hopper and Blackwell (FlashAttention / FlashInfer) reads the sequence's blocks
-through the table; BS = 16 positions per block is vLLM's default block size for those backends.
+through the table; BS = 16 positions per block is vLLM's default block size for those backends. On ROCm
+(arch gfx942 / gfx950) vLLM's ROCM_AITER_UNIFIED_ATTN backend runs aiter's Triton unified attention: one program
+per sequence and key/value head (the 2d kernel), or split-KV (the 3d kernel, then reduce_segments), by aiter's
+rule (`rocm_split`). gpt-oss's fp32 YaRN table is cast to bf16 in every layer past the first (`rope_cache_cast`).
+A sliding-window decode reads only its window's positions: its bytes (`traffic_bytes`) say so, while the pools it
+declares are whole (the op indexes them through the table).
 
 Dimension legend: M tokens (B sequences x T tokens), D hidden, Nq / Nkv query / key-value heads (on a rank:
 /P), H head dim, NB pool blocks, BS positions per block, S cached positions after this step, W window.
@@ -23,7 +28,7 @@ import numpy as np
 from simulator.attention.kind import AttentionKind
 from simulator.dtypes import round_bf16
 from simulator.ops import gqa as gqa_ops
-from simulator.ops import norm
+from simulator.ops import norm, pointwise
 from simulator.ops.linear import gemm_flops
 from simulator.plans import common as c
 from simulator.plans.kernel import Kernel, Tensor
@@ -31,6 +36,10 @@ from simulator.plans.kernel import Kernel, Tensor
 F64 = np.float64
 BLOCK = 16  # positions per cache block (vLLM's default block size)
 CACHE_BYTES = 2  # bf16 K and V (vLLM's --kv-cache-dtype auto for a bf16 model)
+ROCM_CUS = {"gfx942": 304, "gfx950": 256}  # compute units of MI300X / MI355X (hardware/mi300x.toml, mi355x.toml)
+CTAS_PER_CU = 4  # aiter's decode config: 2 waves per SIMD (waves_per_eu) x 4 SIMDs / 2 waves per program
+# the decode attention of vLLM's ROCM_AITER_UNIFIED_ATTN backend (v1/attention/backends/rocm_aiter_unified_attn.py)
+UNIFIED = "aiter/ops/triton/unified_attention.py:unified_attention"
 
 
 def _heads(d: c.Dims) -> tuple[int, int, int]:
@@ -102,34 +111,106 @@ def gqa_cache_insert(d: c.Dims, launch: c.Launch = c.PLAIN) -> Kernel:
                   op=gqa_ops.cache_insert, consts=(("batch", d.shape.batch),),
                   reads=(k, v, kc, vc, table, lengths), writes=(kc, vc), pdl=launch.pdl,
                   prefetch_bytes=launch.prefetch_bytes,
+                  traffic_bytes=2 * (k.nbytes + v.nbytes) + table.nbytes + lengths.nbytes,
                   note="k, v written to their slots of the paged cache (vLLM reshape_and_cache_flash); declared "
-                       "as the whole pool in and out, which overstates the bytes of a kernel that writes M rows")
+                       "as the whole pool in and out, it moves the M new rows (read, then written)")
 
 
-def gqa_decode(d: c.Dims, launch: c.Launch = c.PLAIN) -> Kernel:
+def kv_bytes(d: c.Dims) -> int:
+    """K and V bytes one decode reads: each sequence's last `seen` positions (its window on a sliding layer)."""
+    _, nkv, h = _heads(d)
+    return d.shape.batch * seen_positions(d) * 2 * nkv * h * CACHE_BYTES
+
+
+def seen_positions(d: c.Dims) -> int:
+    window = d.cfg.gqa_window(d.layer)
+    return min(d.cache_len, window) if window else d.cache_len
+
+
+def rocm_split(d: c.Dims, arch: str) -> int:
+    """Segments of aiter's unified attention on ROCm (aiter ops/triton/unified_attention.py, use_2d_kernel and
+    select_3d_config): 1 (the 2d kernel) on a sliding layer, at <= 512 cached positions, or when the 2d grid,
+    (M / BLOCK_Q + B) x Nkv programs, exceeds 4 per CU; else the 3d split-KV kernel with next_pow2(ceil(4 CUs /
+    that grid)) segments, at least 16 (tiles of 16 positions), at most 128."""
+    nq, nkv, _ = _heads(d)
+    group = nq // nkv
+    block_q = max(1, (16 if group <= 16 else 1 << (group - 1).bit_length()) // group)
+    grid_2d = (d.M // block_q + d.shape.batch) * nkv
+    target = 4 * ROCM_CUS[arch]
+    if d.cfg.gqa_window(d.layer) or d.cache_len <= 512 or grid_2d > target:
+        return 1
+    return min(128, max(16, 1 << (-(-target // grid_2d) - 1).bit_length()))
+
+
+def gqa_decode(d: c.Dims, launch: c.Launch = c.PLAIN, arch: str = "sm100") -> Kernel:
     cfg = d.cfg
-    nq, _, h = _heads(d)
+    nq, nkv, h = _heads(d)
     q, _, _ = _qkv(d)
     kc, vc = _pools(d)
     table, lengths = _table(d)
     window = cfg.gqa_window(d.layer)
-    seen = min(d.cache_len, window) if window else d.cache_len
     sinks = (c.weight("gqa.sinks", nq, shard="col", dtype="fp32"),) if cfg.gqa_sinks else ()
     mscale = cfg.rope_scaling.softmax_mscale if cfg.rope_scaling else 1.0
-    return Kernel(key="gqa_decode", name="paged_attention_decode", kind="attention", family="gqa",
+    rocm = arch in ROCM_CUS
+    segments = rocm_split(d, arch) if rocm else 1
+    partials = d.M * nq * segments * (h + 2) * 4 if segments > 1 else 0  # fp32 out, max and exp-sum per segment
+    name = ("kernel_unified_attention_3d" if segments > 1 else "kernel_unified_attention_2d") if rocm \
+        else "paged_attention_decode"
+    return Kernel(key="gqa_decode", name=name, kind="attention", family="gqa",
                   floor="attention", op=gqa_ops.paged_decode,
                   consts=(("batch", d.shape.batch), ("window", window), ("scale", h ** -0.5 * mscale * mscale)),
                   reads=(q, kc, vc, table, lengths), weights=sinks, writes=(c.act("attn.core", d.M, nq * h),),
-                  flops=gqa_ops.decode_flops(d.M, nq, seen, h), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
-                  note="decode attention over the paged cache through the block table (FlashAttention / FlashInfer "
-                       f"paged decode){'; sliding window of ' + str(window) if window else ''}"
-                       f"{'; one sink logit per head' if cfg.gqa_sinks else ''}")
+                  flops=gqa_ops.decode_flops(d.M, nq, seen_positions(d), h), pdl=launch.pdl,
+                  prefetch_bytes=launch.prefetch_bytes, ctas=d.shape.batch * nkv * segments, ctas_per_sm=CTAS_PER_CU,
+                  traffic_bytes=q.nbytes + kv_bytes(d) + sum(t.nbytes for t in sinks) + d.M * nq * h * 2 + partials,
+                  source=UNIFIED if rocm else "",
+                  note=(("aiter's Triton unified attention on ROCm, " + (
+                      f"split-KV over {segments} segments per sequence (fp32 partials; the combine is reduce_segments)"
+                      if segments > 1 else "one program per sequence and key/value head")) if rocm else
+                      "decode attention over the paged cache through the block table (FlashAttention / FlashInfer)")
+                  + (f"; sliding window of {window}: reads at most its window's positions" if window else "")
+                  + ("; one sink logit per head" if cfg.gqa_sinks else "")
+                  + "; the op computes the exact softmax in this launch")
+
+
+def reduce_segments(d: c.Dims, segments: int, launch: c.Launch = c.PLAIN) -> Kernel:
+    """The split-KV combine: each query head's segments rescaled to the global max and summed; moe-sim's decode op
+    already returned the combined output, so this launch passes it on (its bytes are the fp32 partials it reads)."""
+    nq, _, h = _heads(d)
+    out = c.act("attn.core", d.M, nq * h)
+    return Kernel(key="gqa_reduce", name="reduce_segments", kind="pointwise", family="small", floor="reduction",
+                  op=pointwise.add, reads=(out,), writes=(out,), flops=d.M * nq * segments * (h + 4),
+                  traffic_bytes=d.M * nq * segments * (h + 2) * 4 + out.nbytes, pdl=launch.pdl, source=UNIFIED,
+                  note=f"combine of the {segments} segments' fp32 partials (aiter reduce_segments, grid M x Nq)")
+
+
+def rope_cache_cast(d: c.Dims, launch: c.Launch = c.PLAIN) -> Kernel | None:
+    """vLLM builds gpt-oss's rotary embedding in fp32 (models/gpt_oss.py: get_rope(..., dtype=torch.float32)), a
+    YaRN cos/sin cache of original_max x factor rows of H, and inside each compiled piece of the graph casts it
+    to the query's bf16 before the rotary kernel (RotaryEmbedding._match_cos_sin_cache_dtype: under torch.compile
+    the cast is never stored back). Layer 0's cast is fused into the step's embedding kernel. No numerical effect
+    in moe-sim (its RoPE computes its angles); its bytes are the table read and written."""
+    scaling = d.cfg.rope_scaling
+    if d.cfg.family != "gpt_oss" or scaling is None or d.layer == 0:
+        return None
+    rows, h = int(scaling.original_max * scaling.factor), d.cfg.gqa_head_dim
+    return Kernel(key="gqa_rope_cache", name="triton_poi_fused__to_copy", kind="pointwise", family="small",
+                  op=pointwise.nothing, traffic_bytes=rows * h * (4 + 2), flops=rows * h, pdl=launch.pdl,
+                  source="vllm/model_executor/layers/rotary_embedding/base.py:RotaryEmbedding._match_cos_sin_cache_dtype",
+                  note=f"fp32 -> bf16 cast of the {rows} x {h} cos/sin cache in every layer's compiled piece "
+                       "(torch.compile keeps it; vLLM's AITER path later reuses a bf16 copy)")
 
 
 def standard(d: c.Dims, c1: c.Launch, arch: str = "sm100", launch: c.Launch = c.PLAIN) -> list[Kernel]:
+    """qkv -> [qk-norm] -> [the rope cache cast] -> RoPE -> cache insert -> decode [-> combine] (ROCm: aiter's
+    2d or split-KV 3d unified attention, rocm_split)."""
     e = launch
-    return ([gqa_qkv_proj(d, e)] + ([gqa_qk_norm(d, e)] if d.cfg.gqa_qk_norm else [])
-            + [gqa_rope(d, e), gqa_cache_insert(d, e), gqa_decode(d, e)])
+    cast = rope_cache_cast(d, e)
+    decode = gqa_decode(d, e, arch)
+    segments = rocm_split(d, arch) if arch in ROCM_CUS else 1
+    return ([gqa_qkv_proj(d, e)] + ([gqa_qk_norm(d, e)] if d.cfg.gqa_qk_norm else []) + ([cast] if cast else [])
+            + [gqa_rope(d, e), gqa_cache_insert(d, e), decode] + ([reduce_segments(d, segments, e)] if segments > 1
+                                                                    else []))
 
 
 def specialized(d: c.Dims, on: frozenset[str], go) -> list[Kernel]:

@@ -27,6 +27,11 @@ calls `features` on it, exactly as pricing calls it on a plan's kernel. Family b
               decoding: the grid's serial tile steps, or streaming the cache where the kernel keeps HBM busy;
               a program holds 16 query rows (the suite's kernel) or 64 (FlashMLA, which streams the cache
               once per 64-row block of tokens x heads))
+  gqa         t0 + max(waves x tiles per program c_tile, cache bytes c_b) + segments c_combine   (a paged GQA
+              decode: one program per sequence x key/value head x KV segment, each walking its segment's tiles
+              of 16 positions in order; the bytes are the window's on a sliding layer). No GPU has measured
+              it: the datasheet prices the tile chain as `gqa_chain_us` (each program streams at the profile's
+              cta_bandwidth) against the bytes at eta BW, and the combine as its own launch.
   collective  t0 + wire bytes c_w, per algorithm; NCCL's two protocols are two lines, the cheaper wins
 
 t0 holds the launch gap of back-to-back CUDA-graph replay (how the suite measures); pricing takes
@@ -58,6 +63,7 @@ MLA_TILE = 64  # cache slots per tile of a split-KV decode kernel
 # kernel 16; FlashMLA 64 (its BLOCK_M over h_q x s_q, FlashMLA README / csrc; the H200 rows of
 # calibration/h200/production/mla.csv step at 64 rows: 48 -> 96 rows doubles the time, 24 -> 48 does not)
 MLA_ROWS = {"flashmla_fp8": 64, "flashmla_bf16": 64}
+GQA_TILE = 16  # cache positions per tile of a GQA decode program (vLLM / aiter unified attention: the block size)
 SHORT_K = 1024  # reduction depth at or below which a GEMM tile runs <= 8 K-steps of 128
 W4A16_BLOCK_N = {16: 32, 64: 64}  # the suite's W4A16 tile config: BLOCK_M -> BLOCK_N (fam_moe.TILE_CONFIG)
 NARROW_N = 1024  # output width at or below which few CTAs share the N dimension: each runs K in series
@@ -104,6 +110,28 @@ def mla_splits(batch: int, cached: int, sms: int, tile: int = MLA_TILE) -> tuple
     want = max(1, min(-(-2 * sms // batch), -(-cached // tile)))
     chunk = -(-(-(-cached // want)) // tile) * tile
     return -(-cached // chunk), chunk
+
+
+def gqa_grid(kernel: Kernel) -> tuple[int, int, int, int]:
+    """(programs, tiles per program, segments, bytes of one tile) of a paged GQA decode: its query [M, Nq, H], its
+    pools [NB, BS, Nkv, H] and table [B, blocks] are reads 0, 1 and 3; `ctas` its programs, B x Nkv x segments;
+    the positions each sequence reads, S (its window on a sliding layer), from its FLOPs, 4 M Nq S H."""
+    q, pool, table = kernel.reads[0], kernel.reads[1], kernel.reads[3]
+    m, nq, h = q.shape
+    nkv, b = pool.shape[2], table.shape[0]
+    programs = kernel.ctas or b * nkv
+    segments = max(1, programs // (b * nkv))
+    seen = kernel.flops // (4 * m * nq * h)
+    tiles = -(-(-(-seen // GQA_TILE)) // segments)
+    return programs, tiles, segments, GQA_TILE * 2 * h * pool.nbytes // pool.numel
+
+
+def gqa_chain_us(kernel: Kernel, sms: int, cta_bandwidth: float) -> float:
+    """µs of a GQA decode's tile chain: its programs in waves of SMs x ctas_per_sm, each wave as long as one
+    program's tiles take at one CTA's bandwidth (the loads of a program's tiles are in series)."""
+    programs, tiles, _, tile_bytes = gqa_grid(kernel)
+    waves = -(-programs // (sms * kernel.ctas_per_sm))
+    return waves * tiles * tile_bytes / cta_bandwidth * 1e6
 
 
 def wire_bytes(nbytes: int, ranks: int, algorithm: str) -> float:
@@ -213,6 +241,11 @@ def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float) -> dict[s
         passes = blocks if law.impl in MLA_ROWS else 1  # FlashMLA streams the cache once per row block
         return {"t0": 1.0, "tile_steps": float(-(-programs // sms) * -(-chunk // MLA_TILE)), "splits": float(splits),
                 "cache_bytes": float(kernel.hbm_bytes * passes)}
+    if fam == "gqa":
+        programs, tiles, segments, _ = gqa_grid(kernel)
+        waves = -(-programs // (sms * kernel.ctas_per_sm))
+        return {"t0": 1.0, "tile_steps": float(waves * tiles), "segments": float(segments),
+                "cache_bytes": float(kernel.hbm_bytes)}
     f = {"t0": 1.0, "bytes": float(kernel.hbm_bytes), "flops": float(kernel.flops)}
     if fam == "gemm":
         m, k, n = gemm_shape(kernel)
@@ -293,6 +326,8 @@ def role_of(kernel: Kernel) -> tuple[str | None, str]:
         ok = len(kernel.reads) > 1 and len(kernel.reads[0].shape) == 3 and any(
             len(t.shape) == 3 for t in kernel.reads[1:])
         return ("mla", "") if ok else (None, "")
+    if fam == "gqa":  # a measured law once a GPU's kernel set holds one; the datasheet law until then
+        return ("gqa", "") if "gqa" in ROLES and len(kernel.reads) > 3 else (None, "")
     return "small", kernel.key
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from simulator.cost.collectives import collective_cost, collective_time_us
-from simulator.cost.laws import expected_tiles, law_us
+from simulator.cost.laws import expected_tiles, gqa_chain_us, law_us
 from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import TENSOR_CORE_FAMILIES, Kernel
 
@@ -221,6 +221,8 @@ def kernel_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float, flo
         return launch_gap_us(kernel, hw), fixed, 0.0, comm, stream
     comm = collective_time_us(kernel.collective, hw) if kernel.collective else 0.0
     experts_us, math_us = grouped_gemm_terms(kernel, hw)
+    if kernel.family == "gqa":  # its grid's tile chain, against its bytes as math is (cost/laws.py gqa)
+        math_us = gqa_chain_us(kernel, hw.sm_count, hw.cta_bandwidth)
     return (launch_gap_us(kernel, hw), fixed_us(kernel, hw) + experts_us + serial_us(kernel, hw),
             math_us, comm, stream_bandwidth(kernel, hw))
 

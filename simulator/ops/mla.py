@@ -80,13 +80,14 @@ def rope_inv_freq(R: int, theta: float, scaling: RopeScaling | None = None) -> A
     pairs below floor(i(beta_fast)) turn fast (> 32 times) and keep f_i (extrapolation); pairs from
     ceil(i(beta_slow)) on turn less than once and get f_i / factor (interpolation); a linear ramp
     blends the two in between (DeepSeek-V3's R = 64, theta 1e4, L = 4096: pairs 0-9 kept, 23-31 / 40).
-    -> [R/2] float64.
+    `scaling.truncate` False (gpt-oss) keeps i(beta_fast) and i(beta_slow) unrounded. -> [R/2] float64.
     """
     inv_freq = float(theta) ** (-np.arange(0, R, 2, dtype=np.float64) / R)  # [R/2]
     if scaling is None:
         return inv_freq
-    low = max(np.floor(_correction_dim(R, theta, scaling.original_max, scaling.beta_fast)), 0.0)
-    high = min(np.ceil(_correction_dim(R, theta, scaling.original_max, scaling.beta_slow)), R - 1.0)
+    floor, ceil = (np.floor, np.ceil) if scaling.truncate else (float, float)
+    low = max(floor(_correction_dim(R, theta, scaling.original_max, scaling.beta_fast)), 0.0)
+    high = min(ceil(_correction_dim(R, theta, scaling.original_max, scaling.beta_slow)), R - 1.0)
     ramp = np.clip((np.arange(R // 2) - low) / max(high - low, 1e-3), 0.0, 1.0)  # 0 extrapolate .. 1 interpolate
     return inv_freq / scaling.factor * ramp + inv_freq * (1.0 - ramp)  # [R/2]
 

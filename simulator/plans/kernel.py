@@ -141,6 +141,10 @@ class Kernel:
     consts: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
     scope: Literal["rank", "ranks"] = "rank"
     diagnostics: tuple[str, ...] = ()  # extra op outputs the check keeps (no GPU tensor, no bytes)
+    # HBM bytes the launch moves where its tensors do not say them (0: the declared tensors' bytes): a
+    # sliding-window decode reads its window's pages of the whole pool it declares, a split-KV decode writes
+    # fp32 partials its op never materialises, a cast reads a table moe-sim does not hold
+    traffic_bytes: int = 0
 
     # byte totals, derived once from the declared tensors (the cost model reads them many times)
     weight_bytes: int = field(init=False, compare=False, repr=False)
@@ -170,6 +174,7 @@ class Kernel:
                            self.deps, self.collective, self.prefetch_bytes, self.pdl, self.ctas, self.ctas_per_sm,
                            self.serial_steps, self.group_rows, self.floor, self.group_tokens, self.fusions,
                            self.replaces, self.scope, self.weight_bytes, self.read_bytes, self.write_bytes,
+                           self.traffic_bytes,
                            tuple(t.window for t in self.reads), tuple(t.window for t in self.writes)))
             object.__setattr__(self, "_hash", cached)
         return cached
@@ -179,8 +184,9 @@ class Kernel:
 
     @property
     def hbm_bytes(self) -> int:
-        """Bytes this kernel moves through HBM on one rank: weights + activations/state in and out."""
-        return self.weight_bytes + self.read_bytes + self.write_bytes
+        """Bytes this kernel moves through HBM on one rank: weights + activations/state in and out, or its
+        `traffic_bytes` where the declared tensors do not say them."""
+        return self.traffic_bytes or self.weight_bytes + self.read_bytes + self.write_bytes
 
     @property
     def comm_bytes(self) -> int:

@@ -24,12 +24,14 @@ S shared hidden.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from simulator import attention
 from simulator.config import ModelConfig
 from simulator.plans import common as c
 from simulator.plans import moe_kernels as moe
+from simulator.plans import ogs_kernels as ogs
 from simulator.plans.common import EARLY, PDL, PLAIN, Dims
 from simulator.plans.fuse import cite
 from simulator.plans.kernel import DecodeShape, Kernel, Plan
@@ -39,18 +41,22 @@ TAIL_FUSION_MAX_TOKENS = 128  # the tier-0 tail's max_num_tokens (latent_moe_run
 
 def arch_of(hw: Any) -> str:
     """The stock path a GPU runs: "sm100" on the NVIDIA parts with FP4 tensor cores (Blackwell: the tier-0
-    tail, the TRT-LLM-gen MXFP4 MoE), "sm90" elsewhere (Hopper; the AMD parts, whose path is not mapped)."""
-    return "sm100" if hw.fp4_runs_as == "fp4" and not hw.name.upper().startswith("MI") else "sm90"
+    tail, the TRT-LLM-gen MXFP4 MoE), "sm90" on the others (Hopper); on the AMD parts "gfx950" (CDNA 4, FP4
+    matrix cores) or "gfx942" (CDNA 3), which run the Hopper path but for the kernels ROCm picks itself."""
+    if hw.name.upper().startswith("MI"):
+        return "gfx950" if hw.fp4_runs_as == "fp4" else "gfx942"
+    return "sm100" if hw.fp4_runs_as == "fp4" else "sm90"
 
 
 def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer: int | None = None,
           arch: str = "sm100") -> Plan:
-    """`arch`: "sm100" (GB300 and the Blackwell parts, what the source map describes) or "sm90" (Hopper: no
+    """`arch`: "sm100" (GB300 and the Blackwell parts, what the source map describes), "sm90" (Hopper: no
     tier-0 tail, no TRT-LLM-gen MXFP4 MoE and no KDA projection split; the MoE as before the map, one routing
-    launch, the unfused latent tail: the kernels the H200 measurements name)."""
+    launch, the unfused latent tail: the kernels the H200 measurements name), or "gfx942" / "gfx950" (ROCm:
+    Hopper's path with the attention and MoE kernels vLLM picks there; docs/gpt-oss.md)."""
     d = c.make_dims(cfg, tp, shape, layer, layer_type)
-    if arch not in ("sm100", "sm90"):
-        raise ValueError(f"arch {arch!r} is not sm100 or sm90")
+    if arch not in ("sm100", "sm90") + ogs.ROCM:
+        raise ValueError(f"arch {arch!r} is not sm100, sm90, gfx942 or gfx950")
     c1 = EARLY if d.single_request else PLAIN
     kernels = [c.residual_pre(d, PDL)]
     kernels += attention.kind(d.attn).standard(d, c1, arch)  # the attention's kernels: simulator/attention/<kind>.py
@@ -60,8 +66,14 @@ def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer:
 
 
 def attention_output(d: Dims) -> list[Kernel]:
-    """o_proj (C=1: weights before the wait), FlashInfer's MNNVL all-reduce, the post-attention residual."""
-    return [c.o_proj(d, EARLY if d.single_request else PDL), c.attn_all_reduce(d, PDL), c.residual_post(d, PDL)]
+    """o_proj (C=1: weights before the wait), FlashInfer's MNNVL all-reduce, the post-attention residual; on
+    one GPU no all-reduce (vLLM's tensor_model_parallel_all_reduce returns its input): o_proj writes the output."""
+    o_proj = c.o_proj(d, EARLY if d.single_request else PDL)
+    if d.P == 1:
+        alone = replace(o_proj, writes=(c.act("attn.out", d.M, d.D),), note="o_proj on one GPU: its output is the "
+                        "attention output (no all-reduce)")
+        return [alone, c.residual_post(d, PDL)]
+    return [o_proj, c.attn_all_reduce(d, PDL), c.residual_post(d, PDL)]
 
 
 def moe_block(d: Dims, c1: c.Launch, arch: str = "sm100") -> list[Kernel]:
@@ -69,6 +81,8 @@ def moe_block(d: Dims, c1: c.Launch, arch: str = "sm100") -> list[Kernel]:
     tail = cfg.latent_dim and cfg.num_shared_experts and cfg.latent_norm and d.M <= TAIL_FUSION_MAX_TOKENS
     if arch == "sm100" and tail:
         return latent_moe(d, c1)
+    if ogs.runs_ogs(cfg, arch):  # gpt-oss MXFP4 on Hopper and ROCm: triton_kernels' matmul_ogs
+        return ogs.ogs_moe(d, arch)
     kernels = [moe.router(d, c1)]
     if cfg.latent_dim:
         kernels.append(moe.latent_down(d, deps=(c.post_norm_key(d),)))

@@ -19,7 +19,8 @@ Pipeline (each step a function below):
 
 Step 1 is trace_reader.py; the pattern table and step 2 trace_patterns.py; steps 3 and 4 trace_layers.py;
 what the trace is (its engine when --engine is not given, whether its steps are decode steps)
-trace_detect.py; step 5 and the whole command here.
+trace_detect.py; step 5 and the whole command here. Beside the one layer, the whole step's coverage (every
+layer's plan and the head aligned with the trace, trace_step.py): how many of the step's kernels match.
 
 Makespan, both sides: first kernel start to last kernel end of one layer (the model's layer_us also
 counts the launch gap before its first kernel; this one does not, so both are measured the same way).
@@ -45,6 +46,7 @@ from simulator.report.trace_layers import LayerShape, NoMatch, Signature, best_l
 from simulator.report.trace_patterns import (  # noqa: F401  (engine_names, load_table: this module's API too)
     Classifier, Engine, engine_names, load_engine, load_table, partial_plan)
 from simulator.report.trace_reader import KernelTrace, read_kernels
+from simulator.report.trace_step import step_coverage, step_plan
 
 
 # ============================================================================ the comparison
@@ -166,13 +168,17 @@ def _median_of(values: Any) -> float | None:
 def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, shape: DecodeShape, layer_type: str,
                   variant: str | None = None, engine: str | None = None, patterns: str | None = None,
                   plan_keys: tuple[str, ...] | None = None, console: Any = None,
-                  with_kernels: Callable[[str], HardwareProfile] | None = None) -> tuple[dict[str, Any], Timeline]:
+                  layer: int | None = None, with_kernels: Callable[[str], HardwareProfile] | None = None,
+                  ) -> tuple[dict[str, Any], Timeline]:
     """Read `path`, find its engine (unless named) and its decode layers, build the plan of the same
-    configuration and compare; the doc and the model timeline. `with_kernels`: the profile pricing with another
-    measured kernel set, called with the engine's own (`kernel_set` in the pattern table) when the user named
-    none: a trace of the GPU suite's kernels is priced with the suite's laws, not the production set's."""
+    configuration (of layer index `layer`, else the layer type's representative) and compare; the doc and the
+    model timeline. `with_kernels`: the profile pricing with another measured kernel set, called with the
+    engine's own (`kernel_set` in the pattern table) when the user named none: a trace of the GPU suite's
+    kernels is priced with the suite's laws, not the production set's."""
+    if layer is not None and not 0 <= layer < cfg.num_layers:
+        raise UserError(f"--layer-index {layer} is not a layer of '{cfg.name}' (0 to {cfg.num_layers - 1}).")
     trace = read_kernels(path, console)
-    plans = _PlanMaker(cfg, tp, shape, layer_type, variant, plan_keys, arch_of(hw))
+    plans = _PlanMaker(cfg, tp, shape, layer_type, variant, plan_keys, arch_of(hw), layer)
     step = step_check(trace, shape, patterns)
     detected = None
     if engine is None:
@@ -198,6 +204,7 @@ def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, sha
             found = compare(trace, plan, timeline, Classifier(eng, plan), step.left_out)
             found["model_streams"] = "one stream, as the trace ran (the plan's side streams serialised)"
         doc |= found | family_intervals(found["kernels"], plan, hw)
+        doc["step_coverage"] = step_coverage(trace, step_plan(cfg, plan.variant, tp, shape, arch_of(hw)), eng)
     except NoMatch as exc:
         raise UserError(f"{exc}; {closest_engine(trace, plans, patterns, eng.name)}") from None
     doc["step"] = step.summary()
@@ -245,10 +252,11 @@ class _PlanMaker:
     variant: str | None
     plan_keys: tuple[str, ...] | None
     arch: str = "sm100"  # the stock path the GPU runs (plans.standard.arch_of)
+    layer: int | None = None  # the layer index whose plan is compared (None: the type's representative)
 
     def __call__(self, eng: Engine) -> Plan:
         from simulator.cost.step import build_plan
         chosen = self.variant or eng.variant or "standard"
-        plan = build_plan(self.cfg, chosen, self.tp, self.shape, self.layer_type, arch=self.arch)
+        plan = build_plan(self.cfg, chosen, self.tp, self.shape, self.layer_type, layer=self.layer, arch=self.arch)
         return partial_plan(plan, self.plan_keys or eng.plan_keys)
 

@@ -48,6 +48,12 @@ def print_compare(doc: dict[str, Any]) -> None:
     con.print(f"matched {doc['matched']} kernels; median |error| {_num(doc['median_abs_pct_error'], '.1f')} %; "
               f"layer makespan measured {span['measured']:.1f} us vs model {span['model']:.1f} us "
               f"({_num(doc['makespan_error_pct'], '+.1f')} %)")
+    cov = doc.get("step_coverage")
+    if cov and cov.get("matched") is not None:
+        missed = ", ".join(f"{escape(short_name(u['name']))} x{u['count']}" for u in cov["unmatched_measured"][:8])
+        con.print(f"the trace's {cov['kernels']} kernels against the whole step's plan (every layer's own, the head): "
+                  f"{cov['matched']} matched ({cov['matched_pct']:.1f} %)"
+                  + (f"; unmatched: {missed}" if missed else ""))
     con.print(f"per launch (the idle gap before a kernel + its duration, where a profiler and the model split "
               f"them differently): median |error| {_num(doc['median_abs_launch_error_pct'], '.1f')} %")
     if "inside_family_interval" in doc:
