@@ -401,3 +401,17 @@ def test_an_engine_prices_with_its_own_kernel_set_unless_told_otherwise() -> Non
         ms = doc["makespan_us"]
         return abs(ms["model"] / ms["measured"] - 1)
     assert error(own) < 0.10 < error(other)
+
+
+def test_intervals_of_an_unmeasured_profile_say_whose_spread_they_are() -> None:
+    """Priced with the datasheet law (no measured set), the interval line says its spread is the H200 laws',
+    not this profile's; priced with a measured set it does not."""
+    path = SUITE[0]
+    meta = json.loads(gzip.decompress(path.read_bytes()))["moeSimSuite"]
+    args = ["compare-trace", str(path), "--hardware", "h200", "--tp", str(meta["tp"]), "--batch", str(meta["batch"]),
+            "--tokens-per-seq", str(meta["tokens_per_seq"]), "--engine", "gpu-suite"]
+    caveat = "these intervals are the spread of the laws' form"
+    datasheet = runner.invoke(app, args + ["--kernels", "datasheet"], env={"COLUMNS": "200"})
+    measured = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert datasheet.exit_code == measured.exit_code == 0
+    assert caveat in datasheet.output and caveat not in measured.output

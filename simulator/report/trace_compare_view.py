@@ -63,6 +63,10 @@ def print_compare(doc: dict[str, Any]) -> None:
                for k in doc["kernels"] if k.get("inside_interval") is False]
         con.print(f"inside their family's {doc['interval_level']:.0%} interval (per launch): {got['inside']} of "
                   f"{got['checked']} kernels" + (f"; outside: {', '.join(out)}" if out else ""))
+        if doc.get("kernel_set") == "datasheet":
+            con.print(f"(no kernel of {doc['hardware']} is measured: these intervals are the spread of the laws' form "
+                      "once their constants are measured, from the H200; they leave out this profile's constants' own "
+                      "error)")
     if "model_streams" in doc:
         con.print(f"model streams: {doc['model_streams']}")
     con.print(f"unmatched plan kernels (the engine did not launch them): {', '.join(doc['unmatched_plan']) or 'none'}")
