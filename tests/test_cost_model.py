@@ -245,7 +245,7 @@ def test_drafter_layers_that_build_the_same_kernels_are_one_plan():
     assert plans[-1] is not layers[0] and plans[-1] != layers[0]  # the draft head
 
 
-@pytest.mark.parametrize("model", ["kimi-k3", "dspark-k3", "tiny-deepseek", "tiny-k3", "deepseek-v3"])
+@pytest.mark.parametrize("model", ["kimi-k3", "dspark-k3", "tiny-deepseek", "tiny-k3", "deepseek-v3", "gpt-oss-20b"])
 def test_layers_of_one_signature_build_the_same_kernels(model):
     """`plans.common.layer_signature` says all a plan reads of its layer's index (callers build one plan per
     signature: `drafter_plans`): every layer of a model builds the kernels of the first layer with its

@@ -48,6 +48,19 @@ def representative_layer(cfg: ModelConfig, layer_type: str) -> int:
     return layers[len(layers) // 2]
 
 
+@lru_cache(maxsize=256)
+def layer_groups(cfg: ModelConfig, layer_type: str) -> tuple[tuple[int, int], ...]:
+    """(representative layer, layer count) of each attention window among a type's layers: gpt-oss alternates
+    banded (128-token) and full attention, whose decode kernels differ; one group, the median layer, where every
+    layer of the type attends alike (every model but the sliding-window ones)."""
+    layers = [i for i in range(cfg.num_layers) if cfg.layer_type(i) == layer_type]
+    windows = sorted({cfg.gqa_window(i) for i in layers})
+    if len(windows) < 2:
+        return ((representative_layer(cfg, layer_type), len(layers)),)
+    groups = [[i for i in layers if cfg.gqa_window(i) == w] for w in windows]
+    return tuple((mine[len(mine) // 2], len(mine)) for mine in groups)
+
+
 def build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, layer_type: str,
                fusions: frozenset[str] | None = None, layer: int | None = None, arch: str = "sm100") -> Plan:
     """The plan of one layer; one object per distinct plan (the default fusions asked for by name or as None
@@ -69,19 +82,21 @@ def _build_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, lay
 
 
 def layer_us(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
-             fusions: frozenset[str] | None = None, makespan: Makespan = makespan_us) -> tuple[float, int]:
-    """(makespan in µs, kernel count) of one layer's plan on one GPU, shared by every shape that builds
-    the same plan (`plan_shape`): a sweep's points differ in hardware, acceptance length or context far
-    more often than in the kernels of a KDA layer."""
-    return _layer_us(cfg, hw, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions, makespan)
+             fusions: frozenset[str] | None = None, makespan: Makespan = makespan_us,
+             layer: int | None = None) -> tuple[float, int]:
+    """(makespan in µs, kernel count) of one layer's plan on one GPU (layer index `layer`, else the type's
+    representative), shared by every shape that builds the same plan (`plan_shape`): a sweep's points differ
+    in hardware, acceptance length or context far more often than in the kernels of a KDA layer."""
+    return _layer_us(cfg, hw, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions, makespan, layer)
 
 
 def _layer(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, shape: DecodeShape, layer_type: str,
            fusions: frozenset[str] | None,
-           makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us) -> tuple[Any, int]:
+           makespan: Callable[[Plan, HardwareProfile], Any] = makespan_us, layer: int | None = None,
+           ) -> tuple[Any, int]:
     """The plan of the shape's `plan_shape`: one object for every shape that builds the same kernels, so a
     pricing that remembers plans (the uncertainty draws do, by identity) prices it once."""
-    plan = build_plan(cfg, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions,
+    plan = build_plan(cfg, variant, tp, plan_shape(cfg, shape, layer_type), layer_type, fusions, layer,
                       arch=standard.arch_of(hw))
     return makespan(plan, hw), len(plan)
 
@@ -224,10 +239,18 @@ def _step(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int, batch: i
     shape = DecodeShape(batch, 1 + draft_tokens, context, routing)
     breakdown, per_layer, kernels = {}, {}, 0
     for layer_type, count in cfg.layer_counts().items():
-        if count:
+        if not count:
+            continue
+        groups = layer_groups(cfg, layer_type)
+        if len(groups) == 1:  # every model but the sliding-window ones: the type's representative layer
             per_layer[layer_type], n = layer(cfg, hw, variant, tp, shape, layer_type, fusions)
-            breakdown[f"{layer_type}_layers"] = count * per_layer[layer_type]
-            kernels += count * n
+            breakdown[f"{layer_type}_layers"], kernels = count * per_layer[layer_type], kernels + count * n
+            continue
+        total: Any = 0.0
+        for index, n_layers in groups:
+            t, n = layer(cfg, hw, variant, tp, shape, layer_type, fusions, layer=index)
+            total, kernels = total + n_layers * t, kernels + n_layers * n
+        breakdown[f"{layer_type}_layers"], per_layer[layer_type] = total, total / count  # the mean layer
     pdl = variant == "specialized" and (fusions is None or "pdl_prefetch" in fusions)
     breakdown["head"], n = head(cfg, hw, tp, head_shape(shape), variant, pdl)
     kernels += n

@@ -160,9 +160,11 @@ def make_dims(cfg: ModelConfig, tp: int, shape: DecodeShape, layer: int | None, 
 
 def layer_signature(cfg: ModelConfig, layer: int) -> tuple:
     """All a plan reads of its layer's index (through `Dims`: the layer's type and attention, its AttnRes
-    snapshots and boundary): layers with equal signatures build equal plans at every shape and TP (a test
-    builds them), so a caller may build one and reuse it (a drafter's five dense layers)."""
-    return cfg.layer_type(layer), cfg.attn_kinds[layer], blocks_before(cfg, layer), block_boundary(cfg, layer)
+    snapshots and boundary, a GQA layer's window, and whether it is the first GQA layer, whose rotary table
+    gpt-oss's step casts before it): layers with equal signatures build equal plans at every shape and TP (a test builds
+    them), so a caller may build one and reuse it (a drafter's five dense layers)."""
+    return (cfg.layer_type(layer), cfg.attn_kinds[layer], blocks_before(cfg, layer), block_boundary(cfg, layer),
+            cfg.gqa_window(layer), cfg.attn_kinds[layer] == "gqa" and layer == 0)
 
 
 # ---------------------------------------------------------------------------------------
