@@ -570,7 +570,7 @@ def _gqa(r: _Reader, base: dict[str, Any], head_dim: int | None) -> dict[str, An
     return dict(attn_kinds=("gqa",) * base["num_layers"], gqa_heads=heads,
                 gqa_kv_heads=r.get("num_key_value_heads", int, heads),
                 gqa_head_dim=r.get("head_dim", int, head_dim or base["hidden_size"] // heads),
-                mla_lora_eps=base["rms_norm_eps"])
+                mla_lora_eps=base["rms_norm_eps"])  # unused without MLA; must still be a valid eps
 
 
 def _parse_gpt_oss(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
@@ -615,8 +615,8 @@ def _parse_qwen3_moe(raw: dict[str, Any], name: str, source: str) -> ModelConfig
                         "only 1 (every layer MoE, but for a prefix in mlp_only_layers) is modelled.")
     dense = r.get("mlp_only_layers", list, [])
     if not all(type(i) is int for i in dense) or sorted(dense) != list(range(len(dense))):
-        raise UserError(f"{source}: field 'mlp_only_layers' = {dense!r} is not a prefix [0, 1, ..., k-1] of the layers, "
-                        "the only dense layers moe-sim models.")
+        raise UserError(f"{source}: field 'mlp_only_layers' = {dense!r} is not a prefix [0, 1, ..., k-1] of the "
+                        "layers, the only dense layers moe-sim models.")
     bias = r.get("attention_bias", bool, False)
     return ModelConfig(
         **base, **NO_MLA_KDA, **_gqa(r, base, None), gqa_qkv_bias=bias, o_proj_bias=bias, gqa_qk_norm=True,
@@ -633,12 +633,13 @@ def _parse_mixtral(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
     routing always renormalised over the k, SiLU-GLU experts of width `intermediate_size`."""
     r = _Reader(raw, source)
     base = _stack(r, name, "mixtral", 1e-5, 1000000.0, attention_factor=True)
-    window = r.get("sliding_window", int, 0)  # null (Mixtral-8x7B-v0.1): full attention
-    if window < 0:
+    window = r.get("sliding_window", int, None)  # null (Mixtral-8x7B-v0.1): full attention
+    if window is not None and window <= 0:
         raise UserError(f"{source}: field 'sliding_window' = {window} must be a positive integer or null.")
     return ModelConfig(
-        **base, **NO_MLA_KDA, **_gqa(r, base, None), gqa_qkv_bias=False, gqa_qk_norm=False, gqa_sinks=False, gqa_windows=(window,) * base["num_layers"] if window else (),
-        first_k_dense=0, dense_intermediate=0, hidden_act=_silu(r),
+        **base, **NO_MLA_KDA, **_gqa(r, base, None), gqa_qkv_bias=False, gqa_qk_norm=False, gqa_sinks=False,
+        gqa_windows=(window,) * base["num_layers"] if window else (), first_k_dense=0,
+        dense_intermediate=0, hidden_act=_silu(r),
         num_experts=r.get("num_local_experts", int), top_k=r.get("num_experts_per_tok", int),
         moe_intermediate=r.get("intermediate_size", int), renormalize=True, expert_dtype=_expert_dtype(r),
     )

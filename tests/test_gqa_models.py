@@ -231,6 +231,7 @@ BAD = {  # case: (model file, changes, words the one sentence must hold)
                                  "sets mscale or mscale_all_dim"),
     "qwen-quant-int4": (QWEN, dict(quantization_config={"quant_method": "awq"}), "names format 'awq'"),
     "mix-window-negative": (MIX, dict(sliding_window=-4096), "'sliding_window' = -4096 must be a positive integer"),
+    "mix-window-zero": (MIX, dict(sliding_window=0), "'sliding_window' = 0 must be a positive integer or null"),
     "mix-window-string": (MIX, dict(sliding_window="4096"), "'sliding_window' = '4096' should be of type int"),
     "mix-experts-zero": (MIX, dict(num_local_experts=0), "'num_experts' = 0 must be a positive integer"),
     "mix-topk-missing": (MIX, dict(num_experts_per_tok=DROP), "required field 'num_experts_per_tok' is missing"),
