@@ -352,3 +352,10 @@ def test_each_parsed_feature_changes_the_reference(kind, layer, field, off, reas
     else:
         neutral = replace(cfg, **{field: off})
     assert np.abs(_delta(cfg, layer) - _delta(neutral, layer)).max() > 1e-9
+
+
+@pytest.mark.parametrize("kind, layer_type, layer", [("gpt-oss", "gqa", 0), ("qwen3-moe", "dense", 0),
+                                                     ("qwen3-moe", "gqa", 1), ("mixtral", "gqa", 1)])
+def test_bf16_stays_within_the_check_s_bounds(kind, layer_type, layer, tmp_path):
+    result = check_layer(shrunk(kind, tmp_path), layer_type, 2, DecodeShape(2, 2, 20), "bf16", layer=layer)
+    assert result.passed, [(v.variant, t.name, t.rel_rms_error) for v in result.variants.values() for t in v.tensors]
