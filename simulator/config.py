@@ -1,9 +1,12 @@
 """Model configuration: Hugging Face `config.json` -> one frozen, validated `ModelConfig`.
 
-Three families are understood:
+These `model_type`s are understood:
 - `kimi_k3`     the multimodal wrapper; the text model is nested under `text_config`;
 - `kimi_linear` KDA + MLA hybrid with (latent) MoE, Block Attention Residuals, SiTU-GLU;
-- `deepseek_v3` MLA (RoPE) + classic MoE with grouped top-k, SiLU-GLU, plain residual.
+- `deepseek_v3` MLA (RoPE) + classic MoE with grouped top-k, SiLU-GLU, plain residual;
+- `gpt_oss`     GQA with sinks on sliding / full layers + top-k-softmax MoE with biases, clamped SwiGLU;
+- `qwen3_moe`   GQA with QK-norm + softmax top-k MoE, SiLU-GLU;
+- `mixtral`     GQA (optionally windowed) + softmax top-k MoE, renormalised, SiLU-GLU.
 
 Dimension legend (scaling-book letters): D hidden, F expert hidden, E routed experts, k active experts,
 N heads, H head dim, L latent (routed_expert_hidden_size), P tensor-parallel degree.
@@ -339,7 +342,9 @@ def validate_tp(cfg: ModelConfig, tp: int) -> None:
         checks.append(("dense_intermediate", cfg.dense_intermediate))
     for name, value in checks:
         if value and value % tp:
-            raise UserError(f"--tp {tp} does not divide {name} = {value} of model '{cfg.name}'.")
+            why = (f": each rank must own whole key/value heads (vLLM replicates them when TP exceeds {value}, which "
+                   "is not modelled)") if name == "gqa_kv_heads" else ""
+            raise UserError(f"--tp {tp} does not divide {name} = {value} of model '{cfg.name}'{why}.")
 
 
 # ---------------------------------------------------------------------------------------
@@ -409,6 +414,9 @@ def _stack(r: _Reader, name: str, family: str, eps: float, theta: float, attenti
     if not 0 < num_layers <= MAX_LAYERS:
         raise UserError(f"{r.source}: field 'num_hidden_layers' = {num_layers} must be an integer in [1, "
                         f"{MAX_LAYERS}].")
+    if "rope_parameters" in r.raw:  # transformers 5 saves rope_theta / rope_scaling there
+        raise UserError(f"{r.source}: field 'rope_parameters' (transformers 5's layout) is not read; give rope_theta "
+                        "and rope_scaling as the model's published config.json does.")
     drafting = r.get("moe_sim_drafting", str, "autoregressive")
     if drafting not in ("block", "autoregressive"):
         raise UserError(f"{r.source}: field 'moe_sim_drafting' = {drafting!r} is not 'block' or 'autoregressive'.")
@@ -553,7 +561,7 @@ NO_MLA_KDA = dict(mla_heads=0, q_lora_rank=0, kv_lora_rank=0, qk_nope_dim=0, qk_
                   attn_res_block=0, residual="plain")
 
 
-def _gqa(r: _Reader, base: dict[str, Any], head_dim: int | None, bias: bool) -> dict[str, Any]:
+def _gqa(r: _Reader, base: dict[str, Any], head_dim: int | None) -> dict[str, Any]:
     """GQA heads of every layer; `head_dim` None: hidden_size / num_attention_heads (Hugging Face's rule)."""
     heads = r.get("num_attention_heads", int)
     if heads <= 0:
@@ -563,8 +571,8 @@ def _gqa(r: _Reader, base: dict[str, Any], head_dim: int | None, bias: bool) -> 
                         f"hidden_size = {base['hidden_size']}.")
     return dict(attn_kinds=("gqa",) * base["num_layers"], gqa_heads=heads,
                 gqa_kv_heads=r.get("num_key_value_heads", int, heads),
-                gqa_head_dim=r.get("head_dim", int, head_dim or base["hidden_size"] // max(heads, 1)),
-                gqa_qkv_bias=r.get("attention_bias", bool, bias), mla_lora_eps=base["rms_norm_eps"])
+                gqa_head_dim=r.get("head_dim", int, head_dim or base["hidden_size"] // heads),
+                mla_lora_eps=base["rms_norm_eps"])  # unused without MLA; must still be a valid eps
 
 
 def _parse_gpt_oss(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
@@ -584,7 +592,7 @@ def _parse_gpt_oss(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
                         "compute clamped SwiGLU whatever it says, and only the published value is accepted.")
     bias = r.get("attention_bias", bool, True)
     return ModelConfig(
-        **base, **NO_MLA_KDA, **_gqa(r, base, 64, bias),
+        **base, **NO_MLA_KDA, **_gqa(r, base, 64), gqa_qkv_bias=bias,
         gqa_sinks=True, gqa_windows=_layer_windows(r, base["num_layers"], 128), gqa_qk_norm=False,
         o_proj_bias=bias, first_k_dense=0, dense_intermediate=0,
         hidden_act="swiglu_oai", swiglu_limit=r.positive("swiglu_limit", 7.0),
@@ -592,6 +600,58 @@ def _parse_gpt_oss(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
         num_experts=r.get("num_local_experts", int), top_k=top_k, moe_intermediate=r.get("intermediate_size", int),
         renormalize=True, router_logit_bias=True, expert_bias=True, expert_dtype=_expert_dtype(r),
     )
+
+
+def _parse_qwen3_moe(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
+    """Qwen3-MoE (Qwen, 2025): GQA with per-head RMSNorm of q and k before RoPE, softmax top-k routing
+    renormalised when `norm_topk_prob`, SiLU-GLU experts. Dense layers are modelled as a prefix only
+    (`mlp_only_layers` = [0, k), `decoder_sparse_step` 1); sliding windows (`use_sliding_window`) are refused."""
+    r = _Reader(raw, source)
+    base = _stack(r, name, "qwen3_moe", 1e-6, 10000.0, attention_factor=True)
+    if r.get("use_sliding_window", bool, False):
+        raise UserError(f"{source}: field 'use_sliding_window' = true is not modelled (Qwen3-MoE's published "
+                        "configs set it false).")
+    step = r.get("decoder_sparse_step", int, 1)
+    if step != 1:
+        raise UserError(f"{source}: field 'decoder_sparse_step' = {step!r} would interleave dense and MoE layers; "
+                        "only 1 (every layer MoE, but for a prefix in mlp_only_layers) is modelled.")
+    dense = r.get("mlp_only_layers", list, [])
+    if not all(type(i) is int for i in dense) or sorted(dense) != list(range(len(dense))):
+        raise UserError(f"{source}: field 'mlp_only_layers' = {dense!r} is not a prefix [0, 1, ..., k-1] of the "
+                        "layers, the only dense layers moe-sim models.")
+    bias = r.get("attention_bias", bool, False)
+    return ModelConfig(
+        **base, **NO_MLA_KDA, **_gqa(r, base, None), gqa_qkv_bias=bias, o_proj_bias=bias, gqa_qk_norm=True,
+        gqa_sinks=False,
+        first_k_dense=len(dense), dense_intermediate=r.get("intermediate_size", int) if dense else 0,
+        hidden_act=_silu(r), num_experts=r.get("num_experts", int), top_k=r.get("num_experts_per_tok", int),
+        moe_intermediate=r.get("moe_intermediate_size", int), renormalize=r.get("norm_topk_prob", bool, False),
+        expert_dtype=_expert_dtype(r),
+    )
+
+
+def _parse_mixtral(raw: dict[str, Any], name: str, source: str) -> ModelConfig:
+    """Mixtral (Mistral AI, 2023): GQA without biases, an optional sliding window on every layer, softmax top-k
+    routing always renormalised over the k, SiLU-GLU experts of width `intermediate_size`."""
+    r = _Reader(raw, source)
+    base = _stack(r, name, "mixtral", 1e-5, 1000000.0, attention_factor=True)
+    window = r.get("sliding_window", int, None)  # null (Mixtral-8x7B-v0.1): full attention
+    if window is not None and window <= 0:
+        raise UserError(f"{source}: field 'sliding_window' = {window} must be a positive integer or null.")
+    return ModelConfig(
+        **base, **NO_MLA_KDA, **_gqa(r, base, None), gqa_qkv_bias=False, gqa_qk_norm=False, gqa_sinks=False,
+        gqa_windows=(window,) * base["num_layers"] if window else (), first_k_dense=0,
+        dense_intermediate=0, hidden_act=_silu(r),
+        num_experts=r.get("num_local_experts", int), top_k=r.get("num_experts_per_tok", int),
+        moe_intermediate=r.get("intermediate_size", int), renormalize=True, expert_dtype=_expert_dtype(r),
+    )
+
+
+def _silu(r: _Reader) -> str:
+    act = r.get("hidden_act", str, "silu")
+    if act != "silu":
+        raise UserError(f"{r.source}: field 'hidden_act' = {act!r} is not modelled for this model type (only 'silu').")
+    return act
 
 
 LAYER_TYPES = {"sliding_attention", "full_attention"}
@@ -624,7 +684,8 @@ def parse_config(raw: Any, name: str, source: str) -> ModelConfig:
             raise UserError(f"{source}: field 'text_config' is missing or not an object (kimi_k3 nests the text model "
                             f"there).")
         return _parse_kimi_linear(text, name, source)
-    parsers = {"kimi_linear": _parse_kimi_linear, "deepseek_v3": _parse_deepseek_v3, "gpt_oss": _parse_gpt_oss}
+    parsers = {"kimi_linear": _parse_kimi_linear, "deepseek_v3": _parse_deepseek_v3, "gpt_oss": _parse_gpt_oss,
+               "qwen3_moe": _parse_qwen3_moe, "mixtral": _parse_mixtral}
     if not isinstance(model_type, str) or model_type not in parsers:
         raise UserError(f"{source}: field 'model_type' = {model_type!r} is not one of kimi_k3, "
                         f"{', '.join(parsers)}.")
