@@ -558,7 +558,7 @@ NO_MLA_KDA = dict(mla_heads=0, q_lora_rank=0, kv_lora_rank=0, qk_nope_dim=0, qk_
                   mla_nope=False, mla_output_gate=False, kda_heads=0, kda_head_dim=0, conv_size=0,
                   gate_lower_bound=0.0, situ_beta=4.0, situ_linear_beta=25.0, num_shared_experts=0, latent_dim=0,
                   latent_norm=False, router_act="softmax", n_group=1, topk_group=1, routed_scaling_factor=1.0,
-                  attn_res_block=0, residual="plain")
+                  attn_res_block=0, residual="plain", selection_bias=False)  # plain softmax top-k: no score bias
 
 
 def _gqa(r: _Reader, base: dict[str, Any], head_dim: int | None) -> dict[str, Any]:

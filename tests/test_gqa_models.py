@@ -317,17 +317,16 @@ from simulator.plans.common import make_dims  # noqa: E402
 from simulator.reference import reference_layer  # noqa: E402
 from simulator.weights import LayerWeights  # noqa: E402
 
-LEAD = "the gpt-oss MoE math (clamped SwiGLU, router logit bias, expert and o_proj biases) is being written in " \
-       "ops/plans/reference by the lead; until then the field is parsed but not computed"
 FEATURES = [  # (shrunk model, layer, field switched off, its neutral value, xfail reason or None)
     ("gpt-oss", 0, "gqa_sinks", False, None),
     ("gpt-oss", 0, "gqa_windows", (0, 0), None),
     ("gpt-oss", 0, "gqa_qkv_bias", False, None),
     ("gpt-oss", 0, "rope_scaling.truncate", True, None),
-    ("gpt-oss", 0, "hidden_act", "silu", LEAD),
-    ("gpt-oss", 0, "router_logit_bias", False, LEAD),
-    ("gpt-oss", 0, "expert_bias", False, LEAD),
-    ("gpt-oss", 0, "o_proj_bias", False, LEAD),
+    ("gpt-oss", 0, "hidden_act", "silu", None),
+    ("gpt-oss", 0, "router_logit_bias", False, None),
+    ("gpt-oss", 0, "expert_bias", False, None),
+    ("gpt-oss", 0, "o_proj_bias", False, None),
+    ("gpt-oss", 0, "selection_bias", True, None),  # on: DeepSeek's score bias, which these routers do not have
     ("qwen3-moe", 1, "gqa_qk_norm", False, None),
     ("qwen3-moe", 1, "renormalize", False, None),
     ("mixtral", 1, "gqa_windows", (), None),
