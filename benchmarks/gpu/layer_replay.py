@@ -463,12 +463,11 @@ def run_layers(torch, layers: list[Layer], plan, aux) -> None:
             main.wait_stream(aux)  # join the second stream (a capture must not fork without joining)
 
 
-def replay(torch, wheel, extra, model: str, batch: int, tokens: int, n_layers: int, out: Path) -> dict:
+def replay_plan(torch, plan, layers: list, name: str, meta: dict, out: Path) -> dict:
+    """Capture every layer's launches (run_layers) as one CUDA graph, time REPLAYS replays with CUDA events,
+    trace one replay, trim it to its kernel events with `meta` beside them, and append it to out/traces.tar:
+    the timing columns of a replay row."""
     import capture_traces
-    from predict_layers import _plan
-    t0 = time.time()
-    plan = _plan(model, batch, tokens)
-    layers = [Layer(torch, wheel, extra, plan, model, seed=100 * batch + 10 * tokens + i) for i in range(n_layers)]
     aux = torch.cuda.Stream()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -482,24 +481,32 @@ def replay(torch, wheel, extra, model: str, batch: int, tokens: int, n_layers: i
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
-    per_layer = replay_us(torch, graph, REPLAYS, n_layers)
-    name = replay_name(model, batch, tokens)
+    per_layer = replay_us(torch, graph, REPLAYS, len(layers))
     with tempfile.TemporaryDirectory() as tmp:
         raw, trimmed = Path(tmp) / "raw.json", Path(tmp) / f"{name}.json.gz"
         capture_traces.profile(torch, graph.replay, raw)
-        meta = {"moeSimReplay": {"model": model, "layer": plan.layer, "tp": TP, "batch": batch,
-                                 "tokens_per_seq": tokens, "context": CONTEXT, "layers": n_layers,
-                                 "stand_ins": sorted(layers[0].stand_ins), "package": wheel.version}}
-        names = capture_traces.trim(raw, trimmed, meta)
+        names = capture_traces.trim(raw, trimmed, {"moeSimReplay": meta})
         with tarfile.open(out / "traces.tar", "a") as tar:
             tar.add(trimmed, arcname=trimmed.name)
     del graph
     xs = sorted(per_layer)
-    return {"replay": name, "model": model, "layer": plan.layer, "tp": TP, "batch": batch, "tokens_per_seq": tokens,
-            "context": CONTEXT, "layers": n_layers, "graph_us_per_layer": round(statistics.median(xs), 3),
+    return {"layers": len(layers), "graph_us_per_layer": round(statistics.median(xs), 3),
             "graph_p10_us": round(xs[len(xs) // 10], 3), "graph_p90_us": round(xs[(9 * len(xs)) // 10], 3),
-            "kernels_per_layer": len(names) // n_layers, "stand_ins": "; ".join(sorted(layers[0].stand_ins)),
-            "status": "ok", "gpu_s": round(time.time() - t0, 1), "trace": f"{name}.json.gz"}
+            "kernels_per_layer": len(names) // len(layers), "trace": f"{name}.json.gz"}
+
+
+def replay(torch, wheel, extra, model: str, batch: int, tokens: int, n_layers: int, out: Path) -> dict:
+    from predict_layers import _plan
+    t0 = time.time()
+    plan = _plan(model, batch, tokens)
+    layers = [Layer(torch, wheel, extra, plan, model, seed=100 * batch + 10 * tokens + i) for i in range(n_layers)]
+    name = replay_name(model, batch, tokens)
+    meta = {"model": model, "layer": plan.layer, "tp": TP, "batch": batch, "tokens_per_seq": tokens,
+            "context": CONTEXT, "layers": n_layers, "stand_ins": sorted(layers[0].stand_ins), "package": wheel.version}
+    timing = replay_plan(torch, plan, layers, name, meta, out)
+    return {"replay": name, "model": model, "layer": plan.layer, "tp": TP, "batch": batch, "tokens_per_seq": tokens,
+            "context": CONTEXT, **timing, "stand_ins": "; ".join(sorted(layers[0].stand_ins)), "status": "ok",
+            "gpu_s": round(time.time() - t0, 1)}
 
 
 def write_row(path: Path, row: dict) -> None:

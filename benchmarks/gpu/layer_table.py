@@ -57,17 +57,24 @@ def all_layers_makespan(doc: dict) -> float | None:
     return statistics.median(max(e["ts"] + e["dur"] for e in r) - min(e["ts"] for e in r) for r in runs)
 
 
-def compare_replay(trace: Path, pred: dict) -> dict:
-    """One row of the table for a replay's trace and its predictions.csv row."""
+def compare_replay(trace: Path, pred: dict, keys: tuple[str, ...] | None = None, layer_type: str | None = None,
+                   layer_index: int | None = None) -> dict:
+    """One row of the table for a replay's trace and its predictions.csv row; keys (the plan kernels the replay
+    ran), layer_type and layer_index default to predict_layers' K3 / DeepSeek-V3 replays."""
     from simulator.config import load_model
     from simulator.hardware import load_hardware
     from simulator.plans.kernel import DecodeShape
     from simulator.report.trace_compare import compare_trace
     model, b, t = pred["model"], int(pred["batch"]), int(pred["tokens_per_seq"])
-    keys = replay_keys(model, b, t)
+    keys = keys or replay_keys(model, b, t)
     doc, _ = compare_trace(str(trace), load_model(model), load_hardware(pred["hardware"], pred["kernel_set"]),
-                           int(pred["tp"]), DecodeShape(b, t, int(pred["context"])), dict(LAYERS)[model],
-                           engine=ENGINE, plan_keys=keys)
+                           int(pred["tp"]), DecodeShape(b, t, int(pred["context"])), layer_type or dict(LAYERS)[model],
+                           engine=ENGINE, plan_keys=keys, layer=layer_index)
+    return row_of(trace, pred, doc, keys)
+
+
+def row_of(trace: Path, pred: dict, doc: dict, keys: tuple[str, ...]) -> dict:
+    """The table's row from compare-trace's doc of a replay's trace."""
     predicted, measured = float(pred["makespan_us"]), doc["makespan_us"]["measured"]
     raw = read_trace(trace)
     every = all_layers_makespan(raw)
@@ -83,13 +90,18 @@ def compare_replay(trace: Path, pred: dict) -> dict:
             "median_abs_launch_error_pct": doc["median_abs_launch_error_pct"]}
 
 
-def table(predictions: Path, traces: Path, prefix: str) -> list[dict]:
+def table(predictions: Path, traces: Path, prefix: str, compare=None, present: bool = False) -> list[dict]:
+    """One row per prediction, by `compare(trace, prediction)` (compare_replay unless given); `present`: only
+    the predictions whose trace is in `traces`."""
+    compare = compare or compare_replay
     with predictions.open(newline="") as f:
         preds = list(csv.DictReader(f))
+    if present:
+        preds = [p for p in preds if (traces / f"{prefix}{p['replay']}.json.gz").is_file()]
     missing = [p["replay"] for p in preds if not (traces / f"{prefix}{p['replay']}.json.gz").is_file()]
     if missing:
         raise FileNotFoundError(f"{traces}: no trace {prefix}{missing[0]}.json.gz (one per row of {predictions.name})")
-    return [compare_replay(traces / f"{prefix}{p['replay']}.json.gz", p) for p in preds]
+    return [compare(traces / f"{prefix}{p['replay']}.json.gz", p) for p in preds]
 
 
 def main() -> int:
