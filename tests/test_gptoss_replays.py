@@ -76,7 +76,8 @@ def test_compare_trace_matches_every_launch_of_every_replay(table):
     from simulator.report.trace_compare import compare_trace
     for tp, b, c, li in ((1, 1, 1720, 0), (2, 64, 8192, 1)):
         keys = tuple(k.key for k in predict_gptoss.plan_of(tp, b, c, li) if k.kind != "collective")
-        doc, _ = compare_trace(str(layer_table.TRACES / f"vllm-h200-{predict_gptoss.replay_name(tp, b, c, li)}.json.gz"),
+        trace = layer_table.TRACES / f"vllm-h200-{predict_gptoss.replay_name(tp, b, c, li)}.json.gz"
+        doc, _ = compare_trace(str(trace),
                                load_model("gpt-oss-20b"), load_hardware("h200", "vllm"), tp, DecodeShape(b, 1, c),
                                "gqa", engine="vllm-h200", plan_keys=keys, layer=li)
         assert {n.split("<")[0].split()[-1].split("::")[-1] for n in doc["folded_measured"]} <= {

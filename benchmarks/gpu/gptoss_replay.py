@@ -159,7 +159,7 @@ class Kernels:
         self.version = f"vllm=={VERSION}"
 
 
-# ===================================================================== MXFP4 experts as vLLM's TRITON backend holds them
+# ================================================================ MXFP4 experts as vLLM's TRITON backend holds them
 def mxfp4_experts(torch, kernels: Kernels, experts: int, k: int, n: int, gen) -> tuple[Any, Any]:
     """Random MXFP4 experts [E, N, K/2] with e8m0 scales [E, N, K/32], converted as vLLM's _swizzle_mxfp4 does
     on SM90 (scale groups padded to 0 mod 4, transposed so K is dim 1, Hopper value / scale layouts); the
