@@ -39,7 +39,9 @@ from simulator.plans.kernel import Kernel, Tensor
 # files and lines: routing.py:292 routing, :160 sort_tokens, topk.py:87 topk)
 TK = "vllm/third_party/triton_kernels/"
 ROCM = ("gfx942", "gfx950")  # the AMD archs of plans/standard.arch_of
-ALIGN = 256  # ROCm pads matmul_ogs experts' hidden and intermediate to this (oracle/mxfp4.py round-up helper)
+ALIGN = {"rocm": (256, 256), "cuda": (1, 64)}  # (hidden, intermediate per rank) the TRITON backend rounds up to:
+# vllm/model_executor/layers/fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size (ROCm,
+# activation not SiTU / SiLU: 256; CUDA: the default branch, the intermediate to 64, e.g. 1440 -> 1472 at TP2)
 TILE = "16x128x256x1"  # BLOCK_M x BLOCK_N x BLOCK_K x split-K that triton_kernels picked in the MI300X trace
 
 
@@ -50,14 +52,16 @@ def runs_ogs(cfg: ModelConfig, arch: str) -> bool:
 
 
 def _padded(t: Tensor, arch: str) -> Tensor:
-    """The expert weights as ROCm's backend stores them: the hidden and each packed intermediate rounded up to
-    ALIGN (zeros): gate/up [U, D, 2F] -> [U, Dp, 2 Fp], down [U, F, D] -> [U, Fp, Dp]."""
-    if arch not in ROCM:
-        return t
-    up = lambda n: -(-n // ALIGN) * ALIGN  # noqa: E731
+    """The expert weights as the backend stores them (zeros padding): the hidden and each packed intermediate
+    rounded up to ALIGN: gate/up [U, D, 2F] -> [U, Dp, 2 Fp], down [U, F, D] -> [U, Fp, Dp]."""
+    hidden, inter = ALIGN["rocm" if arch in ROCM else "cuda"]
+    up = lambda n, a: -(-n // a) * a  # noqa: E731
     rows, cols = t.shape[-2:]
-    parts = len(t.parts) if t.pack_axis in (-1, len(t.shape) - 1) else 1
-    shape = t.shape[:-2] + (up(rows), parts * up(cols // parts))
+    if t.pack_axis in (-1, len(t.shape) - 1):  # gate/up: D rows, the parts' F columns side by side
+        parts = len(t.parts)
+        shape = t.shape[:-2] + (up(rows, hidden), parts * up(cols // parts, inter))
+    else:  # down: F rows, D columns
+        shape = t.shape[:-2] + (up(rows, inter), up(cols, hidden))
     return replace(t, shape=shape, unpadded=t.unpadded or t.shape) if shape != t.shape else t
 
 
@@ -67,7 +71,7 @@ def pad_hidden(d: Dims) -> Kernel:
     return Kernel(key="moe_pad", name="triton_poi_fused_constant_pad_nd_moe_forward", kind="pointwise",
                   family="small", op=pointwise.add, reads=(x,), writes=(x,),
                   source="vllm/model_executor/layers/fused_moe/runner/moe_runner.py:MoERunner._maybe_pad_hidden_states",
-                  note=f"x2 padded to {-(-d.D // ALIGN) * ALIGN} columns of zeros for the padded experts (one Inductor "
+                  note=f"x2 padded to {-(-d.D // ALIGN['rocm'][0]) * ALIGN['rocm'][0]} columns of zeros for the padded experts (one Inductor "
                        "launch); declared in place: the zero columns change no number and add M x 192 x 2 B")
 
 
