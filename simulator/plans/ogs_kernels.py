@@ -71,7 +71,8 @@ def pad_hidden(d: Dims) -> Kernel:
     return Kernel(key="moe_pad", name="triton_poi_fused_constant_pad_nd_moe_forward", kind="pointwise",
                   family="small", op=pointwise.add, reads=(x,), writes=(x,),
                   source="vllm/model_executor/layers/fused_moe/runner/moe_runner.py:MoERunner._maybe_pad_hidden_states",
-                  note=f"x2 padded to {-(-d.D // ALIGN['rocm'][0]) * ALIGN['rocm'][0]} columns of zeros for the padded experts (one Inductor "
+                  note=f"x2 padded to {-(-d.D // ALIGN['rocm'][0]) * ALIGN['rocm'][0]} columns of zeros for the "
+                       "padded experts (one Inductor "
                        "launch); declared in place: the zero columns change no number and add M x 192 x 2 B")
 
 
