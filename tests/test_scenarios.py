@@ -32,9 +32,9 @@ def expected_rows(sc) -> int:
     return total
 
 
-def test_eight_scenarios_ship():
+def test_nine_scenarios_ship():
     assert {p.stem for p in SHIPPED} == {"published-trace", "batch-sweep", "hardware", "speculative",
-                                        "fusion-ablation", "tp8-vs-tp16", "context-length", "routing"}
+                                        "fusion-ablation", "tp8-vs-tp16", "context-length", "routing", "gqa-models"}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
