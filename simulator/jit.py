@@ -1,7 +1,7 @@
 """Numba on first call: a module that defines compiled kernels costs no Numba import until one of them runs.
 
 Importing Numba and loading its cached machine code takes ~0.3-0.7 s, more than the cost model needs to
-price a step. The plans import the ops they bind (`plans/kda_kernels.py` -> `ops/kda.py`, whose fused form is
+price a step. The plans import the ops they bind (`attention/kda.py` -> `ops/kda.py`, whose fused form is
 a kernel), and the executor the weight store (`weights.py` -> `fast/rng.py`), so a kernel module that imported
 Numba at the top would charge that to `moe-sim step`, which runs none of them. Used by ops/kda.py and by the
 fast backend (simulator/fast), so it sits beside both.

@@ -220,7 +220,7 @@ print(json.dumps({"numba": "numba" in sys.modules}))
 
 
 def test_step_imports_no_numba() -> None:
-    """The plans bind their ops (plans/kda_kernels.py imports ops/kda.py, and cost/ the weight table in
+    """The plans bind their ops (attention/kda.py imports ops/kda.py, and cost/ the weight table in
     weights.py -> fast/rng.py), whose kernels compile on first call (simulator/jit.py): pricing a step imports
     no Numba."""
     assert not _fresh(COMMAND_THEN_REPORT.format(args=["step"]))["numba"]

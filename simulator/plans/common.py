@@ -293,33 +293,6 @@ def o_proj_weight(d: Dims) -> Tensor:
     return weight(f"{d.attn}.w_o", d.attn_width, d.D, shard="row")
 
 
-def kda_in_proj(d: Dims, name: str, launch: Launch = PLAIN, source: str = LLG) -> Kernel:
-    """x @ [W_q | W_k | W_v | W_g | W_fa | W_b] per rank: q, k, v, g column shards, f_a replicated."""
-    M, D, C, Nh, H = d.M, d.D, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim
-    n = 4 * C + H + Nh
-    n_pad = -(-n // 16) * 16  # vLLM pads the fused projection to a multiple of 16 rows (the GEMM runs over them)
-    w = packed((("kda.w_q", "col"), ("kda.w_k", "col"), ("kda.w_v", "col"), ("kda.w_g", "col"),
-                ("kda.w_fa", "full"), ("kda.w_b", "col")), D, n,
-               padded=(D, n_pad))
-    return Kernel(
-        key="kda_in_proj", name=name, kind="gemm", family="gemm",
-        op=lin.linear_split, consts=(("widths", (3 * C, C, H, Nh)),),
-        reads=(act("x", M, D),), weights=(w,),
-        writes=(act("kda.qkv", M, 3 * C), act("kda.g", M, C), act("kda.fa", M, H), act("kda.b", M, Nh)),
-        flops=lin.gemm_flops(M, D, n_pad), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=source,
-        note="in_proj_qkvgfab: 4 column shards + replicated f_a (N = 6288 at TP8, 3216 at TP16; V-LLG)")
-
-
-def kda_fb_proj(d: Dims, launch: Launch = PLAIN, stream: str = "main", deps: tuple[str, ...] = ()) -> Kernel:
-    """z = f_a(x) @ W_fb (column shard): the low-rank decay path."""
-    M, C, H = d.M, d.kda_w_r, d.cfg.kda_head_dim
-    return Kernel(key="kda_fb_proj", name="gemm_f_b_proj", kind="gemm", family="gemm", op=lin.linear,
-                  reads=(act("kda.fa", M, H),), weights=(weight("kda.w_fb", H, C, shard="col"),),
-                  writes=(act("kda.z", M, C),), flops=lin.gemm_flops(M, H, C), stream=stream, deps=deps,
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=LLG,
-                  note="f_b_proj GEMM (1536x128 at TP8; V-LLG dsv3_fused_a table)")
-
-
 # vLLM's standalone all-reduce (CudaCommunicator.all_reduce, VLLM_ALLREDUCE_USE_FLASHINFER=1): FlashInfer's MNNVL
 # allreduce_fusion, Lamport buffers, one- or two-shot chosen inside FlashInfer; no NVLS (multimem) all-reduce
 FLASHINFER_AR = ("one_shot", "two_shot")
