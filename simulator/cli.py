@@ -232,7 +232,7 @@ def layer(
     from simulator.report.summary import layer_report
 
     def body() -> dict:
-        from simulator.ops.experts import RoutingStats
+        from simulator.routing import RoutingStats
         if plot_dir is not None:
             output_dir(plot_dir, "--plot")
         check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context)
@@ -301,7 +301,7 @@ def step(
     from simulator.report.summary import step_report
 
     def body() -> dict:
-        from simulator.ops.experts import RoutingStats
+        from simulator.routing import RoutingStats
         check_flags(tp=tp, batch=batch, context=context, draft_tokens=draft_tokens, acceptance_length=acceptance_length)
         spec = _interval_spec(interval, draws, seed, no_interval)
         if plot_dir is not None:

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from simulator.cli import app
 from simulator.config import load_model
 from simulator.cost.step import build_plan, estimate_step, layer_timeline, plan_shape, representative_layer
-from simulator.ops.experts import RoutingStats
+from simulator.routing import RoutingStats
 from simulator.cost.timeline import schedule
 from simulator.hardware import list_hardware, load_hardware
 from simulator.plans.kernel import DecodeShape

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "simulator"
 LAYERS = [  # lowest first; a module belongs to the longest prefix that matches it
     ("simulator.errors", "simulator.jit", "simulator.memo", "simulator.paths", "simulator.limits", "simulator.dtypes",
-     "simulator.config", "simulator.fast"),
+     "simulator.config", "simulator.routing", "simulator.fast"),
     ("simulator.weights", "simulator.hardware", "simulator.fast.packed"),
     ("simulator.ops",),
     ("simulator.state",),

@@ -214,7 +214,7 @@ def test_kernels_shared_across_contexts_equal_kernels_built_afresh(model, monkey
     (the cache insert or the decode attention) fails it."""
     from simulator.config import load_model, validate_tp
     from simulator.errors import UserError
-    from simulator.ops.experts import RoutingStats
+    from simulator.routing import RoutingStats
     from simulator.plans import common
     cfg = load_model(model)
     tp = 8

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from simulator.cli import app
 from simulator.config import load_model
 from simulator.cost.step import build_plan
-from simulator.ops.experts import RoutingStats, expected_unique_experts, inclusion_probabilities
+from simulator.routing import RoutingStats, expected_unique_experts, inclusion_probabilities
 from simulator.plans.kernel import DecodeShape
 
 runner = CliRunner()

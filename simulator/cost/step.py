@@ -30,7 +30,7 @@ from simulator.config import ModelConfig
 from simulator.cost.timeline import Makespan, Timeline, makespan_us, schedule
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
-from simulator.ops.experts import UNIFORM, RoutingStats
+from simulator.routing import UNIFORM, RoutingStats
 from simulator.plans import specialized, standard
 from simulator.plans.builders import BUILDERS
 from simulator.plans.common import layer_signature

@@ -16,7 +16,7 @@ from simulator.errors import UserError
 from simulator.ops import experts as ex
 from simulator.ops import linear as lin
 from simulator.ops import norm, pointwise
-from simulator.ops.experts import expected_unique_experts
+from simulator.routing import expected_unique_experts
 from simulator.ops.router import allgather_topk, route_flops, route_fused
 from simulator.plans.common import PLAIN, Dims, Launch, act, all_reduce_kernel, context_free, packed, weight
 from simulator.plans.fuse import cite, fuse
