@@ -132,7 +132,7 @@ def test_rows_loop_schedules_a_steps_plans_under_the_draws_as_lockstep_does(k3, 
     from simulator.cost import fastsim
     from simulator.cost.step import build_plan, drafter_plans, load_drafter
     from simulator.cost.uncertainty import IntervalSpec, _draw_arrays, uncertainty
-    from simulator.plans.head import head_plan
+    from simulator.cost.head import head_plan
     from simulator.plans.kernel import DecodeShape
     hw = load_hardware(hw_name)
     sample = uncertainty(hw, IntervalSpec(draws=50, seed=5)).sample

@@ -34,7 +34,7 @@ from simulator.routing import UNIFORM, RoutingStats
 from simulator.plans import specialized, standard
 from simulator.plans.builders import BUILDERS
 from simulator.plans.common import layer_signature
-from simulator.plans.head import draft_head_plan, head_plan
+from simulator.cost.head import draft_head_plan, head_plan
 from simulator.plans.kernel import DecodeShape, Plan
 
 

@@ -16,7 +16,7 @@ from simulator.cost.uncertainty import (IntervalSpec, Uncertainty, kernel_durati
                                         uncertainty_for)
 from simulator.hardware import HardwareProfile
 from simulator.routing import UNIFORM, RoutingStats
-from simulator.plans.head import head_plan
+from simulator.cost.head import head_plan
 from simulator.plans import VARIANTS
 from simulator.plans.kernel import DecodeShape
 from simulator.plans.specialized import resolve_fusions
