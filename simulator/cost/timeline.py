@@ -191,7 +191,7 @@ KERNELS_PRICED_KEPT = 1 << 16  # kernels remembered per profile at most (then al
 
 def _priced(hw: HardwareProfile) -> dict[Kernel, tuple]:
     """The kernel terms remembered for profile hw. A sweep's plans share most of their kernel objects (an MLA
-    layer's plans at 70 contexts differ in two kernels: `plans.common.context_free`), and pricing each again
+    layer's plans at 70 contexts differ in two kernels: `memo.context_free`), and pricing each again
     was ~15 µs a kernel. A kernel's terms read only fields its equality compares, and a profile is frozen
     (a changed constant is another profile, equal only to its like). A profile holding drawn arrays
     (unhashable) is priced afresh each time."""

@@ -12,14 +12,13 @@ rank, Nh heads on this rank, H head dim, n attention output width per rank.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Callable, NamedTuple, TypeVar
+from typing import NamedTuple
 
 from simulator.config import ATTENTION_KINDS, ATTENTION_WEIGHTS, ModelConfig, validate_tp
 from simulator.errors import UserError
-from simulator.memo import remember
+from simulator.memo import context_free
 from simulator.ops import collectives as coll_ops
 from simulator.ops import linear as lin
 from simulator.ops import norm
@@ -110,36 +109,6 @@ class Dims:
         """These dims with the context set to 0: what a factory that does not read the context is built from
         (`context_free`)."""
         return self if self.shape.context == 0 else replace(self, shape=replace(self.shape, context=0))
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-KERNEL_MEMO = True  # tests turn it off to build every kernel from the dims it is given
-_KERNELS: dict[tuple, Any] = {}
-KERNEL_MEMO_SIZE = 1 << 16  # entries kept at most (then all are dropped): a 10^5-point grid makes ~10^4
-
-
-def context_free(factory: F) -> F:
-    """A kernel factory that does not read the context (`d.shape.context`, `d.cache_len`): its kernels are
-    built once per (dims without the context, arguments) and shared, the same object, by the plans of
-    every context. Only an MLA layer's plan reads the context (its cache insert and decode attention; the
-    other layers' plans are built at context 0, `cost.step.plan_shape`), so a sweep over 70 contexts built
-    each of its ~25 other kernels 70 times (~30 µs each), and the pricing's caches then compared each new
-    object with the one before. The factory is called with `d.sans_context`, so a factory that did read the
-    context would build a kernel that differs from the one its plan needs: tests/test_plans.py builds every
-    plan of every model both ways and compares kernels, consts and ops included. Lists come back as new
-    lists (the builders extend them)."""
-    def build(d: Dims, args: tuple, kw: dict) -> Any:
-        made = factory(d, *args, **kw)
-        return tuple(made) if isinstance(made, list) else made
-
-    @functools.wraps(factory)
-    def memo(d: Dims, *args: Any, **kw: Any) -> Any:
-        if not KERNEL_MEMO:
-            return factory(d, *args, **kw)
-        key = (factory, d.sans_context, args, tuple(kw.items()))
-        made = remember(_KERNELS, key, build, d.sans_context, args, kw, limit=KERNEL_MEMO_SIZE)
-        return list(made) if isinstance(made, tuple) else made
-    return memo  # type: ignore[return-value]
 
 
 def make_dims(cfg: ModelConfig, tp: int, shape: DecodeShape, layer: int | None, layer_type: str) -> Dims:
