@@ -30,13 +30,13 @@ KERNEL_MEMO_SIZE = 1 << 16  # entries kept at most (then all are dropped): a 10^
 def context_free(factory: F) -> F:
     """A plan's kernel factory `factory(d: plans.common.Dims, ...)` that does not read the context
     (`d.shape.context`, `d.cache_len`): its kernels are built once per (dims without the context, arguments)
-    and shared, the same object, by the plans of every context. Only an MLA layer's plan reads the context (its cache insert and decode attention; the
-    other layers' plans are built at context 0, `cost.step.plan_shape`), so a sweep over 70 contexts built
-    each of its ~25 other kernels 70 times (~30 µs each), and the pricing's caches then compared each new
-    object with the one before. The factory is called with `d.sans_context`, so a factory that did read the
-    context would build a kernel that differs from the one its plan needs: tests/test_plans.py builds every
-    plan of every model both ways and compares kernels, consts and ops included. Lists come back as new
-    lists (the builders extend them)."""
+    and shared, the same object, by the plans of every context. Only an MLA layer's plan reads the context
+    (its cache insert and decode attention; the other layers' plans are built at context 0,
+    `cost.step.plan_shape`), so a sweep over 70 contexts built each of its ~25 other kernels 70 times (~30 µs
+    each), and the pricing's caches then compared each new object with the one before. The factory is called
+    with `d.sans_context`, so a factory that did read the context would build a kernel that differs from the
+    one its plan needs: tests/test_plans.py builds every plan of every model both ways and compares kernels,
+    consts and ops included. Lists come back as new lists (the builders extend them)."""
     def build(d: Any, args: tuple, kw: dict) -> Any:
         made = factory(d, *args, **kw)
         return tuple(made) if isinstance(made, list) else made
