@@ -173,7 +173,7 @@ EnableOpt = Annotated[Optional[list[str]], typer.Option("--enable-fusion", help=
 
 def _fusions(variant: Enum, disable: list[str] | None, enable: list[str] | None) -> frozenset[str]:
     """The fusion flags, refused when they would change nothing (they act on the specialized plan only)."""
-    from simulator.plans.specialized import fusion_set
+    from simulator.scenario import fusion_set
     if variant.value == "standard" and (disable or enable):
         flag = "--disable-fusion" if disable else "--enable-fusion"
         raise UserError(f"{flag} changes the specialized plan, and --variant standard prices only the standard one.")

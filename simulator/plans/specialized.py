@@ -80,22 +80,6 @@ def resolve_fusions(enabled: Iterable[str] | None = None, disabled: Iterable[str
     return frozenset(chosen)
 
 
-def fusion_set(disable: list[str] | None = None, enable: list[str] | None = None) -> frozenset[str]:
-    """The specialized plan's fusions with some turned off and what-ifs turned on; a name that would change
-    nothing (already on, already off, both on and off) is refused rather than silently ignored."""
-    base = resolve_fusions(None, disable or ())
-    on = resolve_fusions(base | set(enable or ()))
-    for name in sorted(set(enable or ()) & set(disable or ())):
-        raise UserError(f"--enable-fusion and --disable-fusion both name {name}: choose one.")
-    for name in sorted(set(enable or ()) & set(FUSIONS)):
-        takes = (f"a what-if fusion: {', '.join(WHAT_IF_FUSIONS)}" if WHAT_IF_FUSIONS
-                 else "a what-if fusion, and there is none now")
-        raise UserError(f"--enable-fusion {name} changes nothing: it is on by default (--enable-fusion takes {takes}).")
-    for name in sorted(set(disable or ()) & set(WHAT_IF_FUSIONS)):
-        raise UserError(f"--disable-fusion {name} changes nothing: it is off unless --enable-fusion turns it on.")
-    return on
-
-
 class Launches(NamedTuple):
     """The launch of each kernel under the chosen fusions (`launches`)."""
 
