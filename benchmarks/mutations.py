@@ -145,6 +145,13 @@ MUTATIONS = [
              '    return attn_res_pre(d, launch, attn_res_source) if d.attn_res else add_norm(d, "input_norm", launch)',
              "    return attn_res_pre(d, launch, attn_res_source)",
              "a plain-residual model (DeepSeek-V3) opens its layers with an AttnRes kernel"),
+    Mutation("kda_fused_beta_dropped", "simulator/ops/kda.py",
+             "        delta = sigmoid_exp(beta_logits[:, t])[..., None] * (v - u)  # [B, N, H] = beta (v - S^T k)",
+             "        delta = v - u  # [B, N, H] = beta (v - S^T k)",
+             "the NumPy fused KDA decode (the op the fast backend replaces) forgets the delta rule's beta"),
+    Mutation("fast_kda_key_row", "simulator/fast/kda.py", "            S[i, j] *= alpha[i]",
+             "            S[i, j] *= alpha[j]",
+             "the compiled fused KDA replacement decays by value column, not key row"),
 ]
 
 
