@@ -1,13 +1,13 @@
 """Pieces both plans share: per-rank dimensions, tensor declarations, launch flags, and the
-residual-stream, projection and all-reduce kernels both plans launch.
+residual-stream, o_proj and all-reduce kernels both plans launch (each attention kind's own: simulator/attention).
 
 A kernel factory returns a `Kernel` bound to its op: the tensors it declares (from the dims, so
 traffic is derived) are exactly the arguments the executor hands that op. Every attribute, stream,
 dependencies, PDL and prefetch included, is set here where the kernel is built; the plans
 (standard.py, specialized.py) read top to bottom as the launches they make.
 
-Dimension legend: M tokens (B sequences x T tokens each), D hidden, P TP degree, C KDA channels per
-rank, Nh heads on this rank, H head dim, n attention output width per rank.
+Dimension legend: M tokens (B sequences x T tokens each), D hidden, P TP degree, n attention output width
+per rank.
 """
 
 from __future__ import annotations
@@ -134,9 +134,7 @@ def layer_signature(cfg: ModelConfig, layer: int) -> tuple:
     return cfg.layer_type(layer), cfg.attn_kinds[layer], blocks_before(cfg, layer), block_boundary(cfg, layer)
 
 
-# ---------------------------------------------------------------------------------------
-# declarations
-# ---------------------------------------------------------------------------------------
+# ===================================================================== declarations
 
 class Launch(NamedTuple):
     """How a kernel is launched: with programmatic dependent launch, and loading its weights before
@@ -180,9 +178,7 @@ def blocks(d: Dims, n: int) -> Tensor:
     return act("blocks", n, d.M, d.D, window=(0, 0, n))
 
 
-# ---------------------------------------------------------------------------------------
-# kernels both plans launch identically (or with a different name / launch)
-# ---------------------------------------------------------------------------------------
+# ======================================== kernels both plans launch (by the same or another name / launch)
 
 ATTN_RES_STOCK = K3 + "ops/attn_res.py:attn_res"  # the stock AttnRes + norm
 RMS_NORM = "vllm/model_executor/layers/layernorm.py:RMSNorm.forward_cuda"  # fused_add_rms_norm given a residual
@@ -280,9 +276,7 @@ def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: s
                   note=note, source=source)
 
 
-# ---------------------------------------------------------------------------------------
-# attention output: o_proj -> all-reduce -> AttnRes + norm, or the one fused kernel
-# ---------------------------------------------------------------------------------------
+# ======================================== attention output: o_proj, all-reduce, residual + norm, or one fused kernel
 
 @context_free
 def o_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
