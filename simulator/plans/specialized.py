@@ -227,7 +227,10 @@ def moe_block(d: Dims, on: frozenset[str], go: Launches, x2_from: str) -> list[K
         kernels += [moe.fc2(d, pad, go.experts), moe.finalize(d, e)]
     if cfg.latent_dim and cfg.num_shared_experts and cfg.latent_norm and "latent_tail" in on:
         return kernels + moe.latent_tail_fused(d, e)
-    return kernels + (moe.latent_tail(d, e) if cfg.latent_dim else moe.classic_tail(d, e))
+    tail = moe.latent_tail(d, e) if cfg.latent_dim else moe.classic_tail(d, e)
+    if cfg.num_shared_experts and "shared_overlap" in on:  # the tail's first kernel reads the aux stream's partial
+        tail[0] = cite(tail[0], tail[0].source, deps=tail[0].deps + ("shared_down",))
+    return kernels + tail
 
 
 def shared_expert(d: Dims, e: Launch, x2_from: str, glu: bool) -> list[Kernel]:
