@@ -186,13 +186,18 @@ def _ordered_before(plan):
 def test_every_read_waits_for_its_writer(k3, variant, layer):
     """No data race across streams: the kernel that last wrote a tensor finishes before a reader starts."""
     for plan in (BUILDERS[variant](k3, 16, s, layer) for s in SHAPES):
-        before = _ordered_before(plan)
-        for i, k in enumerate(plan.kernels):
-            for t in k.reads:
-                writers = [j for j in plan.kernels[:i] if any(w.name == t.name for w in j.writes)]
-                if writers:
-                    assert writers[-1].key in before[k.key], \
-                        f"{k.key} reads {t.name} without waiting for {writers[-1].key}"
+        _assert_reads_wait(plan, layer)
+
+
+def _assert_reads_wait(plan, label):
+    """Every read waits for the last earlier writer of its tensor (on its stream, or through its deps)."""
+    before = _ordered_before(plan)
+    for i, k in enumerate(plan.kernels):
+        for t in k.reads:
+            writers = [j for j in plan.kernels[:i] if any(w.name == t.name for w in j.writes)]
+            if writers:
+                assert writers[-1].key in before[k.key], \
+                    f"{label}: {k.key} reads {t.name} without waiting for {writers[-1].key}"
 
 
 @pytest.mark.parametrize("model, tp, shape, build", [
@@ -208,14 +213,8 @@ def test_every_read_waits_for_its_writer_off_the_k3_blackwell_path(model, tp, sh
     cfg = load_model(model)
     for layer in sorted({cfg.layer_type(i) for i in range(cfg.num_layers)} - {"dense"}):  # the MoE layers
         plan = build(cfg, tp, shape, layer)
-        before = _ordered_before(plan)
         assert any(k.stream != "main" for k in plan.kernels), (model, layer)  # a plan that has streams to race
-        for i, k in enumerate(plan.kernels):
-            for t in k.reads:
-                writers = [j for j in plan.kernels[:i] if any(w.name == t.name for w in j.writes)]
-                if writers:
-                    assert writers[-1].key in before[k.key], \
-                        f"{model} {layer}: {k.key} reads {t.name} without waiting for {writers[-1].key}"
+        _assert_reads_wait(plan, f"{model} {layer}")
 
 
 def _einsum_flops(spec, *shapes):
