@@ -21,7 +21,7 @@ points at a time, which with the new plans' building sets the rate; `--no-interv
 sweep with central values only.
 
 Napkin math (central values): 10,080 distinct MLA plan shapes x 2 variants x ~0.3 ms (build ~0.15 ms: the
-~25 kernels that do not read the context are shared by every context's plan, `plans.common.context_free`;
+~25 kernels that do not read the context are shared by every context's plan, `memo.context_free`;
 price on 2 GPUs ~0.05-0.1 ms each, each kernel's terms remembered per GPU) = ~6 s of one core, ~0.06 ms a point.
 Intervals: ~0.22 newly drawn (plan, GPU) pairs a point (a drafter's five equal dense layers are one plan)
 x 100 draws x ~3 µs a row (compiled without reference counts: ~11 µs with them on a Xeon VM) = ~0.07 ms,

@@ -64,7 +64,7 @@ MUTATIONS = [
              'weights=(weight(f"{prefix}.w_down", F, D, shard="row"),)',
              'weights=(weight(f"{prefix}.w_down", F // 2, D, shard="row"),)',
              "the shared expert's w_down declared at half size"),
-    Mutation("mla_cache_read_missing", "simulator/plans/mla_kernels.py",
+    Mutation("mla_cache_read_missing", "simulator/attention/mla.py",
              'reads=(act("mla.qcat", M, Nh, lkv + r, dtype="fp8"), act("mla.cache", B, S, lkv + r, dtype="fp8")),',
              'reads=(act("mla.qcat", M, Nh, lkv + r, dtype="fp8"),),',
              "MLA decode no longer declares the cache it reads"),
@@ -117,7 +117,7 @@ MUTATIONS = [
              'name="moe_routing_topk", kind="router", family="small",',
              'name="moe_routing_topk", kind="router", family="gemm",',
              "the routing top-k declared a GEMM (its draws take the GEMM residuals)"),
-    Mutation("mla_decode_family_kda", "simulator/plans/mla_kernels.py",
+    Mutation("mla_decode_family_kda", "simulator/attention/mla.py",
              'key="mla_decode", name=name, kind="attention", family="mla",',
              'key="mla_decode", name=name, kind="attention", family="kda",', "the MLA decode declared a KDA kernel"),
     Mutation("collective_phase_unfactored", "simulator/cost/uncertainty.py",
@@ -145,6 +145,13 @@ MUTATIONS = [
              '    return attn_res_pre(d, launch, attn_res_source) if d.attn_res else add_norm(d, "input_norm", launch)',
              "    return attn_res_pre(d, launch, attn_res_source)",
              "a plain-residual model (DeepSeek-V3) opens its layers with an AttnRes kernel"),
+    Mutation("kda_fused_beta_dropped", "simulator/ops/kda.py",
+             "        delta = sigmoid_exp(beta_logits[:, t])[..., None] * (v - u)  # [B, N, H] = beta (v - S^T k)",
+             "        delta = v - u  # [B, N, H] = beta (v - S^T k)",
+             "the NumPy fused KDA decode (the op the fast backend replaces) forgets the delta rule's beta"),
+    Mutation("fast_kda_key_row", "simulator/fast/kda.py", "            S[i, j] *= alpha[i]",
+             "            S[i, j] *= alpha[j]",
+             "the compiled fused KDA replacement decays by value column, not key row"),
 ]
 
 

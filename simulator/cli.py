@@ -173,7 +173,7 @@ EnableOpt = Annotated[Optional[list[str]], typer.Option("--enable-fusion", help=
 
 def _fusions(variant: Enum, disable: list[str] | None, enable: list[str] | None) -> frozenset[str]:
     """The fusion flags, refused when they would change nothing (they act on the specialized plan only)."""
-    from simulator.plans.specialized import fusion_set
+    from simulator.scenario import fusion_set
     if variant.value == "standard" and (disable or enable):
         flag = "--disable-fusion" if disable else "--enable-fusion"
         raise UserError(f"{flag} changes the specialized plan, and --variant standard prices only the standard one.")
@@ -232,7 +232,7 @@ def layer(
     from simulator.report.summary import layer_report
 
     def body() -> dict:
-        from simulator.ops.experts import RoutingStats
+        from simulator.routing import RoutingStats
         if plot_dir is not None:
             output_dir(plot_dir, "--plot")
         check_flags(tp=tp, batch=batch, tokens_per_seq=tokens_per_seq, context=context)
@@ -301,7 +301,7 @@ def step(
     from simulator.report.summary import step_report
 
     def body() -> dict:
-        from simulator.ops.experts import RoutingStats
+        from simulator.routing import RoutingStats
         check_flags(tp=tp, batch=batch, context=context, draft_tokens=draft_tokens, acceptance_length=acceptance_length)
         spec = _interval_spec(interval, draws, seed, no_interval)
         if plot_dir is not None:

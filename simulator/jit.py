@@ -1,10 +1,10 @@
 """Numba on first call: a module that defines compiled kernels costs no Numba import until one of them runs.
 
 Importing Numba and loading its cached machine code takes ~0.3-0.7 s, more than the cost model needs to
-price a step. The plans import the ops they bind (`plans/kda_kernels.py` -> `ops/kda.py`, whose fused form is
-a kernel), and the executor the weight store (`weights.py` -> `fast/rng.py`), so a kernel module that imported
-Numba at the top would charge that to `moe-sim step`, which runs none of them. Used by ops/kda.py and by the
-fast backend (simulator/fast), so it sits beside both.
+price a step. The fast backend imports its kernels (`fast/kda.py`, `fast/kernels.py`) when a plan runs on
+it, and the executor the weight store (`weights.py` -> `fast/rng.py`), so a kernel module that imported
+Numba at the top would charge that to `moe-sim step`, which runs none of them. Used by the
+fast backend (simulator/fast).
 
     @lazy_njit(cache=True)      a kernel: a proxy whose first call imports Numba and compiles it; `.py_func`
     def kernel(...): ...        is the plain Python function (STYLE item 14), runnable without Numba

@@ -26,7 +26,7 @@ LIMITS: dict[str, tuple[type, float, float]] = {
     "draft_tokens": (int, 0, INT32_MAX - 1),  # tokens per sequence = draft tokens + 1
     "acceptance_length": (float, 1, INT32_MAX),  # the upper bound draft tokens + 1 is checked with them
     "seed": (int, 0, 2**63 - 1),
-    "expert_skew": (float, 0, 4),  # Zipf exponent of expert popularity (ops.experts.RoutingStats)
+    "expert_skew": (float, 0, 4),  # Zipf exponent of expert popularity (routing.RoutingStats)
     "draft_correlation": (float, 0, 1),
 }
 

@@ -281,9 +281,26 @@ def point_hardware(name: str, kernels: str | None = None) -> "HardwareProfile":
     return load_hardware(name, kernels)
 
 
+def fusion_set(disable: list[str] | None = None, enable: list[str] | None = None) -> frozenset[str]:
+    """The specialized plan's fusions with some turned off and what-ifs turned on (the flags and a scenario's
+    points); a name that would change nothing (already on, already off, both on and off) is refused rather than
+    silently ignored."""
+    from simulator.plans.specialized import FUSIONS, WHAT_IF_FUSIONS, resolve_fusions
+    base = resolve_fusions(None, disable or ())
+    on = resolve_fusions(base | set(enable or ()))
+    for name in sorted(set(enable or ()) & set(disable or ())):
+        raise UserError(f"--enable-fusion and --disable-fusion both name {name}: choose one.")
+    for name in sorted(set(enable or ()) & set(FUSIONS)):
+        takes = (f"a what-if fusion: {', '.join(WHAT_IF_FUSIONS)}" if WHAT_IF_FUSIONS
+                 else "a what-if fusion, and there is none now")
+        raise UserError(f"--enable-fusion {name} changes nothing: it is on by default (--enable-fusion takes {takes}).")
+    for name in sorted(set(disable or ()) & set(WHAT_IF_FUSIONS)):
+        raise UserError(f"--disable-fusion {name} changes nothing: it is off unless --enable-fusion turns it on.")
+    return on
+
+
 def point_fusions(point: dict[str, Any]) -> frozenset[str]:
     """The specialized plan's fusions at a point: one turned off, one what-if turned on, or none."""
-    from simulator.plans.specialized import fusion_set
     off = [] if point["fusion_off"] == "none" else [point["fusion_off"]]
     on = [] if point["fusion_on"] == "none" else [point["fusion_on"]]
     return fusion_set(off, on)

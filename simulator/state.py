@@ -16,7 +16,7 @@ import numpy as np
 
 from simulator.config import ModelConfig
 from simulator.dtypes import Array
-from simulator.ops.experts import UNIFORM, RoutingStats
+from simulator.routing import UNIFORM, RoutingStats
 
 LayerState = dict[str, np.ndarray]
 

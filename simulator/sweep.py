@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 
 from simulator.cost.memory import memory_per_gpu, shortfall
 from simulator.errors import UserError
-from simulator.ops.experts import RoutingStats
+from simulator.routing import RoutingStats
 from simulator.plans.kernel import DecodeShape
 from simulator.report.files import atomic_write, output_dir, output_file
 from simulator.scenario import DEFAULTS, Scenario

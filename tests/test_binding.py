@@ -186,13 +186,35 @@ def _ordered_before(plan):
 def test_every_read_waits_for_its_writer(k3, variant, layer):
     """No data race across streams: the kernel that last wrote a tensor finishes before a reader starts."""
     for plan in (BUILDERS[variant](k3, 16, s, layer) for s in SHAPES):
-        before = _ordered_before(plan)
-        for i, k in enumerate(plan.kernels):
-            for t in k.reads:
-                writers = [j for j in plan.kernels[:i] if any(w.name == t.name for w in j.writes)]
-                if writers:
-                    assert writers[-1].key in before[k.key], \
-                        f"{k.key} reads {t.name} without waiting for {writers[-1].key}"
+        _assert_reads_wait(plan, layer)
+
+
+def _assert_reads_wait(plan, label):
+    """Every read waits for the last earlier writer of its tensor (on its stream, or through its deps)."""
+    before = _ordered_before(plan)
+    for i, k in enumerate(plan.kernels):
+        for t in k.reads:
+            writers = [j for j in plan.kernels[:i] if any(w.name == t.name for w in j.writes)]
+            if writers:
+                assert writers[-1].key in before[k.key], \
+                    f"{label}: {k.key} reads {t.name} without waiting for {writers[-1].key}"
+
+
+@pytest.mark.parametrize("model, tp, shape, build", [
+    ("kimi-k3", 8, DecodeShape(1, 8, 64), lambda *a: standard.build(*a, arch="sm90")),  # Hopper: the unfused tail
+    ("kimi-k3", 16, DecodeShape(160, 1, 64), standard.build),  # above the tier-0 tail's 128 tokens
+    ("kimi-k3", 16, DecodeShape(160, 1, 64),  # the generic specialized MoE with the latent tail unfused
+     lambda *a: specialized.build(*a, fusions=set(FUSIONS) - {"latent_tail"}, fallback=False)),
+    ("deepseek-v3", 16, DecodeShape(1, 8, 64), specialized.build),  # the classic MoE, shared expert on aux
+], ids=["k3-sm90", "k3-160-tokens", "k3-160-specialized", "deepseek-v3-specialized"])
+def test_every_read_waits_for_its_writer_off_the_k3_blackwell_path(model, tp, shape, build):
+    """The same race check on the MoE paths the Kimi K3 plans above do not take: the latent read by FC1 from the
+    aux stream, the shared expert's partial read by the tail, the normed x2 read by the overlapped shared expert."""
+    cfg = load_model(model)
+    for layer in sorted({cfg.layer_type(i) for i in range(cfg.num_layers)} - {"dense"}):  # the MoE layers
+        plan = build(cfg, tp, shape, layer)
+        assert any(k.stream != "main" for k in plan.kernels), (model, layer)  # a plan that has streams to race
+        _assert_reads_wait(plan, f"{model} {layer}")
 
 
 def _einsum_flops(spec, *shapes):

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from simulator.cli import app
 from simulator.config import load_model
 from simulator.cost.step import build_plan, estimate_step, layer_timeline, plan_shape, representative_layer
-from simulator.ops.experts import RoutingStats
+from simulator.routing import RoutingStats
 from simulator.cost.timeline import schedule
 from simulator.hardware import list_hardware, load_hardware
 from simulator.plans.kernel import DecodeShape
@@ -221,7 +221,7 @@ def test_heads_sharing_a_head_shape_build_the_same_kernels(model):
     """The step prices one head (and draft head) per `head_shape`: the context and routing it drops must not
     change the kernels, and the tokens it keeps must."""
     from simulator.cost.step import head_shape
-    from simulator.plans.head import draft_head_plan, head_plan
+    from simulator.cost.head import draft_head_plan, head_plan
     cfg = load_model(model)
     for shape in SHAPES:
         same = head_shape(shape)

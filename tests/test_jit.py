@@ -15,7 +15,7 @@ def _fresh(code: str) -> str:
 
 
 def test_importing_a_kernel_module_imports_no_numba():
-    assert _fresh("import sys, simulator.ops.kda; print('numba' in sys.modules)") == "False"
+    assert _fresh("import sys, simulator.fast.kda; print('numba' in sys.modules)") == "False"
 
 
 def test_first_call_compiles_and_the_python_form_stays():
@@ -23,7 +23,7 @@ def test_first_call_compiles_and_the_python_form_stays():
     plain function, and both give the same numbers."""
     out = _fresh(
         "import sys, numpy as np\n"
-        "import simulator.ops.kda as k\n"
+        "import simulator.fast.kda as k\n"
         "proxy = k._kda_fused_kernel\n"
         "print(type(proxy).__name__, proxy.py_func.__name__)\n"
         "rng = np.random.default_rng(0)\n"
@@ -45,7 +45,7 @@ def test_first_call_compiles_and_the_python_form_stays():
 
 
 def test_helpers_stay_plain_functions_until_compiled():
-    from simulator.ops import kda
+    from simulator.fast import kda
     assert not isinstance(kda._sigmoid_scalar, jit.LazyJit) and callable(kda._sigmoid_scalar)
     c = kda._Consts(*(np.float64(v) for v in (1.0, -5.0, 1e-6, 1e-6, 8.0)))
     assert abs(kda._sigmoid_scalar(np.float64(0.0), c) - 0.5) < 1e-15

@@ -16,13 +16,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "simulator"
 LAYERS = [  # lowest first; a module belongs to the longest prefix that matches it
     ("simulator.errors", "simulator.jit", "simulator.memo", "simulator.paths", "simulator.limits", "simulator.dtypes",
-     "simulator.config", "simulator.fast"),
+     "simulator.config", "simulator.routing", "simulator.fast"),
     ("simulator.weights", "simulator.hardware", "simulator.fast.packed"),
     ("simulator.ops",),
     ("simulator.state",),
     ("simulator.plans", "simulator.attention"),
     ("simulator.reference",),
-    ("simulator.execute", "simulator.check", "simulator.cost", "simulator.fast.experts", "simulator.fast.replacements",
+    ("simulator.execute", "simulator.check", "simulator.cost", "simulator.fast.experts", "simulator.fast.kda",
+     "simulator.fast.replacements",
      "simulator.fast.backend"),
     ("simulator.scenario", "simulator.report"),
     ("simulator.sweep",),

@@ -132,7 +132,7 @@ def test_rows_loop_schedules_a_steps_plans_under_the_draws_as_lockstep_does(k3, 
     from simulator.cost import fastsim
     from simulator.cost.step import build_plan, drafter_plans, load_drafter
     from simulator.cost.uncertainty import IntervalSpec, _draw_arrays, uncertainty
-    from simulator.plans.head import head_plan
+    from simulator.cost.head import head_plan
     from simulator.plans.kernel import DecodeShape
     hw = load_hardware(hw_name)
     sample = uncertainty(hw, IntervalSpec(draws=50, seed=5)).sample
@@ -220,7 +220,7 @@ print(json.dumps({"numba": "numba" in sys.modules}))
 
 
 def test_step_imports_no_numba() -> None:
-    """The plans bind their ops (plans/kda_kernels.py imports ops/kda.py, and cost/ the weight table in
+    """The plans bind their ops (attention/kda.py imports ops/kda.py, and cost/ the weight table in
     weights.py -> fast/rng.py), whose kernels compile on first call (simulator/jit.py): pricing a step imports
     no Numba."""
     assert not _fresh(COMMAND_THEN_REPORT.format(args=["step"]))["numba"]

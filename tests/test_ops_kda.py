@@ -1,4 +1,5 @@
-"""KDA decode: reference (per-token loops) == fused (numba, and its .py_func) == four-kernel chain.
+"""KDA decode: reference (per-token loops) == fused (NumPy, its compiled replacement and that one's .py_func)
+== four-kernel chain.
 
 Also: T tokens in one call == T one-token calls, decay bounds, the delta rule's write property, the conv
 against np.convolve, and purity (inputs untouched).
@@ -95,10 +96,23 @@ def test_kda_fused_matches_reference(seed: int, dtype: type, shape: tuple[int, .
 
 @pytest.mark.parametrize("seed, dtype, shape", CASES)
 def test_kda_numba_matches_py_func(seed: int, dtype: type, shape: tuple[int, ...]) -> None:
+    from simulator.fast import kda as fast_kda
     inputs = make_inputs(seed, shape, dtype)
-    jitted = kda._launch_fused(kda._kda_fused_kernel, *inputs, lower_bound=LOWER_BOUND, eps=EPS)
-    python = kda._launch_fused(kda._kda_fused_kernel.py_func, *inputs, lower_bound=LOWER_BOUND, eps=EPS)
+    jitted = fast_kda._launch_fused(fast_kda._kda_fused_kernel, *inputs, lower_bound=LOWER_BOUND, eps=EPS)
+    python = fast_kda._launch_fused(fast_kda._kda_fused_kernel.py_func, *inputs, lower_bound=LOWER_BOUND, eps=EPS)
     assert_step_close(jitted, python, dtype, "numba vs .py_func")
+
+
+@pytest.mark.parametrize("seed, dtype, shape", [c for c in CASES if c.values[1] == np.float64])
+def test_kda_fused_numpy_and_compiled_agree_to_the_bit_in_float64(seed: int, dtype: type,
+                                                                   shape: tuple[int, ...]) -> None:
+    """The NumPy form sums in the compiled programs' order (fast/kda.py's docstring): in float64, where both
+    call the same exp, not one bit differs."""
+    from simulator.fast import kda as fast_kda
+    inputs = make_inputs(seed, shape, dtype)
+    for got, want in zip(fast_kda.kda_decode_fused(*inputs, lower_bound=LOWER_BOUND, eps=EPS),
+                         kda.kda_decode_fused(*inputs, lower_bound=LOWER_BOUND, eps=EPS)):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("form", FORMS.values(), ids=FORMS.keys())

@@ -141,12 +141,6 @@ def test_scale_add_rows_is_scale_then_add_at(monkeypatch, dtype):
     np.testing.assert_array_equal(py, want)
 
 
-def test_expected_unique_experts():
-    assert ex.expected_unique_experts(1, 896, 16) == pytest.approx(16)
-    assert ex.expected_unique_experts(8, 256, 8) == pytest.approx(57.4, abs=0.1)  # sources.md §5.1
-    assert ex.expected_unique_experts(10_000, 256, 8) == pytest.approx(256)
-
-
 @pytest.mark.parametrize("p", [1, 2, 4, 8, 16])
 def test_collectives(p):
     rng = np.random.default_rng(p)

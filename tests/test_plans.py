@@ -207,15 +207,15 @@ def test_a_kernels_remembered_hash_agrees_with_equality_and_separates_a_sweeps_k
 
 @pytest.mark.parametrize("model", ["kimi-k3", "dspark-k3", "tiny-deepseek", "tiny-k3", "deepseek-v3"])
 def test_kernels_shared_across_contexts_equal_kernels_built_afresh(model, monkeypatch):
-    """`plans.common.context_free` factories are built once per shape without the context and shared by the
+    """`memo.context_free` factories are built once per shape without the context and shared by the
     plans of every context. Every layer type, both variants and each fusion left out alone, at contexts met
     after another context filled the memo, must build what the factories build from the real dims with the
     memo off: the kernels, their consts and their ops. A factory marked context-free that read the context
     (the cache insert or the decode attention) fails it."""
     from simulator.config import load_model, validate_tp
     from simulator.errors import UserError
-    from simulator.ops.experts import RoutingStats
-    from simulator.plans import common
+    from simulator import memo
+    from simulator.routing import RoutingStats
     cfg = load_model(model)
     tp = 8
     try:
@@ -225,7 +225,7 @@ def test_kernels_shared_across_contexts_equal_kernels_built_afresh(model, monkey
     layers = {cfg.layer_type(i): i for i in range(cfg.num_layers)}
     fusion_sets = [None, frozenset()] + [frozenset(FUSIONS) - {f} for f in FUSIONS]
     builds = [(standard.build, {})] + [(specialized.build, {"fusions": f}) for f in fusion_sets]
-    monkeypatch.setattr(common, "_KERNELS", {})
+    monkeypatch.setattr(memo, "_KERNELS", {})
     for batch, tokens, routing in [(1, 1, RoutingStats()), (4, 3, RoutingStats(1.2, 0.5))]:
         for layer_type, index in layers.items():
             for build, kw in builds:
@@ -233,12 +233,12 @@ def test_kernels_shared_across_contexts_equal_kernels_built_afresh(model, monkey
                 for context in (0, 4096):
                     shape = DecodeShape(batch, tokens, context, routing)
                     shared = build(cfg, tp, shape, layer_type, index, **kw)
-                    monkeypatch.setattr(common, "KERNEL_MEMO", False)
+                    monkeypatch.setattr(memo, "KERNEL_MEMO", False)
                     fresh = build(cfg, tp, shape, layer_type, index, **kw)
-                    monkeypatch.setattr(common, "KERNEL_MEMO", True)
+                    monkeypatch.setattr(memo, "KERNEL_MEMO", True)
                     assert shared == fresh, (layer_type, kw, context)
                     assert [(k.consts, k.op) for k in shared] == [(k.consts, k.op) for k in fresh]
-    assert common._KERNELS  # the memo was used
+    assert memo._KERNELS  # the memo was used
 
 
 def _docstring_table(doc: str) -> list[str]:

@@ -24,7 +24,7 @@ from simulator.fast import kernels
 from simulator.fast.experts import PackedExperts
 from simulator.fast.packed import MXFP4Weight
 from simulator.fast.replacements import REPLACEMENTS
-from simulator.ops import experts, norm, router
+from simulator.ops import experts, kda, norm, router
 from simulator.ops.replaceable import replaceable, replacing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,21 +81,38 @@ def _fc(name):  # type: ignore[no-untyped-def]
     return make
 
 
+def _kda_fused(rng, dtype):  # type: ignore[no-untyped-def]
+    B, T, N, H, W = 2, 3, 3, 16, 4  # 2 sequences verifying 2 draft tokens, 3 heads of 16
+    C = 3 * N * H
+    args = tuple(a.astype(dtype) for a in (
+        rng.standard_normal((B, T, C)), rng.standard_normal((C, W)) / 2, rng.standard_normal((B, C, W - 1)),
+        rng.standard_normal((B, T, N * H)), 0.1 * rng.standard_normal(N * H), np.log(rng.uniform(1, 16, N)),
+        rng.standard_normal((B, T, N)), rng.standard_normal((B, T, N * H)), 1 + 0.1 * rng.standard_normal(H),
+        rng.standard_normal((B, N, H, H)) / 4))
+    return args, args
+
+
+def _kw(op):  # type: ignore[no-untyped-def]
+    """The keyword arguments an op takes besides its tensors."""
+    return {"lower_bound": -5.0, "eps": 1e-5} if op is kda.kda_decode_fused else {}
+
+
 # op -> (op's arguments, replacement's arguments) for random small inputs of a dtype: one per registered op
 EXAMPLES = {norm.rms_norm: _rms_norm, norm.attn_res_mix: _attn_res_mix, router.top_order: _top_order,
             experts.expert_fc1: _fc("fc1"), experts.expert_fc2: _fc("fc2"),
-            experts.expert_fc2_finalize: _fc("fc2_finalize")}
+            experts.expert_fc2_finalize: _fc("fc2_finalize"), kda.kda_decode_fused: _kda_fused}
 
 
 def _compare(op, replacement, op_args, fast_args, dtype):  # type: ignore[no-untyped-def]
     """The replacement's result against the op's NumPy form (`__wrapped__`): equal indices, close floats."""
     split = lambda args: (args[:-1], args[-1]) if isinstance(args[-1], dict) else (args, {})  # noqa: E731
     (op_pos, op_kw), (fast_pos, fast_kw) = split(op_args), split(fast_args)
-    want, got = op.__wrapped__(*op_pos, **op_kw), replacement(*fast_pos, **fast_kw)
-    if want.dtype.kind in "iu":
-        np.testing.assert_array_equal(got, want)
-    else:
-        assert_close(got, want, dtype, op.__name__)
+    want, got = op.__wrapped__(*op_pos, **op_kw, **_kw(op)), replacement(*fast_pos, **fast_kw, **_kw(op))
+    for w, g in zip(want, got) if isinstance(want, tuple) else [(want, got)]:
+        if w.dtype.kind in "iu":
+            np.testing.assert_array_equal(g, w)
+        else:
+            assert_close(g, w, dtype, op.__name__)
 
 
 def _name(op):  # type: ignore[no-untyped-def]

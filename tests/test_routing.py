@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from simulator.cli import app
 from simulator.config import load_model
 from simulator.cost.step import build_plan
-from simulator.ops.experts import RoutingStats, expected_unique_experts, inclusion_probabilities
+from simulator.routing import RoutingStats, expected_unique_experts, inclusion_probabilities
 from simulator.plans.kernel import DecodeShape
 
 runner = CliRunner()
@@ -100,3 +100,9 @@ def test_bad_routing_in_a_scenario_is_one_sentence(tmp_path, line):
     with pytest.raises(Exception) as err:
         load_scenario(str(_scenario(tmp_path, "step", line)))
     assert type(err.value).__name__ == "UserError" and "sweep" in str(err.value)
+
+
+def test_expected_unique_experts():
+    assert expected_unique_experts(1, 896, 16) == pytest.approx(16)
+    assert expected_unique_experts(8, 256, 8) == pytest.approx(57.4, abs=0.1)  # sources.md §5.1
+    assert expected_unique_experts(10_000, 256, 8) == pytest.approx(256)

@@ -229,7 +229,7 @@ def test_vectorised_pricing_equals_one_draw_at_a_time(k3, hardware):
     branches on one); it must equal pricing and scheduling each draw's own profile with the timeline's code."""
     from simulator.cost.fastsim import simulate
     from simulator.cost.timeline import _arrays
-    from simulator.plans.head import head_plan
+    from simulator.cost.head import head_plan
     hw = load_hardware(hardware)
     unc = u.uncertainty(hw, u.IntervalSpec(draws=50, seed=3))
     s = unc.sample
@@ -252,7 +252,7 @@ def test_no_kernel_falls_back_to_one_draw_at_a_time(k3, gb300):
     minimum per draw). A pricing change that branches on a drawn constant (Python max/min, `if` on an array)
     silently falls back to one call per draw and costs `step` a good part of a second."""
     from simulator.cost.pricing import kernel_terms
-    from simulator.plans.head import head_plan
+    from simulator.cost.head import head_plan
     s = u.uncertainty(gb300, u.IntervalSpec(draws=50, seed=1)).sample
     plans = [build_plan(k3, v, 16, DecodeShape(1, 8, 512), t) for v in ("standard", "specialized")
              for t in ("kda", "mla", "dense")] + [head_plan(k3, 16, DecodeShape(1, 1, 512), "specialized", True)]

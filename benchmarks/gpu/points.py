@@ -148,7 +148,7 @@ def gemm_points() -> list[Point]:
 
 def _expected_u(model: str, m: int) -> int:
     from simulator.config import load_model
-    from simulator.ops.experts import expected_unique_experts
+    from simulator.routing import expected_unique_experts
     cfg = load_model(model)
     return max(cfg.top_k, round(expected_unique_experts(m, cfg.num_experts, cfg.top_k)))
 

@@ -1,23 +1,9 @@
-"""Attention kinds as a registry: one entry per kind, one module per entry (kda.py, mla.py).
+"""Attention kinds as a registry: one entry per kind, one module per entry (kda.py, mla.py, gqa.py).
 
-An entry holds what the plans, the reference, the executor, the check and the memory model need to know
-about one kind of attention layer, so they look the kind up instead of branching on it:
-
-    standard / specialized   the kernels of each plan, from the normed input `x` to `attn.core` [M, n]:
-                             standard(d, c1, arch) (arch "sm100", "sm90", "gfx942" or "gfx950": plans/standard.arch_of),
-                             specialized(d, on, go) (the fusions on, the launches)
-    reference                the float64 textbook form: (cfg, layer, shape, W, x, state) -> (attention output, state)
-    initial_state            a seeded state standing for `context` processed tokens
-    shard / unshard          per-rank views of that state under TP, and their reassembly
-    state_errors             (name, plan's tensor, reference tensor, tolerance: "", "fp8" or "exact") the check compares
-    state_elements           float64 elements of the state one check holds (its memory guard)
-    memory                   (key, label, bytes per GPU): the cache or state of all the kind's layers, as the
-                             capacity check counts it
-    reads_context            whether the kind's kernels read the context (a KV cache) or not (a fixed state)
-    reshaped_weights         weights the reference copies to reshape (the check's memory guard)
-    impl_names               implementation (as a GPU's kernel set names it) -> {kernel key: the name that
-                             implementation's kernel has}: a plan's names are those of the published Blackwell
-                             path; an answer priced with a measured set shows its own (`kernel_name`)
+An entry (`AttentionKind`, kind.py: what each field is) holds what the plans, the reference, the executor, the
+check and the memory model need to know about one kind of attention layer, so they look the kind up instead of
+branching on it: its kernels in each plan, its float64 reference, its state (seeded, sharded under TP, compared
+by the check) and the cache or state memory of its layers.
 
 Below the plans, the facts a config alone decides stay with the config: the kind names
 (`config.ATTENTION_KINDS`), their TP constraints (`config.validate_tp`) and their weight specification

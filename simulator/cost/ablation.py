@@ -21,7 +21,7 @@ from simulator.config import ModelConfig
 from simulator.cost.step import build_plan, estimate_step
 from simulator.cost.timeline import Makespan, makespan_us
 from simulator.hardware import HardwareProfile
-from simulator.ops.experts import UNIFORM, RoutingStats
+from simulator.routing import UNIFORM, RoutingStats
 from simulator.plans.kernel import DecodeShape
 from simulator.plans.specialized import FUSIONS
 from simulator.plans.standard import arch_of

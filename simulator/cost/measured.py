@@ -142,11 +142,11 @@ def _kda(r: dict) -> Kernel:
     if r["impl"] in SPLIT_V_IMPLS:
         from simulator.config import load_model
         from simulator.cost.step import representative_layer
-        from simulator.plans import kda_kernels
+        from simulator.attention import kda
         from simulator.plans.common import Dims
         cfg = load_model(r["model"])
         d = Dims(cfg, r["tp"], DecodeShape(r["B"], r["T"], 512), representative_layer(cfg, "kda"))
-        kernel = kda_kernels.kda_recurrent(d, bv=kda_kernels.KDA_BV)  # the grid the H200 rows ran
+        kernel = kda.kda_recurrent(d, bv=kda.KDA_BV)  # the grid the H200 rows ran
     else:
         kernel = _plan(r["model"], "specialized", r["tp"], r["B"], r["T"], 512, "kda").kernel("kda_decode")
     final = tuple(t for t in kernel.writes if len(t.shape) != 5)

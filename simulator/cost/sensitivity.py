@@ -28,7 +28,7 @@ from simulator.config import ModelConfig
 from simulator.cost.step import estimate_step
 from simulator.cost.uncertainty import IntervalSpec, uncertainty_for, weighted_quantile
 from simulator.hardware import HardwareProfile
-from simulator.ops.experts import UNIFORM, RoutingStats
+from simulator.routing import UNIFORM, RoutingStats
 from simulator.plans import VARIANTS
 
 

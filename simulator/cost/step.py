@@ -30,11 +30,11 @@ from simulator.config import ModelConfig
 from simulator.cost.timeline import Makespan, Timeline, makespan_us, schedule
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
-from simulator.ops.experts import UNIFORM, RoutingStats
+from simulator.routing import UNIFORM, RoutingStats
 from simulator.plans import specialized, standard
 from simulator.plans.builders import BUILDERS
 from simulator.plans.common import layer_signature
-from simulator.plans.head import draft_head_plan, head_plan
+from simulator.cost.head import draft_head_plan, head_plan
 from simulator.plans.kernel import DecodeShape, Plan
 
 

@@ -190,11 +190,8 @@ KERNELS_PRICED_KEPT = 1 << 16  # kernels remembered per profile at most (then al
 
 
 def _priced(hw: HardwareProfile) -> dict[Kernel, tuple]:
-    """The kernel terms remembered for profile hw. A sweep's plans share most of their kernel objects (an MLA
-    layer's plans at 70 contexts differ in two kernels: `plans.common.context_free`), and pricing each again
-    was ~15 µs a kernel. A kernel's terms read only fields its equality compares, and a profile is frozen
-    (a changed constant is another profile, equal only to its like). A profile holding drawn arrays
-    (unhashable) is priced afresh each time."""
+    """The kernel terms remembered for profile hw (a sweep's plans share most kernel objects: `memo.context_free`);
+    a kernel's terms read only fields its equality compares. A profile holding drawn arrays is priced afresh."""
     try:
         return remember(_TERMS, hw, dict, limit=64)
     except TypeError:
@@ -205,8 +202,7 @@ def _priced(hw: HardwareProfile) -> dict[Kernel, tuple]:
 def plan_layout(plan: Plan) -> tuple:
     """What no GPU constant changes: (pred [n] the same-stream predecessor, deps [n, w] the cross-stream
     waits (-1 padded), nbytes [n], can_pf [n] the bytes each kernel may load early behind its predecessor).
-    Remembered (arrays shared, never written): a sweep lays each plan out for its central value and its draws
-    on every GPU, ~25 µs for a 27-kernel plan each time."""
+    Remembered (arrays shared, never written): a sweep lays each plan out again for every draw and GPU."""
     index: dict[str, int] = {}
     last: dict[str, int] = {}
     n = len(plan)

@@ -4,6 +4,7 @@
     numba_ext.py     their LLVM-IR forms (byte shuffles, AVX-512 dots, prefetch), loaded at the first compile
     rng.py           NumPy's PCG64 + ziggurat in Numba: the weight store's draws, packed as they are drawn
     packed.py        MXFP4Weight, BF16Weight, grouped_matmul: `x @ W` on the held bytes
+    kda.py           the fused KDA decode as one Numba program per (sequence, head)
     experts.py       the routed-expert ops over packed experts, streamed a chunk at a time, all ranks at once
     replacements.py  REPLACEMENTS: op of simulator/ops -> its compiled replacement
     backend.py       FastBackend: what `execute.run_plan(..., backend="fast")` does differently

@@ -26,20 +26,19 @@ What differs from the textbook (Gated DeltaNet / FLA `fused_recurrent_kda`):
   takes T = 1 only and 12/24/48/96 local heads, which this simulator does not enforce.
 
 Three forms with one signature: `kda_decode_reference` (plain per-token loops), `kda_decode_fused`
-(one numba program per (sequence, head), as the GPU kernel) and `kda_chain` (the four-kernel fallback).
+(the GPU kernel's one program per (sequence, head), all run at once) and `kda_chain` (the four-kernel
+fallback); the fast backend runs a compiled `kda_decode_fused` in its place (simulator/fast/kda.py).
 All are pure and compute in the inputs' dtype; pass all inputs in one dtype (float64 or float32).
 Sources: docs/sources.md §K1c and §K4 (R-ARCH §4, V-KDA, COL).
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
-
 import numpy as np
 
 from simulator.dtypes import Array
-from simulator.jit import jitable, lazy_njit
-from simulator.ops.pointwise import sigmoid
+from simulator.ops.pointwise import sigmoid, sigmoid_exp
+from simulator.ops.replaceable import replaceable
 
 L2_EPS = 1e-6  # added to the sum of squares in the q/k L2 norm (first-party KDA)
 
@@ -95,133 +94,58 @@ def _gated_norm_reference(o: Array, gate: Array, o_norm_w: Array, eps: float) ->
 
 
 # ============================================================================ fused: one program per (b, n)
-class _Consts(NamedTuple):
-    """Scalars in the working dtype, so numba keeps float32 math in float32 (a bare 1.0 is float64)."""
-
-    one: np.floating
-    lower_bound: np.floating
-    eps: np.floating
-    l2_eps: np.floating
-    head_dim: np.floating
-
-
+@replaceable
 def kda_decode_fused(
     x: Array, conv_w: Array, hist: Array, z: Array, dt_bias: Array, a_log: Array,
     beta_logits: Array, gate: Array, o_norm_w: Array, state: Array, *, lower_bound: float, eps: float,
 ) -> tuple[Array, Array, Array]:
-    """The whole step in one kernel: conv+SiLU, L2 norm, gate, beta, delta rule, RMSNorm, output gate.
+    """The whole step as one kernel: conv+SiLU, L2 norm, gate, beta, delta rule, RMSNorm, output gate.
 
-    Each (sequence, head) program keeps its q, k, v, g, o in registers and its [H, H] state tile
-    on-chip across the T tokens. Traffic removed vs `kda_chain`, per token per rank in bf16
+    Each (sequence, head) program keeps its q, k, v, g, o in registers and its [H, H] state tile on-chip
+    across the T tokens, and sums over a head's H channels in index order (a program's loop); here every
+    program runs at once, vectorised over (b, n). Traffic removed vs `kda_chain`, per token per rank in bf16
     (write + read of each intermediate): y 3NH*2*2, g NH*2*2, beta N*2*2, o NH*2*2 = 20NH + 4N bytes;
     K3 at TP8 (N=12, H=128): 30,768 B. The fp32 state moves 2*N*H*H*4 = 1.5 MiB per sequence either
     way, so the bytes saved are ~2%: the win is launches (vLLM's fallback chain is 3+ kernels; at
     batch 1 FlashInfer's fused decode takes 4.08 us vs 10.08 us for Triton, vllm#55364).
     """
-    return _launch_fused(_kda_fused_kernel, x, conv_w, hist, z, dt_bias, a_log, beta_logits, gate,
-                         o_norm_w, state, lower_bound=lower_bound, eps=eps)
-
-
-def _launch_fused(
-    kernel: Callable[..., None], *inputs: Array, lower_bound: float, eps: float
-) -> tuple[Array, Array, Array]:
-    """Casts to one contiguous dtype, allocates the outputs and runs `kernel` (jitted or its .py_func)."""
-    dtype = np.result_type(*inputs)
+    dtype = np.result_type(x, conv_w, hist, z, dt_bias, a_log, beta_logits, gate, o_norm_w, state)
     x, conv_w, hist, z, dt_bias, a_log, beta_logits, gate, o_norm_w, state = (
-        np.ascontiguousarray(a, dtype) for a in inputs
-    )
+        np.asarray(a, dtype) for a in (x, conv_w, hist, z, dt_bias, a_log, beta_logits, gate, o_norm_w, state))
     B, T, _ = x.shape
-    N, H = state.shape[1], state.shape[3]
+    N, H, W = state.shape[1], state.shape[3], conv_w.shape[1]
+    one, l2_eps = dtype.type(1), dtype.type(L2_EPS)
+    S, hist = state.copy(), hist.copy()  # updated in place below
     out = np.empty((B, T, N * H), dtype)  # [B, T, N*H]
-    new_state, new_hist = state.copy(), hist.copy()  # the kernel updates these in place
-    c = _Consts(*(dtype.type(s) for s in (1.0, lower_bound, eps, L2_EPS, H)))
-    kernel(x, conv_w, z, dt_bias, a_log, beta_logits, gate, o_norm_w, c, new_hist, new_state, out)
-    return out, new_state, new_hist
+    for t in range(T):
+        y = conv_w[:, W - 1] * x[:, t]  # [B, C]: the current token's tap, then the history's in order
+        for w in range(W - 1):
+            y += conv_w[:, w] * hist[:, :, w]
+        hist = np.concatenate([hist[:, :, 1:], x[:, t, :, None]], axis=2)  # [B, C, W-1]
+        q, k, v = (y * sigmoid_exp(y)).reshape(B, 3, N, H).transpose(1, 0, 2, 3)  # 3 x [B, N, H]
+        q = q * (one / np.sqrt(dtype.type(H)) / np.sqrt(_sum_sq(q) + l2_eps))[..., None]
+        k = k * (one / np.sqrt(_sum_sq(k) + l2_eps))[..., None]
+        zh = (z[:, t] + dt_bias).reshape(B, N, H)
+        alpha = np.exp(dtype.type(lower_bound) * sigmoid_exp(np.exp(a_log)[:, None] * zh))  # [B, N, H]
+        u, o = np.zeros((B, N, H), dtype), np.zeros((B, N, H), dtype)  # S^T k, then S^T q
+        for i in range(H):  # key row i: decay it, add its share of u
+            S[:, :, i] *= alpha[:, :, i, None]
+            u += S[:, :, i] * k[:, :, i, None]
+        delta = sigmoid_exp(beta_logits[:, t])[..., None] * (v - u)  # [B, N, H] = beta (v - S^T k)
+        for i in range(H):  # the rank-1 update of row i, then its share of o
+            S[:, :, i] += k[:, :, i, None] * delta
+            o += S[:, :, i] * q[:, :, i, None]
+        inv_rms = one / np.sqrt(_sum_sq(o) / dtype.type(H) + dtype.type(eps))  # [B, N]
+        out[:, t] = (o * inv_rms[..., None] * o_norm_w * sigmoid_exp(gate[:, t].reshape(B, N, H))).reshape(B, -1)
+    return out, S, hist
 
 
-@lazy_njit(cache=True)
-def _kda_fused_kernel(  # type: ignore[no-untyped-def]
-    x, conv_w, z, dt_bias, a_log, beta_logits, gate, o_norm_w, c, hist, state, out
-):
-    """The GPU grid as loops: one program per (b, n) walks its T tokens; `hist`, `state`, `out` in place."""
-    B, T, _ = x.shape
-    N, H = state.shape[1], state.shape[3]
-    qkv = np.empty((3, H), x.dtype)  # registers of one program
-    alpha = np.empty(H, x.dtype)
-    o = np.empty(H, x.dtype)
-    for b in range(B):
-        for n in range(N):
-            for t in range(T):
-                _conv_silu_head(x[b, t], conv_w, hist[b], n, N, H, c, qkv)
-                _l2_normalise_head(qkv[0], c, c.one / np.sqrt(c.head_dim))
-                _l2_normalise_head(qkv[1], c, c.one)
-                for i in range(H):
-                    zi = z[b, t, n * H + i] + dt_bias[n * H + i]
-                    alpha[i] = np.exp(c.lower_bound * _sigmoid_scalar(np.exp(a_log[n]) * zi, c))
-                beta = _sigmoid_scalar(beta_logits[b, t, n], c)
-                _delta_rule_head(state[b, n], qkv, alpha, beta, c, o)
-                _gated_norm_head(o, gate[b, t], o_norm_w, n, c, out[b, t])
-
-
-@jitable
-def _sigmoid_scalar(x, c):  # type: ignore[no-untyped-def]
-    """pointwise.sigmoid for one scalar inside the jitted kernel, in the kernel's dtype `c.one`."""
-    if x >= 0:
-        return c.one / (c.one + np.exp(-x))
-    e = np.exp(x)
-    return e / (c.one + e)
-
-
-@jitable
-def _conv_silu_head(x_t, conv_w, hist_b, n, N, H, c, qkv):  # type: ignore[no-untyped-def]
-    """q, k, v channels of head n: conv over [hist, x_t], SiLU into qkv [3, H]; shifts hist left by one."""
-    W = conv_w.shape[1]
-    for part in range(3):
-        for i in range(H):
-            ch = part * N * H + n * H + i
-            acc = conv_w[ch, W - 1] * x_t[ch]
-            for w in range(W - 1):
-                acc += conv_w[ch, w] * hist_b[ch, w]
-                hist_b[ch, w] = hist_b[ch, w + 1] if w < W - 2 else x_t[ch]
-            qkv[part, i] = acc * _sigmoid_scalar(acc, c)
-
-
-@jitable
-def _l2_normalise_head(x, c, scale):  # type: ignore[no-untyped-def]
-    ss = c.one - c.one
-    for i in range(x.shape[0]):
-        ss += x[i] * x[i]
-    inv = scale / np.sqrt(ss + c.l2_eps)
-    for i in range(x.shape[0]):
-        x[i] *= inv
-
-
-@jitable
-def _delta_rule_head(S, qkv, alpha, beta, c, o):  # type: ignore[no-untyped-def]
-    """Column j of S (one value channel) is independent of the others: decay, u_j, update, o_j."""
-    H = S.shape[0]
-    for j in range(H):
-        u = c.one - c.one
-        for i in range(H):
-            S[i, j] *= alpha[i]
-            u += S[i, j] * qkv[1, i]
-        delta = beta * (qkv[2, j] - u)
-        acc = c.one - c.one
-        for i in range(H):
-            S[i, j] += qkv[1, i] * delta
-            acc += S[i, j] * qkv[0, i]
-        o[j] = acc
-
-
-@jitable
-def _gated_norm_head(o, gate_t, o_norm_w, n, c, out_t):  # type: ignore[no-untyped-def]
-    H = o.shape[0]
-    ss = c.one - c.one
-    for j in range(H):
-        ss += o[j] * o[j]
-    inv_rms = c.one / np.sqrt(ss / c.head_dim + c.eps)
-    for j in range(H):
-        out_t[n * H + j] = o[j] * inv_rms * o_norm_w[j] * _sigmoid_scalar(gate_t[n * H + j], c)
+def _sum_sq(a: Array) -> Array:
+    """sum of a^2 over the last axis, in index order (a program's loop, not NumPy's pairwise sum)."""
+    total = np.zeros(a.shape[:-1], a.dtype)
+    for i in range(a.shape[-1]):
+        total += a[..., i] * a[..., i]
+    return total
 
 
 # ============================================================================ chain: the fallback kernels

@@ -23,10 +23,9 @@ def sigmoid(x: Array) -> Array:
 
 def sigmoid_exp(x: Array) -> Array:
     """1 / (1 + e^-x) in x's dtype from t = e^-|x|: 1 / (1 + t) for x >= 0, t / (1 + t) below, the form of the
-    compiled kernels' sigmoid (`ops.kda._sigmoid_scalar`). NumPy's exp is SIMD, its logaddexp a scalar
-    log1p(exp) loop: on [16, 16, 192] float32 ~0.12 ms against `sigmoid`'s 0.78 ms. Within a few ulp of it.
-    The numerator picks 1 or t without a mask: t <= 1, so max(t, [x >= 0]) is 1 for x >= 0 and t (NaN too)
-    below; `np.where` and masked copies branch per element (~0.3 ms on that shape against ~0.01)."""
+    compiled kernels' sigmoid (`fast.kda._sigmoid_scalar`); within a few ulp of `sigmoid`, and ~6x faster
+    (one SIMD exp, no log1p loop). The numerator picks 1 or t without a branching mask: t <= 1, so
+    max(t, [x >= 0]) is 1 for x >= 0 and t (NaN too) below."""
     t = np.exp(-np.abs(x))
     return np.maximum(t, (x >= 0).astype(t.dtype)) / (1 + t)
 

@@ -1,25 +1,24 @@
 """Pieces both plans share: per-rank dimensions, tensor declarations, launch flags, and the
-residual-stream, projection and all-reduce kernels both plans launch.
+residual-stream, o_proj and all-reduce kernels both plans launch (each attention kind's own: simulator/attention).
 
 A kernel factory returns a `Kernel` bound to its op: the tensors it declares (from the dims, so
 traffic is derived) are exactly the arguments the executor hands that op. Every attribute, stream,
 dependencies, PDL and prefetch included, is set here where the kernel is built; the plans
 (standard.py, specialized.py) read top to bottom as the launches they make.
 
-Dimension legend: M tokens (B sequences x T tokens each), D hidden, P TP degree, C KDA channels per
-rank, Nh heads on this rank, H head dim, n attention output width per rank.
+Dimension legend: M tokens (B sequences x T tokens each), D hidden, P TP degree, n attention output width
+per rank.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Callable, NamedTuple, TypeVar
+from typing import NamedTuple
 
 from simulator.config import ATTENTION_KINDS, ATTENTION_WEIGHTS, ModelConfig, validate_tp
 from simulator.errors import UserError
-from simulator.memo import remember
+from simulator.memo import context_free
 from simulator.ops import collectives as coll_ops
 from simulator.ops import linear as lin
 from simulator.ops import norm
@@ -112,36 +111,6 @@ class Dims:
         return self if self.shape.context == 0 else replace(self, shape=replace(self.shape, context=0))
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-KERNEL_MEMO = True  # tests turn it off to build every kernel from the dims it is given
-_KERNELS: dict[tuple, Any] = {}
-KERNEL_MEMO_SIZE = 1 << 16  # entries kept at most (then all are dropped): a 10^5-point grid makes ~10^4
-
-
-def context_free(factory: F) -> F:
-    """A kernel factory that does not read the context (`d.shape.context`, `d.cache_len`): its kernels are
-    built once per (dims without the context, arguments) and shared, the same object, by the plans of
-    every context. Only an MLA layer's plan reads the context (its cache insert and decode attention; the
-    other layers' plans are built at context 0, `cost.step.plan_shape`), so a sweep over 70 contexts built
-    each of its ~25 other kernels 70 times (~30 µs each), and the pricing's caches then compared each new
-    object with the one before. The factory is called with `d.sans_context`, so a factory that did read the
-    context would build a kernel that differs from the one its plan needs: tests/test_plans.py builds every
-    plan of every model both ways and compares kernels, consts and ops included. Lists come back as new
-    lists (the builders extend them)."""
-    def build(d: Dims, args: tuple, kw: dict) -> Any:
-        made = factory(d, *args, **kw)
-        return tuple(made) if isinstance(made, list) else made
-
-    @functools.wraps(factory)
-    def memo(d: Dims, *args: Any, **kw: Any) -> Any:
-        if not KERNEL_MEMO:
-            return factory(d, *args, **kw)
-        key = (factory, d.sans_context, args, tuple(kw.items()))
-        made = remember(_KERNELS, key, build, d.sans_context, args, kw, limit=KERNEL_MEMO_SIZE)
-        return list(made) if isinstance(made, tuple) else made
-    return memo  # type: ignore[return-value]
-
-
 def make_dims(cfg: ModelConfig, tp: int, shape: DecodeShape, layer: int | None, layer_type: str) -> Dims:
     validate_tp(cfg, tp)
     for name in ("batch", "tokens_per_seq"):
@@ -167,9 +136,7 @@ def layer_signature(cfg: ModelConfig, layer: int) -> tuple:
             cfg.gqa_window(layer), cfg.attn_kinds[layer] == "gqa" and layer == 0)
 
 
-# ---------------------------------------------------------------------------------------
-# declarations
-# ---------------------------------------------------------------------------------------
+# ===================================================================== declarations
 
 class Launch(NamedTuple):
     """How a kernel is launched: with programmatic dependent launch, and loading its weights before
@@ -213,9 +180,7 @@ def blocks(d: Dims, n: int) -> Tensor:
     return act("blocks", n, d.M, d.D, window=(0, 0, n))
 
 
-# ---------------------------------------------------------------------------------------
-# kernels both plans launch identically (or with a different name / launch)
-# ---------------------------------------------------------------------------------------
+# ======================================== kernels both plans launch (by the same or another name / launch)
 
 ATTN_RES_STOCK = K3 + "ops/attn_res.py:attn_res"  # the stock AttnRes + norm
 RMS_NORM = "vllm/model_executor/layers/layernorm.py:RMSNorm.forward_cuda"  # fused_add_rms_norm given a residual
@@ -300,33 +265,6 @@ def o_proj_bias(d: Dims) -> tuple[Tensor, ...]:
     return (weight("o_proj.bias", d.D, shard="rank0", dtype="fp32"),) if d.cfg.o_proj_bias else ()
 
 
-def kda_in_proj(d: Dims, name: str, launch: Launch = PLAIN, source: str = LLG) -> Kernel:
-    """x @ [W_q | W_k | W_v | W_g | W_fa | W_b] per rank: q, k, v, g column shards, f_a replicated."""
-    M, D, C, Nh, H = d.M, d.D, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim
-    n = 4 * C + H + Nh
-    n_pad = -(-n // 16) * 16  # vLLM pads the fused projection to a multiple of 16 rows (the GEMM runs over them)
-    w = packed((("kda.w_q", "col"), ("kda.w_k", "col"), ("kda.w_v", "col"), ("kda.w_g", "col"),
-                ("kda.w_fa", "full"), ("kda.w_b", "col")), D, n,
-               padded=(D, n_pad))
-    return Kernel(
-        key="kda_in_proj", name=name, kind="gemm", family="gemm",
-        op=lin.linear_split, consts=(("widths", (3 * C, C, H, Nh)),),
-        reads=(act("x", M, D),), weights=(w,),
-        writes=(act("kda.qkv", M, 3 * C), act("kda.g", M, C), act("kda.fa", M, H), act("kda.b", M, Nh)),
-        flops=lin.gemm_flops(M, D, n_pad), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=source,
-        note="in_proj_qkvgfab: 4 column shards + replicated f_a (N = 6288 at TP8, 3216 at TP16; V-LLG)")
-
-
-def kda_fb_proj(d: Dims, launch: Launch = PLAIN, stream: str = "main", deps: tuple[str, ...] = ()) -> Kernel:
-    """z = f_a(x) @ W_fb (column shard): the low-rank decay path."""
-    M, C, H = d.M, d.kda_w_r, d.cfg.kda_head_dim
-    return Kernel(key="kda_fb_proj", name="gemm_f_b_proj", kind="gemm", family="gemm", op=lin.linear,
-                  reads=(act("kda.fa", M, H),), weights=(weight("kda.w_fb", H, C, shard="col"),),
-                  writes=(act("kda.z", M, C),), flops=lin.gemm_flops(M, H, C), stream=stream, deps=deps,
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=LLG,
-                  note="f_b_proj GEMM (1536x128 at TP8; V-LLG dsv3_fused_a table)")
-
-
 # vLLM's standalone all-reduce (CudaCommunicator.all_reduce, VLLM_ALLREDUCE_USE_FLASHINFER=1): FlashInfer's MNNVL
 # allreduce_fusion, Lamport buffers, one- or two-shot chosen inside FlashInfer; no NVLS (multimem) all-reduce
 FLASHINFER_AR = ("one_shot", "two_shot")
@@ -345,9 +283,7 @@ def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: s
                   note=note, source=source)
 
 
-# ---------------------------------------------------------------------------------------
-# attention output: o_proj -> all-reduce -> AttnRes + norm, or the one fused kernel
-# ---------------------------------------------------------------------------------------
+# ======================================== attention output: o_proj, all-reduce, residual + norm, or one fused kernel
 
 @context_free
 def o_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:

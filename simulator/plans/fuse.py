@@ -51,7 +51,7 @@ class Chain:
         self.parts, self.outer, self.keep, self.ranks = parts, outer, keep, ranks
         self.__name__ = "+".join(getattr(p.op, "__name__", "op") for p in parts)
 
-    def __eq__(self, other: object) -> bool:  # kernels built apart compare equal (plans.common.context_free)
+    def __eq__(self, other: object) -> bool:  # kernels built apart compare equal (memo.context_free)
         return isinstance(other, Chain) and (self.parts, self.outer, self.keep, self.ranks) == (
             other.parts, other.outer, other.keep, other.ranks)
 

@@ -161,13 +161,9 @@ class Kernel:
             object.__setattr__(self, "prefetch_bytes", self.weight_bytes)
 
     def __hash__(self) -> int:
-        """A hash of what equality compares, the tensors by their bytes and windows (equal kernels have equal
-        ones) and the note and diagnostics left out; kept after the first call. Kernels are keys of the
-        pricing's caches, looked up ~10^5 times in a sweep, and every new plan brings new kernel objects:
-        hashing every compared field, the nested tensors included, cost ~10 µs a kernel (~0.3 ms a new
-        27-kernel plan). The windows are in it because a KV-cache insert differs from context to context in
-        its window alone; kernels that differ only in what it leaves out (tensor names, shapes of equal
-        bytes, notes) share a hash and equality tells them apart."""
+        """A hash of what equality compares, the tensors by their bytes and windows (a KV-cache insert differs
+        from context to context in its window alone), kept after the first call: kernels key the pricing's
+        caches. Kernels that differ only in what it leaves out share a hash; equality tells them apart."""
         cached = self.__dict__.get("_hash")
         if cached is None:
             cached = hash((self.key, self.name, self.kind, self.family, self.impl, self.flops, self.math, self.stream,
@@ -211,8 +207,7 @@ class Plan:
         return iter(self.kernels)
 
     def __hash__(self) -> int:
-        """The dataclass hash, kept after the first call: plans key the cost model's caches (`plan_layout`,
-        looked up for every plan a sweep prices), and each hash went over every kernel again (~30 µs a plan)."""
+        """The dataclass hash, kept after the first call: plans key the cost model's caches (`plan_layout`)."""
         cached = self.__dict__.get("_hash")
         if cached is None:
             cached = hash((self.variant, self.layer, self.tp, self.shape, self.kernels, self.fusions))

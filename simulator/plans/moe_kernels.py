@@ -16,8 +16,8 @@ from simulator.errors import UserError
 from simulator.ops import experts as ex
 from simulator.ops import linear as lin
 from simulator.ops import norm, pointwise
-from simulator.ops.experts import expected_unique_experts
 from simulator.ops.router import allgather_topk, route_flops, route_fused, route_unbiased
+from simulator.routing import expected_unique_experts
 from simulator.plans.common import PLAIN, Dims, Launch, act, all_reduce_kernel, context_free, packed, weight
 from simulator.plans.fuse import cite, fuse
 from simulator.plans.kernel import K3, SD, Collective, Kernel, Tensor
@@ -37,7 +37,7 @@ STOCK_MIN_EXPERT_SHARD = 256
 
 def expected_experts(d: Dims) -> int:
     """Distinct experts the step's tokens touch, U = E (1 - (1 - k/E)^M) for uniform independent routing,
-    fewer under skew or correlated draft tokens (ops.experts.RoutingStats); rounded, >= k."""
+    fewer under skew or correlated draft tokens (simulator.routing.RoutingStats); rounded, >= k."""
     cfg, routing = d.cfg, d.shape.routing
     free = routing.free_tokens(d.shape.batch, d.shape.tokens_per_seq)
     return max(cfg.top_k, round(expected_unique_experts(free, cfg.num_experts, cfg.top_k, routing.skew)))

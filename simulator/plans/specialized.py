@@ -3,49 +3,23 @@
 Read from the released vLLM 0.33.0 (docs/vllm-k3-source.md, docs/vllm_k3_map.toml); each kernel's
 `source` names the function that launches it. Each fusion is a named switch; turning one off puts back
 the standard kernels it replaced (called by name from the kernel modules), so a user can ablate one at
-a time, and with none the plan is the standard plan. The listing below is the whole plan; every kernel's stream,
-dependencies, PDL and prefetch
-are set in the call that builds it.
+a time, and with none the plan is the standard plan. Every kernel's stream, dependencies, PDL and prefetch
+are set in the call that builds it. The fusions (`FUSIONS`, in ablation order):
 
-    fused_kda             conv + gate + delta rule + norm + output gate in one kernel, also for
-                          6 local heads (TP16) and for verify steps with draft tokens
-    oproj_allreduce_norm  o_proj GEMM + TP all-reduce + AttnRes add/mix + RMSNorm in one kernel
-    split_router          router and latent down-projection sharded over ranks (E/P + L/P columns
-                          instead of E + L replicated), one collective kernel gathers them and
-                          picks the top-k
-    glu_epilogue          the activation runs in the gate/up GEMM's epilogue (no separate kernel)
-    shared_overlap        the shared expert runs on an aux stream, overlapped with routed experts
-                          (Kimi K3's stock path already does: it changes the generic MoE only)
-    moe_finalize          FC2 and the routing-weighted sum in one kernel
-    latent_tail           AR(latent) + RMSNorm + reduce-scatter(shared) in one collective kernel,
-                          then a sharded up-projection whose epilogue adds the shared slice and
-                          all-gathers (vLLM tier-0 tail, V-TAIL; Kimi K3's stock path already runs it)
-    small_batch_proj      at small M, the MLA g_proj shard joins the fused q_a/kv_a skinny GEMM
-    pdl_prefetch          programmatic dependent launch everywhere; every kernel whose weights do
-                          not depend on data loads them while its predecessor (often a collective)
-                          is still running
-    kda_fb_in_kernel      the f_b projection inside the KDA kernel (KdaSplit)
-    mla_query_value       MLA: one query kernel (norms, q_b, W_UK, quant, cache insert), one value kernel
-    persistent_experts    FC1 + SiTU + FC2 in one persistent launch
-    one_kernel_tail       the whole MoE tail (finalize, AR + norm + RS, up-projection, gather) in one launch
-    small_batch_chain     TP16 at 1-2 tokens, TP8 at 1: front (router, top-k, shared expert), cluster
-                          experts, polling tail
-    l2_prefetch           explicit L2Prefetch launches on a side stream (their bytes are not priced)
-    unpadded_experts      the experts read the 192 real intermediate rows per rank at TP16, not the stock
-                          loader's zero padding to 256 (ExpertsGeometry takes 3 of 4 128-row tiles)
+{fusions}
 
 The plan follows vLLM 0.33.0's specialized decode (docs/vllm-k3-source.md; each kernel's `source`), at
 1 x 8 tokens (each fusion's count is the plan with only it switched off; tests/test_plans.py builds them):
 KDA + MoE at TP16: 22 standard kernels -> 13 (fused_kda -3, oproj_allreduce_norm -2, split_router -3,
 kda_fb_in_kernel -1, persistent_experts -1, one_kernel_tail -2, l2_prefetch +2): 8 main, 3 shared-expert
 launches on the aux stream, 2 L2 prefetches; at 1 x 1 the small-batch chain: 8. The source serves 1-8, 16, 32 and 64
-tokens and runs the
-stock forward otherwise (`serves`: `build` returns the standard plan's kernels for those steps).
+tokens and runs the stock forward otherwise (`serves`: `build` returns the standard plan's kernels for those steps).
 Dimension legend: M tokens, D hidden, P TP degree, E experts, L latent, k active experts.
 """
 
 from __future__ import annotations
 
+import textwrap
 from typing import Iterable, NamedTuple
 
 from simulator import attention
@@ -60,22 +34,28 @@ from simulator.plans.fuse import cite, fuse
 from simulator.plans.kernel import SD, DecodeShape, Kernel, Plan
 
 FUSIONS: dict[str, str] = {
-    "fused_kda": "conv + gate + delta rule + norm + output gate in one KDA kernel",
+    "fused_kda": "conv + gate + delta rule + norm + output gate in one KDA kernel, also at 6 local heads (TP16) "
+                 "and for verify steps with draft tokens",
     "oproj_allreduce_norm": "o_proj GEMM + TP all-reduce + AttnRes/residual + RMSNorm in one kernel",
-    "split_router": "router and latent down-projection sharded over ranks, gathered with the top-k",
+    "split_router": "router and latent down-projection sharded over ranks (E/P + L/P columns instead of E + L "
+                    "replicated), one collective kernel gathers them and picks the top-k",
     "glu_epilogue": "activation in the gate/up GEMM epilogue (above 8 tokens)",
-    "shared_overlap": "shared expert on an aux stream (Kimi K3's stock path already does it)",
+    "shared_overlap": "shared expert on an aux stream, overlapped with the routed experts (Kimi K3's stock path "
+                      "already does it: it changes the generic MoE only)",
     "moe_finalize": "FC2 and the routing-weighted sum in one kernel (TP8 from 5 tokens, TP16 from 9)",
-    "latent_tail": "AR + RMSNorm + reduce-scatter, then sharded up-projection (Kimi K3's stock tier-0 tail does it)",
+    "latent_tail": "AR(latent) + RMSNorm + reduce-scatter(shared) in one collective kernel, then a sharded "
+                   "up-projection that adds the shared slice and all-gathers (Kimi K3's stock tier-0 tail, V-TAIL)",
     "small_batch_proj": "MLA g_proj joins the fused q_a/kv_a skinny GEMM at small batch",
-    "pdl_prefetch": "PDL launches and weight prefetch while the predecessor (often a collective) runs",
-    "kda_fb_in_kernel": "the f_b projection inside the KDA kernel",
+    "pdl_prefetch": "PDL launches everywhere; a kernel whose weights do not depend on data loads them while its "
+                    "predecessor (often a collective) runs",
+    "kda_fb_in_kernel": "the f_b projection inside the KDA kernel (KdaSplit)",
     "mla_query_value": "MLA query kernel (norms, q_b, W_UK, quant, cache insert) and value kernel (W_UV + gate)",
     "persistent_experts": "FC1 + SiTU + FC2 in one persistent launch",
     "one_kernel_tail": "finalize + AR + RMSNorm + RS + up-projection + gather in one launch",
-    "small_batch_chain": "TP16 1-2 / TP8 1 token: front, cluster experts, polling tail",
-    "l2_prefetch": "explicit L2Prefetch launches on a side stream",
-    "unpadded_experts": "experts read the real 192 intermediate rows per rank at TP16, not the padding to 256",
+    "small_batch_chain": "TP16 1-2 / TP8 1 token: front (router, top-k, shared expert), cluster experts, polling tail",
+    "l2_prefetch": "explicit L2Prefetch launches on a side stream (their bytes are not priced)",
+    "unpadded_experts": "experts read the real 192 intermediate rows per rank at TP16, not the stock loader's zero "
+                        "padding to 256",
 }
 # The launches vLLM 0.33.0 merges beyond the fusions the publication described (docs/vllm-k3-source.md):
 # without them the specialized plan has the kernels the H200 measurements (calibration/h200) name.
@@ -83,6 +63,9 @@ SOURCE_MERGES = frozenset({"kda_fb_in_kernel", "mla_query_value", "persistent_ex
                            "small_batch_chain", "l2_prefetch", "unpadded_experts"})
 # What-ifs beyond the published path: off unless asked for by name (none now: the source settled the last one).
 WHAT_IF_FUSIONS: dict[str, str] = {}
+__doc__ = (__doc__ or "").replace("{fusions}", "\n".join(  # the listing above, from the one description of each
+    textwrap.fill(text, 112, initial_indent=f"    {name:21} ", subsequent_indent=" " * 26)
+    for name, text in (FUSIONS | WHAT_IF_FUSIONS).items()))
 SERVED_TOKENS = frozenset((*range(1, 9), 16, 32, 64))  # providers.BATCHES: other token counts run the stock forward
 ATTN_RES = SD + "cutedsl/attn_res/prepared.py:PreparedAttnRes.run_ring"
 
@@ -95,22 +78,6 @@ def resolve_fusions(enabled: Iterable[str] | None = None, disabled: Iterable[str
         if name not in known:
             raise UserError(f"unknown fusion '{name}': known fusions are {', '.join(known)}.")
     return frozenset(chosen)
-
-
-def fusion_set(disable: list[str] | None = None, enable: list[str] | None = None) -> frozenset[str]:
-    """The specialized plan's fusions with some turned off and what-ifs turned on; a name that would change
-    nothing (already on, already off, both on and off) is refused rather than silently ignored."""
-    base = resolve_fusions(None, disable or ())
-    on = resolve_fusions(base | set(enable or ()))
-    for name in sorted(set(enable or ()) & set(disable or ())):
-        raise UserError(f"--enable-fusion and --disable-fusion both name {name}: choose one.")
-    for name in sorted(set(enable or ()) & set(FUSIONS)):
-        takes = (f"a what-if fusion: {', '.join(WHAT_IF_FUSIONS)}" if WHAT_IF_FUSIONS
-                 else "a what-if fusion, and there is none now")
-        raise UserError(f"--enable-fusion {name} changes nothing: it is on by default (--enable-fusion takes {takes}).")
-    for name in sorted(set(disable or ()) & set(WHAT_IF_FUSIONS)):
-        raise UserError(f"--disable-fusion {name} changes nothing: it is off unless --enable-fusion turns it on.")
-    return on
 
 
 class Launches(NamedTuple):
@@ -260,7 +227,10 @@ def moe_block(d: Dims, on: frozenset[str], go: Launches, x2_from: str) -> list[K
         kernels += [moe.fc2(d, pad, go.experts), moe.finalize(d, e)]
     if cfg.latent_dim and cfg.num_shared_experts and cfg.latent_norm and "latent_tail" in on:
         return kernels + moe.latent_tail_fused(d, e)
-    return kernels + (moe.latent_tail(d, e) if cfg.latent_dim else moe.classic_tail(d, e))
+    tail = moe.latent_tail(d, e) if cfg.latent_dim else moe.classic_tail(d, e)
+    if cfg.num_shared_experts and "shared_overlap" in on:  # the tail's first kernel reads the aux stream's partial
+        tail[0] = cite(tail[0], tail[0].source, deps=tail[0].deps + ("shared_down",))
+    return kernels + tail
 
 
 def shared_expert(d: Dims, e: Launch, x2_from: str, glu: bool) -> list[Kernel]:

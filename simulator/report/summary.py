@@ -15,8 +15,8 @@ from simulator.cost.timeline import Makespan, Span, Timeline, makespan_us, sched
 from simulator.cost.uncertainty import (IntervalSpec, Uncertainty, kernel_duration_draws, plan_draws, schedule_plans,
                                         uncertainty_for)
 from simulator.hardware import HardwareProfile
-from simulator.ops.experts import UNIFORM, RoutingStats
-from simulator.plans.head import head_plan
+from simulator.routing import UNIFORM, RoutingStats
+from simulator.cost.head import head_plan
 from simulator.plans import VARIANTS
 from simulator.plans.kernel import DecodeShape
 from simulator.plans.specialized import resolve_fusions

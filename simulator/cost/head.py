@@ -1,6 +1,7 @@
 """The model head's kernels: embedding, final AttnRes mix (or residual add) + norm, LM head, sampling; and the drafter's
-tap projection. Cost-only: the executor simulates one decoder layer, so these kernels name no op
-(`op=None`) and only the cost model reads them; their tensors are declared the same way.
+tap projection. Part of the cost model, not of the plans the executor runs: the executor simulates one decoder
+layer, so these kernels name no op (`op=None`) and only the step's pricing reads them; their tensors are declared
+as the plans' are (plans/common.py).
 
     embedding (vocab-parallel, one all-reduce) -> final mix + RMSNorm -> LM head (vocab shard)
     -> local argmax -> all-gather of the P candidates
