@@ -28,7 +28,7 @@ HEAD_FIRST = ("embed", "embed_all_reduce")  # the head's launches before the fir
 def step_plan(cfg: ModelConfig, variant: str, tp: int, shape: DecodeShape, arch: str) -> Plan:
     """The head's embedding, every layer's plan in order, the rest of the head: one step's launches."""
     from simulator.cost.step import build_plan, head_shape
-    from simulator.plans.head import head_plan
+    from simulator.cost.head import head_plan
     head = head_plan(cfg, tp, head_shape(shape), variant)
     layers = [k for i in range(cfg.num_layers)
               for k in build_plan(cfg, variant, tp, shape, cfg.layer_type(i), layer=i, arch=arch)]
