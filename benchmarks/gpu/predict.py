@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ ROOT = HERE.parent.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
 import points as pts  # noqa: E402
+from rows import simulator_commit, write_rows  # noqa: E402
 from simulator.cost.measured import price_row  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402
 
@@ -48,8 +48,7 @@ def main() -> int:
                          "and price only the points it lacks")
     args = ap.parse_args()
     hw = load_hardware(args.hardware)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = simulator_commit()
     kept: dict[str, dict] = {}
     if args.add_new and args.out.exists():
         with args.out.open(newline="") as f:
@@ -62,11 +61,7 @@ def main() -> int:
         rows.append({**p.row(), **{k: (round(v, 4) if isinstance(v, float) else v)
                                    for k, v in price_row(p.row(), hw).items()},
                      "hardware": hw.name, "profile_sha256": profile_digest(args.hardware), "model_commit": commit})
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=pts.FIELDS + TERMS + ["hardware", "profile_sha256", "model_commit"])
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(args.out, rows, pts.FIELDS + TERMS + ["hardware", "profile_sha256", "model_commit"])
     print(f"wrote {args.out}: {len(rows)} predictions, {len(rows) - len(kept)} new, with the {hw.name} profile "
           f"as it stands (commit {commit}); {len(kept)} kept as registered")
     return 0

@@ -13,8 +13,6 @@ profile's default kernel set (`vllm`) and once with `datasheet`. No GPU needed.
 from __future__ import annotations
 
 import argparse
-import csv
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
 
 from predict_layers import makespan  # noqa: E402
+from rows import simulator_commit, write_rows  # noqa: E402
 
 MODEL, LAYER, HARDWARE = "gpt-oss-20b", "gqa", "h200"
 TPS, BATCHES, CONTEXTS, LAYER_INDEXES = (1, 2), (1, 8, 32, 64), (1720, 8192), (0, 1)
@@ -71,18 +70,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True, help="the predictions CSV to write")
     args = ap.parse_args()
     from simulator.hardware import load_hardware
-    commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = simulator_commit()
     rows = []
     for kernels in KERNEL_SETS:
         hw = load_hardware(HARDWARE, kernels)
         rows += [predict(*c, hw) | {"simulator_commit": commit}
                  for c in configurations()]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(args.out, rows, FIELDS)
     for r in rows:
         print(f"{r['replay']:26s} {r['kernel_set']:9s} makespan {r['makespan_us']:7.1f} us "
               f"(full layer {r['full_layer_makespan_us']:.1f} us, left out: {r['left_out'] or '-'})")

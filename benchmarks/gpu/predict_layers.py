@@ -15,13 +15,14 @@ cost in it are written beside, for reference. No GPU needed.
 from __future__ import annotations
 
 import argparse
-import csv
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path[:0] = [str(HERE), str(ROOT)]
+
+from rows import simulator_commit, write_rows  # noqa: E402
 
 LAYERS = (("kimi-k3", "kda"), ("deepseek-v3", "mla"))
 TP, BATCHES, TOKENS, CONTEXT = 8, (1, 8, 64), (1, 4), 8192
@@ -77,14 +78,9 @@ def main() -> int:
     args = ap.parse_args()
     from simulator.hardware import load_hardware
     hw = load_hardware(HARDWARE, KERNELS)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = simulator_commit()
     rows = [predict(m, b, t, hw) | {"simulator_commit": commit} for m, _ in LAYERS for b in BATCHES for t in TOKENS]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(args.out, rows, FIELDS)
     for r in rows:
         print(f"{r['replay']:10s} {r['model']:12s} makespan {r['makespan_us']:8.1f} us without {r['left_out']} "
               f"(full layer {r['full_layer_makespan_us']:.1f} us)")

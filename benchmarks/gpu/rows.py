@@ -9,6 +9,7 @@ columns a measurement set adds (production rows name their package and the kerne
 from __future__ import annotations
 
 import csv
+import subprocess
 from pathlib import Path
 
 import points as pts
@@ -31,6 +32,21 @@ def append_row(path: Path, row: dict, fields: list[str]) -> None:
         if new:
             w.writeheader()
         w.writerow(row)
+
+
+def write_rows(path: Path, rows: list[dict], fields: list[str]) -> None:
+    """Write a whole CSV at once (a predictions file, written before the run it predicts), its folder made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def simulator_commit() -> str:
+    """The repository's short HEAD, stamped on every prediction so a run can be matched to the model priced."""
+    return subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
 
 
 def measured_ids(folder: Path) -> set[str]:
