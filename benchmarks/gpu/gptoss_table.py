@@ -14,8 +14,6 @@ error = measured / predicted - 1.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import statistics
 import sys
 from pathlib import Path
@@ -58,26 +56,7 @@ def compare(trace: Path, pred: dict) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--predictions", type=Path, default=PREDICTIONS)
-    ap.add_argument("--traces", type=Path, default=layer_table.TRACES)
-    ap.add_argument("--prefix", default=layer_table.PREFIX, help="trace file name before the replay name")
-    ap.add_argument("--out", type=Path, help="also write the rows to this CSV")
-    ap.add_argument("--present", action="store_true", help="only the predictions whose trace is there")
-    args = ap.parse_args()
-    if not args.predictions.is_file():
-        print(f"--predictions {args.predictions}: no such file.", file=sys.stderr)
-        return 2
-    try:
-        rows = layer_table.table(args.predictions, args.traces, args.prefix, compare, args.present)
-    except FileNotFoundError as exc:
-        print(f"{exc}.", file=sys.stderr)
-        return 2
-    if args.out:
-        with args.out.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS)
-            w.writeheader()
-            w.writerows(rows)
+    rows = layer_table.cli_table(__doc__.splitlines()[0], PREDICTIONS, FIELDS, compare, with_present=True)
     print("makespan of one gpt-oss-20b layer on one H200 rank, all-reduces left out (us); "
           "error = measured / predicted - 1; families: summed kernel time")
     print("| replay | kernels | predicted | measured | error | matched | folded | gemm | gqa | moe | small |")

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
 
 from predict_layers import LAYERS, replay_keys  # noqa: E402
+from rows import write_rows  # noqa: E402
 
 PREDICTIONS = ROOT / "calibration/h200/production/layers/predictions.csv"
 TRACES, PREFIX = ROOT / "tests/data/traces", "vllm-h200-"
@@ -104,26 +105,31 @@ def table(predictions: Path, traces: Path, prefix: str, compare=None, present: b
     return [compare(traces / f"{prefix}{p['replay']}.json.gz", p) for p in preds]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--predictions", type=Path, default=PREDICTIONS)
+def cli_table(description: str, predictions: Path, fields: list[str], compare=None, with_present: bool = False
+              ) -> list[dict]:
+    """The command line every replay table shares: --predictions, --traces, --prefix, --out (and --present), the
+    table of `table`, the rows written to --out; a missing file is one line on stderr and exit 2."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--predictions", type=Path, default=predictions)
     ap.add_argument("--traces", type=Path, default=TRACES)
     ap.add_argument("--prefix", default=PREFIX, help="trace file name before the replay name")
     ap.add_argument("--out", type=Path, help="also write the rows to this CSV")
+    if with_present:
+        ap.add_argument("--present", action="store_true", help="only the predictions whose trace is there")
     args = ap.parse_args()
     if not args.predictions.is_file():
-        print(f"--predictions {args.predictions}: no such file.", file=sys.stderr)
-        return 2
+        ap.exit(2, f"--predictions {args.predictions}: no such file.\n")
     try:
-        rows = table(args.predictions, args.traces, args.prefix)
+        rows = table(args.predictions, args.traces, args.prefix, compare, getattr(args, "present", False))
     except FileNotFoundError as exc:
-        print(f"{exc}.", file=sys.stderr)
-        return 2
+        ap.exit(2, f"{exc}.\n")
     if args.out:
-        with args.out.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS)
-            w.writeheader()
-            w.writerows(rows)
+        write_rows(args.out, rows, fields)
+    return rows
+
+
+def main() -> int:
+    rows = cli_table(__doc__.splitlines()[0], PREDICTIONS, FIELDS)
     print("makespan of one layer on one TP8 rank, all-reduces left out (us); error = measured / predicted - 1")
     print("| replay | predicted | measured | error | all layers | error | matched | unmatched | folded | layers |")
     print("|---|---|---|---|---|---|---|---|---|---|")
