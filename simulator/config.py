@@ -336,15 +336,18 @@ def validate_tp(cfg: ModelConfig, tp: int) -> None:
               ("hidden_size", cfg.hidden_size)]
     if cfg.has_kda:
         checks.append(("kda_heads", cfg.kda_heads))
-    if "gqa" in cfg.attn_kinds:  # vLLM replicates KV heads below TP = Nkv; modelled: each rank owns Nkv / P
-        checks += [("gqa_heads", cfg.gqa_heads), ("gqa_kv_heads", cfg.gqa_kv_heads)]
+    if "gqa" in cfg.attn_kinds:  # above P = Nkv vLLM replicates each key/value head on P / Nkv ranks
+        checks.append(("gqa_heads", cfg.gqa_heads))
+        nkv = cfg.gqa_kv_heads
+        if nkv and nkv % tp and tp % nkv:
+            raise UserError(f"--tp {tp} neither divides nor is a multiple of gqa_kv_heads = {nkv} of model "
+                            f"'{cfg.name}': vLLM splits the key/value heads over the ranks or replicates each "
+                            "on P / Nkv of them, and needs one or the other.")
     if cfg.first_k_dense:
         checks.append(("dense_intermediate", cfg.dense_intermediate))
     for name, value in checks:
         if value and value % tp:
-            why = (f": each rank must own whole key/value heads (vLLM replicates them when TP exceeds {value}, which "
-                   "is not modelled)") if name == "gqa_kv_heads" else ""
-            raise UserError(f"--tp {tp} does not divide {name} = {value} of model '{cfg.name}'{why}.")
+            raise UserError(f"--tp {tp} does not divide {name} = {value} of model '{cfg.name}'.")
 
 
 # ---------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from simulator.ops.replaceable import replacing
 from simulator.plans.common import Dims
 from simulator.plans.kernel import EXPERT, Kernel, Plan, RunOption, Tensor
 from simulator.state import LayerIO, LayerState
-from simulator.weights import LayerWeights, column_shard, row_shard, shard_shape, weight_spec, widen
+from simulator.weights import LayerWeights, column_shard, row_shard, shard_piece, shard_shape, weight_spec, widen
 
 
 @dataclass
@@ -180,8 +180,9 @@ def _store(kernel: Kernel, rank: Rank, t: Tensor, value: Any) -> None:
 
 
 def _shard(w: Array, shard: str, rank: Rank) -> Array:
-    if shard == "col":
-        return column_shard(w, rank.r, rank.tp)
+    if shard.startswith("col"):
+        _, piece, pieces = shard_piece(shard, rank.r, rank.tp)
+        return column_shard(w, piece, pieces)
     if shard == "rank0" and rank.r:
         return np.zeros_like(w)
     return row_shard(w, rank.r, rank.tp) if shard == "row" else w

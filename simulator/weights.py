@@ -151,8 +151,8 @@ class LayerWeights:
         return self._held_weight(name)
 
     def shard(self, name: str, dtype: type | None, how: str, rank: int, tp: int) -> Array:
-        """Rank r's shard ("col", "row" or "full") in `dtype`: only the shard is converted (each rank
-        reads its own once); a view of the held weight when `dtype` is None or the held dtype. "rank0": the
+        """Rank r's shard ("col", "col/n", "row" or "full"; `shard_piece`) in `dtype`: only the shard is converted
+        (each rank reads its own once); a view of the held weight when `dtype` is None or the held dtype. "rank0": the
         whole weight on rank 0 and zeros on the others (a row-parallel layer's bias, added once by the sum)."""
         if how == "rank0":
             how = "full" if rank == 0 else "zeros"
@@ -161,7 +161,11 @@ class LayerWeights:
             return np.zeros(held.shape, dtype or held.dtype)
         if how == "full" and dtype is not None:
             return self.get(name, dtype)
-        part = column_shard(held, rank, tp) if how == "col" else row_shard(held, rank, tp) if how == "row" else held
+        how, piece, pieces = shard_piece(how, rank, tp)
+        if how == "col":
+            part = column_shard(held, piece, pieces)
+        else:
+            part = row_shard(held, rank, tp) if how == "row" else held
         return part if dtype is None or held.dtype == dtype else widen(part, dtype)
 
     def expert(self, e: int, dtype: type = np.float32) -> tuple[Array, Array, Array]:
@@ -392,11 +396,23 @@ def model_weight_table(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str
     return {"embed": ((v, d), "row"), "lm_head": ((d, v), "col")}
 
 
+def shard_piece(shard: str, rank: int, tp: int) -> tuple[str, int, int]:
+    """(layout, piece, pieces) of rank r under `shard`. "col/n": the columns cut into n pieces, each held by
+    P/n ranks, rank r holding piece r n / P (vLLM's key/value heads when TP exceeds them: Nkv pieces, each head
+    replicated on P/Nkv ranks); every other layout is cut into P pieces, rank r holding piece r."""
+    if not shard.startswith("col/"):
+        return shard, rank, tp
+    pieces = int(shard[4:])
+    if pieces <= 0 or tp % pieces:
+        raise ValueError(f"shard {shard!r} needs a TP degree that is a multiple of {pieces}, not {tp}")
+    return "col", rank * pieces // tp, pieces
+
+
 def shard_shape(shape: tuple[int, ...], shard: str, tp: int) -> tuple[int, ...]:
-    """Per-rank shape of a weight under `shard`: "col" splits the last axis, "row" the first, "full" and
-    "rank0" none."""
-    if shard == "col":
-        return shape[:-1] + (shape[-1] // tp,)
+    """Per-rank shape of a weight under `shard`: "col" splits the last axis in P, "col/n" in n, "row" the first
+    axis in P, "full" and "rank0" none."""
+    if shard.startswith("col"):
+        return shape[:-1] + (shape[-1] // shard_piece(shard, 0, tp)[2],)
     if shard == "row":
         return (shape[0] // tp,) + shape[1:]
     return shape

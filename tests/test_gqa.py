@@ -17,7 +17,7 @@ WINDOW = 5  # tiny_gqa (conftest.py): layer 1 slides over its last 5 positions; 
 
 
 CASES = [(tp, b, t, ctx, layer) for tp in (1, 2) for b, t, ctx in ((1, 1, 3), (3, 2, 20), (2, 4, 33))
-         for layer in (1, 2)]
+         for layer in (1, 2)] + [(4, 3, 2, 20, 1), (8, 2, 4, 33, 2)]  # 2 key/value heads: TP 4 and 8 replicate
 
 
 @pytest.mark.parametrize("tp, batch, tokens, context, layer", CASES,
@@ -125,3 +125,28 @@ def test_state_shards_by_key_value_head_and_memory_by_hand(tiny_gqa):
     # K and V in bf16, 1 of 2 key/value heads x 16 per rank, 3 sequences: layers 0 and 2 hold all 22 positions,
     # the sliding layer 1 its window of 5: 3 x (22 + 5 + 22) x 2 x 1 x 16 x 2 B
     assert cache_bytes_per_gpu(tiny_gqa, 2, shape)["kv_cache"] == 3 * 49 * 2 * 16 * 2 == 9408
+
+
+def test_key_value_heads_replicate_above_tp_nkv(tiny_gqa):
+    """At TP 4 the 2 key/value heads are each held by two ranks (vLLM's QKVParallelLinear): ranks 0, 1 hold head 0
+    and ranks 2, 3 head 1, in the cache and in the k / v projection; the cache per GPU stops shrinking at TP 2."""
+    from simulator import attention
+    from simulator.cost.memory import cache_bytes_per_gpu
+    from simulator.weights import LayerWeights
+    shape = DecodeShape(3, 2, 20)
+    state = attention.initial_state(tiny_gqa, "gqa", shape, np.random.default_rng(0))
+    ranks = attention.shard_state(state, 4)
+    for r, head in enumerate((0, 0, 1, 1)):
+        assert np.array_equal(ranks[r]["gqa.k_cache"][:, :, 0], state["gqa.k_cache"][:, :, head])
+    assert np.array_equal(attention.unshard_state(ranks, state, 2)["gqa.v_cache"], state["gqa.v_cache"])
+    assert cache_bytes_per_gpu(tiny_gqa, 4, shape) == cache_bytes_per_gpu(tiny_gqa, 2, shape)
+    per_gpu = [cache_bytes_per_gpu(tiny_gqa, tp, shape)["kv_cache"] for tp in (1, 2)]
+    assert per_gpu[0] == 2 * per_gpu[1]
+    kernel = standard.build(tiny_gqa, 4, shape, "gqa", 1).kernel("gqa_qkv_proj")
+    assert dict(kernel.consts)["kv_heads"] == 1 and kernel.weights[0].shape == (tiny_gqa.hidden_size, (2 + 2) * 16)
+    w = LayerWeights(tiny_gqa, 1, 0)
+    parts = dict(kernel.weights[0].parts)
+    assert parts["gqa.w_k"] == "col/2"
+    k2 = w.shard("gqa.w_k", None, parts["gqa.w_k"], 2, 4)
+    assert np.array_equal(k2, w.held("gqa.w_k")[:, 16:32])
+    assert np.array_equal(k2, w.shard("gqa.w_k", None, "col/2", 3, 4))

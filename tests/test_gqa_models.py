@@ -102,17 +102,25 @@ def test_the_five_models_are_listed():
     assert {"gpt-oss-20b", "gpt-oss-120b", "qwen3-moe-235b", "qwen3-moe-30b", "mixtral-8x7b"} <= set(listed)
 
 
-@pytest.mark.parametrize("name, tp, ok", [("gpt-oss-20b", 8, True), ("mixtral-8x7b", 8, True),
-                                          ("qwen3-moe-235b", 4, True), ("qwen3-moe-235b", 8, False),
-                                          ("qwen3-moe-30b", 8, False), ("gpt-oss-120b", 16, False)])
-def test_tp_must_split_key_value_heads_whole(name, tp, ok):
+@pytest.mark.parametrize("name, tp", [("gpt-oss-20b", 8), ("mixtral-8x7b", 8), ("qwen3-moe-235b", 4),
+                                      ("qwen3-moe-235b", 8), ("qwen3-moe-30b", 8), ("gpt-oss-120b", 16)])
+def test_tp_splits_or_replicates_key_value_heads(name, tp):
+    """Up to P = Nkv each rank owns Nkv / P heads; above, each head is replicated on P / Nkv ranks (vLLM's
+    QKVParallelLinear), so Qwen3-MoE runs at TP 8 and gpt-oss-120b at TP 16."""
+    from simulator.attention.gqa import kv_split
     cfg = load_model(name)
-    if ok:
-        validate_tp(cfg, tp)
-        return
-    with pytest.raises(UserError, match=rf"--tp {tp} does not divide gqa_kv_heads = {cfg.gqa_kv_heads} .*"
-                                        r"replicates them .* not modelled"):
-        validate_tp(cfg, tp)
+    validate_tp(cfg, tp)
+    heads, layout = kv_split(cfg.gqa_kv_heads, tp)
+    assert heads == max(1, cfg.gqa_kv_heads // tp)
+    assert layout == ("col" if tp <= cfg.gqa_kv_heads else f"col/{cfg.gqa_kv_heads}")
+
+
+def test_a_tp_that_neither_divides_nor_multiplies_the_kv_heads_is_refused():
+    cfg = replace(load_model("qwen3-moe-30b"), gqa_heads=24, gqa_kv_heads=4)
+    with pytest.raises(UserError, match=r"--tp 6 neither divides nor is a multiple of gqa_kv_heads = 4"):
+        validate_tp(cfg, 6)
+    result = runner.invoke(app, ["step", "--model", "qwen3-moe-30b", "--tp", "3"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
 
 
 # ----------------------------------------------------------------------------- YaRN, truncate: false
@@ -296,7 +304,7 @@ from simulator.plans.kernel import DecodeShape  # noqa: E402
 THREE_WAY = [(kind, layer_type, layer, tp) for kind, layers in (("gpt-oss", ((0, "gqa"), (1, "gqa"))),
                                                                 ("qwen3-moe", ((0, "dense"), (1, "gqa"))),
                                                                 ("mixtral", ((1, "gqa"),)))
-             for layer, layer_type in layers for tp in (1, 2)]
+             for layer, layer_type in layers for tp in (1, 2, 4)]  # 2 key/value heads: TP 4 replicates each
 
 
 @pytest.mark.parametrize("kind, layer_type, layer, tp", THREE_WAY,

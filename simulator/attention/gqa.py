@@ -5,8 +5,9 @@
     reference  the same equations over a contiguous cache gathered from the pages, token by token and head by
                head (ops/gqa.py `attention_reference`), then o_proj
     state      pools [NB, BS, Nkv, H] of K (stored rotated) and V in bf16, each sequence's block table
-               [B, blocks] and `lengths` [B]; TP shards the pools by key/value head, the tables are replicated
-    memory     B x rows x 2 (K, V) x Nkv/P x H x 2 B per layer, rows = context + T, or the window on a
+               [B, blocks] and `lengths` [B]; TP shards the pools by key/value head (above P = Nkv each head is
+               replicated on P / Nkv ranks, as vLLM does), the tables are replicated
+    memory     B x rows x 2 (K, V) x max(1, Nkv/P) x H x 2 B per layer, rows = context + T, or the window on a
                sliding-window layer (vLLM frees the blocks a window has left behind)
 
 vLLM's paged decode attention on Hopper and Blackwell (FlashAttention / FlashInfer) reads the sequence's blocks
@@ -42,9 +43,17 @@ CTAS_PER_CU = 4  # aiter's decode config: 2 waves per SIMD (waves_per_eu) x 4 SI
 UNIFIED = "aiter/ops/triton/unified_attention.py:unified_attention"
 
 
+def kv_split(nkv: int, tp: int) -> tuple[int, str]:
+    """(key/value heads on a rank, their weights' shard). vLLM's QKVParallelLinear splits the Nkv heads over
+    the P ranks while P <= Nkv; above, each head is replicated on P / Nkv ranks and rank r holds head r Nkv / P
+    (`num_kv_head_replicas`, `shard_rank = tp_rank // num_kv_head_replicas` in vllm/model_executor/layers/
+    linear.py, vLLM 0.33.0); config.validate_tp refuses a P that neither divides Nkv nor is a multiple of it."""
+    return (nkv // tp, "col") if tp <= nkv else (1, f"col/{nkv}")
+
+
 def _heads(d: c.Dims) -> tuple[int, int, int]:
     """(Nq, Nkv, H) on one rank."""
-    return d.cfg.gqa_heads // d.tp, d.cfg.gqa_kv_heads // d.tp, d.cfg.gqa_head_dim
+    return d.cfg.gqa_heads // d.tp, kv_split(d.cfg.gqa_kv_heads, d.tp)[0], d.cfg.gqa_head_dim
 
 
 def blocks_per_seq(shape) -> int:
@@ -72,8 +81,10 @@ def gqa_qkv_proj(d: c.Dims, launch: c.Launch = c.PLAIN) -> Kernel:
     """x @ [W_q | W_k | W_v] (+ bias), column shards of whole heads: [Nq | Nkv | Nkv] x H per rank."""
     nq, nkv, h = _heads(d)
     n = (nq + 2 * nkv) * h
-    parts = (("gqa.w_q", "col"), ("gqa.w_k", "col"), ("gqa.w_v", "col"))
-    bias = (c.packed(tuple((f"gqa.b_{p}", "col") for p in "qkv"), n, dtype="fp32"),) if d.cfg.gqa_qkv_bias else ()
+    kv = kv_split(d.cfg.gqa_kv_heads, d.tp)[1]
+    parts = (("gqa.w_q", "col"), ("gqa.w_k", kv), ("gqa.w_v", kv))
+    bias = (c.packed(tuple((f"gqa.b_{p}", s) for p, s in zip("qkv", ("col", kv, kv))), n, dtype="fp32"),
+            ) if d.cfg.gqa_qkv_bias else ()
     return Kernel(key="gqa_qkv_proj", name="gemm_qkv_proj", kind="gemm", family="gemm", op=gqa_ops.qkv_proj,
                   consts=(("heads", nq), ("kv_heads", nkv), ("head_dim", h)),
                   reads=(c.act("x", d.M, d.D),), weights=(c.packed(parts, d.D, n),) + bias, writes=_qkv(d),
@@ -262,22 +273,34 @@ def initial_state(cfg, shape, rng: np.random.Generator) -> dict:
             "gqa.lengths": np.full(B, ctx, dtype=np.int64)}
 
 
+def _owners(nkv: int, tp: int) -> list[tuple[int, int]]:
+    """Rank r's first key/value head and head count (kv_split: above Nkv ranks a head is held by P / Nkv)."""
+    n = kv_split(nkv, tp)[0]
+    return [(r * n, n) if tp <= nkv else (r * nkv // tp, 1) for r in range(tp)]
+
+
 def shard(state: dict, tp: int) -> list[dict]:
-    """Rank r's key/value heads of both pools; the block table and lengths replicated (copies)."""
+    """Rank r's key/value heads of both pools (a replicated head copied to each rank holding it); the block
+    table and lengths replicated (copies)."""
     if "gqa.k_cache" not in state:
         return [{} for _ in range(tp)]
-    n = state["gqa.k_cache"].shape[2] // tp
-    return [{"gqa.k_cache": state["gqa.k_cache"][:, :, r * n:(r + 1) * n].copy(),
-             "gqa.v_cache": state["gqa.v_cache"][:, :, r * n:(r + 1) * n].copy(),
+    return [{"gqa.k_cache": state["gqa.k_cache"][:, :, lo:lo + n].copy(),
+             "gqa.v_cache": state["gqa.v_cache"][:, :, lo:lo + n].copy(),
              "gqa.block_table": state["gqa.block_table"].copy(), "gqa.lengths": state["gqa.lengths"].copy()}
-            for r in range(tp)]
+            for lo, n in _owners(state["gqa.k_cache"].shape[2], tp)]
 
 
 def unshard(rank_bufs: list[dict], like: dict, advance: int) -> dict:
+    """The pools from the first rank holding each head (a replica writes the same rows: state_errors compares
+    the pools gathered here with the reference, and the equivalence tests compare every rank's output)."""
     if "gqa.k_cache" not in like:
         return {}
-    return {"gqa.k_cache": np.concatenate([b["gqa.k_cache"] for b in rank_bufs], axis=2),
-            "gqa.v_cache": np.concatenate([b["gqa.v_cache"] for b in rank_bufs], axis=2),
+    first: dict[int, int] = {}  # first head -> the first rank holding it
+    for r, (lo, _) in enumerate(_owners(like["gqa.k_cache"].shape[2], len(rank_bufs))):
+        first.setdefault(lo, r)
+    firsts = list(first.values())
+    return {"gqa.k_cache": np.concatenate([rank_bufs[r]["gqa.k_cache"] for r in firsts], axis=2),
+            "gqa.v_cache": np.concatenate([rank_bufs[r]["gqa.v_cache"] for r in firsts], axis=2),
             "gqa.block_table": rank_bufs[0]["gqa.block_table"], "gqa.lengths": rank_bufs[0]["gqa.lengths"] + advance}
 
 
@@ -304,7 +327,7 @@ def cache_bytes(cfg, tp: int, shape) -> int:
         if kind == "gqa":
             window, cached = cfg.gqa_window(layer), shape.context + shape.tokens_per_seq
             rows += min(cached, window) if window else cached
-    return shape.batch * rows * 2 * (cfg.gqa_kv_heads // tp) * cfg.gqa_head_dim * CACHE_BYTES
+    return shape.batch * rows * 2 * kv_split(cfg.gqa_kv_heads, tp)[0] * cfg.gqa_head_dim * CACHE_BYTES
 
 
 KIND = AttentionKind(name="gqa", label="GQA", standard=standard, specialized=specialized, reference=reference,

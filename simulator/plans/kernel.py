@@ -51,7 +51,8 @@ LLG = K3 + "low_latency_gemm.py:KimiK3LowLatencyLinearMethod.apply"  # every sto
 
 ALL_WEIGHTS = -1  # prefetch_bytes meaning "every weight byte this kernel declares" (resolved on build)
 EXPERT = "expert.*."  # weight-part prefix of a routed expert's weight, bound per touched expert
-Shard = Literal["full", "col", "row", "rank0"]  # replicated, columns r/P, rows r/P, rank 0 only (weights.py)
+Shard = str  # "full" replicated, "col" columns r/P, "col/n" one of n column pieces per P/n ranks, "row" rows r/P,
+#               "rank0" rank 0 only (weights.shard_piece)
 
 
 @dataclass(frozen=True, slots=True)
