@@ -13,6 +13,7 @@ from simulator.cli import app
 from simulator.cost import uncertainty as u
 from simulator.cost.calibrate import FITTED
 from simulator.cost.step import build_plan, estimate_step
+from simulator.errors import UserError
 from simulator.hardware import load_hardware
 from simulator.plans.kernel import DecodeShape
 
@@ -259,3 +260,33 @@ def test_no_kernel_falls_back_to_one_draw_at_a_time(k3, gb300):
     for plan in plans:
         for k in plan:
             kernel_terms(k, s.stacked)  # raises on an array branch
+
+
+def test_machine_spread_widens_a_short_kernel_s_interval_only(monkeypatch):
+    """compare-trace's family interval moves each bound out by the machine spread, in µs: a 2 µs launch 20 %
+    faster than its law is inside a [-10, +10] % interval once 0.5 µs of spread is added, a 60 µs one is not."""
+    from simulator.hardware import load_hardware
+    from simulator.plans import standard
+    from simulator.config import load_model
+    from simulator.plans.kernel import DecodeShape
+    from simulator.report import trace_compare as tc
+    plan = standard.build(load_model("kimi-k3"), 8, DecodeShape(1, 1, 512), "kda", 46, arch="sm90")
+    fitted = tuple(np.linspace(math.log(0.9), math.log(1.1), 401))
+    rows = lambda: [{"plan": "fc1", "model_us": m, "model_gap_us": 0.0, "launch_error_pct": -20.0,  # noqa: E731
+                     "error_pct": -20.0} for m in (2.0, 60.0)]
+    for spread, inside in ((0.0, [False, False]), (0.5, [True, False])):
+        res = u.Residuals("synthetic", {"moe": fitted}, {"moe": ()}, spread)
+        monkeypatch.setattr(tc, "residuals_of", lambda hw, res=res: res)
+        got = rows()
+        tc.family_intervals(got, plan, load_hardware("h200"))
+        assert [r["inside_interval"] for r in got] == inside, (spread, got)
+
+
+def test_machine_spread_is_measured_from_the_repeat():
+    """Every shipped repeat kernel under 10 µs moved by less than a microsecond between the two H200s, and the
+    quantile taken is inside that range; folders that share no kernel are one sentence."""
+    doc = u.machine_spread(*u.REPEAT)
+    assert doc["kernels"] >= 30 and 0.05 < doc["us"] < 1.0
+    assert u.machine_spread(*u.REPEAT, level=0.5)["us"] < doc["us"]
+    with pytest.raises(UserError, match="no short kernel is measured in both"):
+        u.machine_spread("h200/production", "h200/production/layers")

@@ -37,6 +37,7 @@ Dimension legend: N draws, K parameters, F published figures, n kernels of a pla
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -54,6 +55,7 @@ from simulator.cost.timeline import launch_layout, plan_scalars
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.memo import remember
+from simulator.paths import data_dir
 from simulator.plans import VARIANTS
 from simulator.plans.kernel import FAMILIES, Kernel, Plan
 
@@ -74,11 +76,13 @@ _NORMAL_CDF, _NORMAL_INV_CDF = np.frompyfunc(_NORMAL.cdf, 1, 1), np.frompyfunc(_
 
 @dataclass(frozen=True)
 class Residuals:
-    """log(measured / law) per family: the fitted half (widened, sorted) and the held-back half."""
+    """log(measured / law) per family: the fitted half (widened, sorted) and the held-back half; and
+    `machine_us`, how far one short kernel's time moves from one H200 to another (`machine_spread`)."""
 
     source: str
     fitted: Mapping[str, tuple[float, ...]]
     held_back: Mapping[str, tuple[float, ...]]
+    machine_us: float = 0.0
 
     def quantile(self, family: str, p: Array) -> Array:
         """Q(p) of a family's widened fitted residuals (plotting positions (i + 0.5) / n)."""
@@ -91,14 +95,43 @@ class Residuals:
         return 100 * math.expm1(float(lo)), 100 * math.expm1(float(hi))
 
 
+SHORT_KERNEL_US = 10.0  # kernels this short: their machine-to-machine spread is absolute, not relative
+REPEAT = ("h200/production", "h200/production/repeat")  # one grid on two fresh H200s (the shipped calibration/)
+
+
+def machine_spread(first: str, again: str, level: float = DEFAULT_LEVEL) -> dict[str, Any]:
+    """The `level` quantile of |again - first| (µs) over the short kernels (< SHORT_KERNEL_US) that both folders
+    of the shipped calibration measured: the same kernel, the same shape, the same script, on two fresh
+    machines. A trace taken on another H200 than the kernel rows moves each short kernel by about this much,
+    whatever the law."""
+    def medians(path: Path) -> dict[str, float]:  # a measurement CSV's ok rows; {} for any other CSV
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = csv.DictReader(f)
+            if not {"id", "median_us", "status"} <= set(rows.fieldnames or ()):
+                return {}
+            return {r["id"]: float(r["median_us"]) for r in rows if r["status"] == "ok"}
+    moves = []
+    root = data_dir("calibration")
+    for path in sorted((root / again).glob("*.csv")):
+        if (root / first / path.name).exists():
+            a, b = medians(root / first / path.name), medians(path)
+            moves += [abs(b[k] - a[k]) for k in a.keys() & b.keys() if a[k] < SHORT_KERNEL_US]
+    if not moves:
+        raise UserError(f"no short kernel is measured in both {first} and {again}.")
+    return {"us": round(float(np.quantile(moves, level)), 4), "kernels": len(moves),
+            "metric": f"q{level:.2f} of |median again - median first| over kernels under {SHORT_KERNEL_US:g} us",
+            "folders": [f"calibration/{first}", f"calibration/{again}"]}
+
+
 def derive_residuals(folder: str | Path, hw: HardwareProfile) -> dict[str, Any]:
-    """The residuals document from the measurements, exactly as `moe-sim validate` splits and refits them."""
+    """The residuals document from the measurements, exactly as `moe-sim validate` splits and refits them, and
+    the machine spread from the grid measured twice (REPEAT)."""
     from simulator.cost import validate as v
     points, fits = v.fitted_points(folder, hw)
     fitted, held = v.family_residuals(points, fits)
     return {"source": f"moe-sim validate --measurements {folder} --hardware {hw.name.lower()}",
             "metric": "log(measured / refit law) per launch; fitted half widened by sqrt(n / (n - p)) per group",
-            "fitted": fitted, "held_back": held}
+            "fitted": fitted, "held_back": held, "machine_spread": machine_spread(*REPEAT)}
 
 
 def residuals_of(hw: HardwareProfile) -> Residuals:
@@ -112,12 +145,14 @@ def residuals_of(hw: HardwareProfile) -> Residuals:
     fitted, held = dict(base.fitted), dict(base.held_back)
     fitted.update({f: fit for f, fit, _ in kset.residuals})
     held.update({f: h for f, _, h in kset.residuals})
-    return Residuals(f"kernel set {kset.name} ({kset.source}); other families: {base.source}", fitted, held)
+    return Residuals(f"kernel set {kset.name} ({kset.source}); other families: {base.source}", fitted, held,
+                     base.machine_us)
 
 
 def residuals_from(doc: Mapping[str, Any]) -> Residuals:
     return Residuals(doc["source"], {f: tuple(r) for f, r in doc["fitted"].items()},
-                     {f: tuple(r) for f, r in doc["held_back"].items()})
+                     {f: tuple(r) for f, r in doc["held_back"].items()},
+                     float(doc.get("machine_spread", {}).get("us", 0.0)))
 
 
 @lru_cache(maxsize=1)

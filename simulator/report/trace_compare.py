@@ -214,19 +214,25 @@ def compare_trace(path: str, cfg: ModelConfig, hw: HardwareProfile, tp: int, sha
 def family_intervals(rows: list[dict[str, Any]], plan: Plan, hw: HardwareProfile,
                      level: float = DEFAULT_LEVEL) -> dict[str, Any]:
     """Each matched kernel held to its family's interval: the law x exp(residual quantiles) that `step`'s
-    intervals draw from (`uncertainty.residuals_of`). The error checked is the per-launch one (idle gap +
-    duration, what the law predicts), the duration's for a stream's first kernel. Adds family, interval and
-    inside to each row; returns the count inside."""
+    intervals draw from (`uncertainty.residuals_of`), each bound moved out by the machine spread (the trace
+    ran on another GPU than the kernel rows: `uncertainty.machine_spread`, absolute, so it matters for short
+    kernels only). The error checked is the per-launch one (idle gap + duration, what the law predicts), the
+    duration's for a stream's first kernel. Adds family, interval and inside to each row; returns the count
+    inside."""
     res = residuals_of(hw)
     inside = checked = 0
     for r in rows:
         fam, _ = kernel_families(plan.kernel(r["plan"]))
-        err = r["launch_error_pct"] if r["launch_error_pct"] is not None else r["error_pct"]
+        per_launch = r["launch_error_pct"] is not None
+        err = r["launch_error_pct"] if per_launch else r["error_pct"]
         r["family"] = fam
         if fam is None or fam not in res.fitted or err is None:
             r["interval_pct"], r["inside_interval"] = None, None
             continue
         lo, hi = res.interval_pct(fam, level)
+        model_us = r["model_us"] + (r["model_gap_us"] if per_launch else 0.0)
+        spread = 100 * res.machine_us / model_us if model_us > 0 else 0.0
+        lo, hi = lo - spread, hi + spread
         r["interval_pct"] = [round(lo, 1), round(hi, 1)]
         r["inside_interval"] = bool(lo <= err <= hi)
         inside, checked = inside + r["inside_interval"], checked + 1
