@@ -9,7 +9,6 @@ than over one; a laws table whose small law lacks one of these terms is one sent
 
 import csv
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from simulator.cost.pricing import price_kernel
 from simulator.cost.validate import set_impls
 from simulator.errors import UserError
 from simulator.hardware import load_hardware
-from simulator.hardware.kernel_sets import FAMILY_TERMS, laws_path
+from simulator.hardware.kernel_sets import FAMILY_TERMS
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCTION = ROOT / "calibration" / "h200" / "production"
@@ -89,10 +88,8 @@ def test_every_small_kernel_gets_every_shared_term(vllm):
 
 
 def test_a_small_law_without_a_new_term_is_one_sentence_and_exit_2(tmp_path, monkeypatch):
-    from simulator.hardware import kernel_sets
-    laws_dir = tmp_path / "laws"
-    shutil.copytree(laws_path("h200").parent, laws_dir)
-    path = laws_dir / "h200.toml"
+    from test_laws import copied_laws
+    path = copied_laws(tmp_path, monkeypatch)
     text = path.read_text(encoding="utf-8")
     start = text.index('[sets.vllm.laws."small"]')
     block = re.search(r'terms = \[(.*)\]\nregimes = \[\[(.*)\]\]', text[start:])
@@ -100,7 +97,6 @@ def test_a_small_law_without_a_new_term_is_one_sentence_and_exit_2(tmp_path, mon
     i = terms.index('"sources"')
     shorter = f'terms = [{", ".join(terms[:i] + terms[i + 1:])}]\nregimes = [[{", ".join(values[:i] + values[i + 1:])}]]'
     path.write_text(text[:start] + text[start:].replace(block.group(0), shorter, 1), encoding="utf-8")
-    monkeypatch.setattr(kernel_sets, "LAWS_DIR", laws_dir)
     with pytest.raises(UserError, match="lacks the term"):
         load_hardware("h200", "vllm")
     load_hardware("h200", "gpu-suite")  # the other set is whole: it prices
