@@ -52,6 +52,13 @@ def test_the_top_k_launch_count_is_the_one_the_rows_counted(vllm):
     # the same kernel under the suite's set, whose experts no alignment precedes: one launch
     k3 = _plan("kimi-k3", "standard", 8, 1, 1, 512, "kda").kernel("topk")
     assert laws.routing(k3, set_impls(PRODUCTION.parent))[0] == 1
+    # gpt-oss's triton_kernels routing sorts with launches its plan declares (ogs_hist ...): none added to it
+    import sys
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    import predict_gptoss
+    plan = predict_gptoss.plan_of(1, 8, 1720, 0)
+    assert {"ogs_hist", "ogs_indices"} <= {k.key for k in plan}
+    assert laws.routing(plan.kernel("topk"), impls)[0] == 1
 
 
 @pytest.mark.parametrize("m", [1, 4, 8])
@@ -95,7 +102,8 @@ def test_a_small_law_without_a_new_term_is_one_sentence_and_exit_2(tmp_path, mon
     block = re.search(r'terms = \[(.*)\]\nregimes = \[\[(.*)\]\]', text[start:])
     terms, values = block.group(1).split(", "), block.group(2).split(", ")
     i = terms.index('"sources"')
-    shorter = f'terms = [{", ".join(terms[:i] + terms[i + 1:])}]\nregimes = [[{", ".join(values[:i] + values[i + 1:])}]]'
+    shorter = (f'terms = [{", ".join(terms[:i] + terms[i + 1:])}]\n'
+               f'regimes = [[{", ".join(values[:i] + values[i + 1:])}]]')
     path.write_text(text[:start] + text[start:].replace(block.group(0), shorter, 1), encoding="utf-8")
     with pytest.raises(UserError, match="lacks the term"):
         load_hardware("h200", "vllm")

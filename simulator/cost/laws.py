@@ -87,6 +87,9 @@ MIN_SPLIT_DEPTH = 512
 ALIGNS = {"vllm_marlin_moe": "always", "vllm_triton_moe_bf16": "dense", "vllm_triton_moe_fp8": "dense"}
 ALIGN_LAUNCHES = 2
 SPARSITY = 4  # vLLM's SPARSITY_FACTOR
+# a routing launched from triton_kernels (gpt-oss's matmul_ogs path) sorts with launches of its own, which its
+# plans declare as kernels (ogs_kernels.py): no alignment is added to it
+OWN_SORT = "vllm/third_party/triton_kernels/"
 SEQUENCE_BLOCK = 256  # features per program of vLLM's causal_conv1d_update (its BLOCK_N; grid batch x dim / 256)
 COLLECTIVE_ALGORITHM = {"nccl_all_reduce": "ring", "symm_one_shot": "one_shot", "symm_two_shot": "two_shot",
                         "nccl_reduce_scatter": "reduce_scatter", "nccl_all_gather": "all_gather"}
@@ -239,11 +242,13 @@ def routing(kernel: Kernel, impls: Mapping[str, tuple[str, ...]]) -> tuple[int, 
     """(launches, experts scored per token, rows aligned) of a routing top-k as the engine runs it: a
     `floor="topk"` kernel reading the logits [M, E] and writing the ids [M, k] is the top-k launch, then vLLM's
     alignment (ALIGN_LAUNCHES, sorting the M k routed rows) where the set's implementation of the model's routed
-    experts sorts them (ALIGNS; the experts' format is that of the config the kernel's op is bound to).
-    (1, 0, 0) for every other kernel."""
+    experts sorts them (ALIGNS; the experts' format is that of the config the kernel's op is bound to; none after a
+    triton_kernels routing, OWN_SORT). (1, 0, 0) for every other kernel."""
     cfg = dict(kernel.consts).get("cfg")
     if kernel.floor != "topk" or cfg is None or not kernel.reads or len(kernel.reads[0].shape) != 2:
         return 1, 0, 0
+    if kernel.source.startswith(OWN_SORT):
+        return 1, kernel.reads[0].shape[1], 0
     m, e = kernel.reads[0].shape
     rule = next((ALIGNS[i] for i in impls.get(f"moe.{cfg.expert_dtype}", ()) if i in ALIGNS), None)
     aligns = rule == "always" or (rule == "dense" and m * cfg.top_k * SPARSITY > e)
@@ -406,7 +411,7 @@ def law_us(kernel: Kernel, kset: KernelSet, sms: int, l2_bytes: float) -> float 
         fit = kset.fit(key.group(kernel))
         if fit is None:
             continue
-        feats = features(kernel, key, sms, l2_bytes, kset._impls)
+        feats = features(kernel, key, sms, l2_bytes, kset.role_impls)
         if not fit.covers(feats):
             continue
         t = fit.predict(feats)

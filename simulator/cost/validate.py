@@ -159,7 +159,8 @@ def _sparsest(A: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         keep[j] = False
         trial = np.zeros(len(c))
         trial[keep] = _lawson_hanson(A[:, keep], b)
-        if np.count_nonzero(trial) < np.count_nonzero(c) and float(np.sum((A @ trial - b) ** 2)) <= err * (1 + 1e-9) + 1e-15:
+        fewer = np.count_nonzero(trial) < np.count_nonzero(c)
+        if fewer and float(np.sum((A @ trial - b) ** 2)) <= err * (1 + 1e-9) + 1e-15:
             c = trial
     return c
 

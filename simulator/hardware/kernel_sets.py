@@ -130,6 +130,11 @@ class KernelSet:
     def impls_of(self, role: str) -> tuple[str, ...]:
         return self._impls.get(role, ())
 
+    @property
+    def role_impls(self) -> Mapping[str, tuple[str, ...]]:
+        """role -> the implementations that stand for it (what the engine launches around a kernel: cost/laws.py)."""
+        return self._impls
+
     def check_terms(self, where: str) -> None:
         """Refuse a set whose law lacks a term its family's law now has (FAMILY_TERMS): fitted before the term
         existed, it would leave the kernels that need the term to the datasheet law, silently. Checked when a set
