@@ -146,16 +146,21 @@ BAD_TABLES = [  # (pattern, replacement, words of the one sentence)
 ]
 
 
-@pytest.mark.parametrize("pattern,new,words", BAD_TABLES)
-def test_a_bad_laws_table_is_one_sentence_and_exit_2(tmp_path, monkeypatch, pattern, new, words):
+def copied_laws(tmp_path, monkeypatch) -> Path:
+    """The H200 laws table copied where the loader will read it instead: its path, to edit."""
     from simulator.hardware import kernel_sets
     laws_dir = tmp_path / "laws"
     shutil.copytree(laws_path("h200").parent, laws_dir)
-    text = (laws_dir / "h200.toml").read_text(encoding="utf-8")
-    bad, n = re.subn(pattern, new, text, count=1)
-    assert n == 1
-    (laws_dir / "h200.toml").write_text(bad, encoding="utf-8")
     monkeypatch.setattr(kernel_sets, "LAWS_DIR", laws_dir)
+    return laws_dir / "h200.toml"
+
+
+@pytest.mark.parametrize("pattern,new,words", BAD_TABLES)
+def test_a_bad_laws_table_is_one_sentence_and_exit_2(tmp_path, monkeypatch, pattern, new, words):
+    path = copied_laws(tmp_path, monkeypatch)
+    bad, n = re.subn(pattern, new, path.read_text(encoding="utf-8"), count=1)
+    assert n == 1
+    path.write_text(bad, encoding="utf-8")
     with pytest.raises(UserError, match=words):
         load_hardware("h200")
     result = runner.invoke(app, ["step", "--hardware", "h200", "--tp", "8", "--no-interval"])
@@ -164,16 +169,12 @@ def test_a_bad_laws_table_is_one_sentence_and_exit_2(tmp_path, monkeypatch, patt
 
 
 def test_a_table_missing_a_constant_is_refused(tmp_path, monkeypatch):
-    from simulator.hardware import kernel_sets
-    laws_dir = tmp_path / "laws"
-    shutil.copytree(laws_path("h200").parent, laws_dir)
-    path = laws_dir / "h200.toml"
+    path = copied_laws(tmp_path, monkeypatch)
     text = path.read_text(encoding="utf-8")
     start = text.index('[sets.gpu-suite.laws."mla/triton_split_kv"]')
     line = re.search(r"regimes = \[\[(.*)\]\]", text[start:])
     shorter = line.group(0).replace(line.group(1), line.group(1).rsplit(",", 1)[0])
     path.write_text(text[:start] + text[start:].replace(line.group(0), shorter, 1), encoding="utf-8")
-    monkeypatch.setattr(kernel_sets, "LAWS_DIR", laws_dir)
     with pytest.raises(UserError, match="one constant per term"):
         load_hardware("h200")
 

@@ -19,7 +19,13 @@ calls `features` on it, exactly as pricing calls it on a plan's kernel. Family b
   moe         t0 + max(bytes c_b, padded flops c_f) + U c_U           (padded: whole BLOCK_M-row tiles)
   moe W4A16   t0 + bytes c_b + tiles K N c_dq + rows K ceil(N / BLOCK_N) c_a + U c_U   (a tile dequantises its
               slab; each N-program re-reads the routed rows). fc1 and fc2 fit apart (fc2's K is short).
-  small       t0[kernel] + bytes c_b                (a floor per kernel: a top-k is not a copy)
+  small       t0[kernel] + bytes c_b + (launches - 1) c_launch + sources c_src + steps c_step
+                 + experts c_E + aligned rows c_row          (a floor per kernel: a top-k is not a copy)
+              (what the engine launches around the plan kernel, from the kernel and the implementation set:
+              vLLM's top-k is one launch, then moe_align_block_size's two where the set's experts sort the
+              routed rows, `routing`; its grouped top-k sweeps the E experts of a token, the alignment sorts
+              the M k rows; AttnRes reads its sources one after another, `attn_res_sources`; the causal conv
+              walks each sequence's T tokens in order, `sequence_steps`)
   kda         t0 + max(waves T c_T + state bytes c_s + per-token state bytes c_L2,
                        bytes beyond L2 c_d + state bytes c_r)   (waves of the declared grid; the states a
               verify stores per token land in L2 and what it cannot hold drains to HBM meanwhile)
@@ -52,6 +58,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -73,6 +80,17 @@ SPLIT_K_OUTPUT = 400_000  # ... and an output of at most this many elements (M x
 GEMM_TILE = (64, 128)  # output rows x columns of one CTA's tile, as assumed for cuBLAS on Hopper
 SPLIT_K = (1, 2, 3, 4, 6, 8)  # K splits a library may choose; each split keeps >= MIN_SPLIT_DEPTH of K
 MIN_SPLIT_DEPTH = 512
+# vLLM's MoE implementations that sort the routed rows by expert after the router's top-k
+# (moe_align_block_size: its align kernel, then count_and_sort_expert_tokens; fused_moe.py
+# _prepare_expert_assignment, fused_marlin_moe.py): Marlin always, Triton fused_moe unless the rows are so sparse
+# that M k SPARSITY <= E (then each row reads its expert's weights on its own, no sorting)
+ALIGNS = {"vllm_marlin_moe": "always", "vllm_triton_moe_bf16": "dense", "vllm_triton_moe_fp8": "dense"}
+ALIGN_LAUNCHES = 2
+SPARSITY = 4  # vLLM's SPARSITY_FACTOR
+# a routing launched from triton_kernels (gpt-oss's matmul_ogs path) sorts with launches of its own, which its
+# plans declare as kernels (ogs_kernels.py): no alignment is added to it
+OWN_SORT = "vllm/third_party/triton_kernels/"
+SEQUENCE_BLOCK = 256  # features per program of vLLM's causal_conv1d_update (its BLOCK_N; grid batch x dim / 256)
 COLLECTIVE_ALGORITHM = {"nccl_all_reduce": "ring", "symm_one_shot": "one_shot", "symm_two_shot": "two_shot",
                         "nccl_reduce_scatter": "reduce_scatter", "nccl_all_gather": "all_gather"}
 
@@ -220,8 +238,51 @@ def mla_shape(kernel: Kernel) -> tuple[int, int, int, int]:
     return cache.shape[0], cache.shape[1], q.shape[1], max(1, q.shape[0] // cache.shape[0])
 
 
-def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float) -> dict[str, float]:
-    """Named regressors of the law of `law.family` for `kernel`: each multiplies one constant (module docstring)."""
+def routing(kernel: Kernel, impls: Mapping[str, tuple[str, ...]]) -> tuple[int, int, int]:
+    """(launches, experts scored per token, rows aligned) of a routing top-k as the engine runs it: a
+    `floor="topk"` kernel reading the logits [M, E] and writing the ids [M, k] is the top-k launch, then vLLM's
+    alignment (ALIGN_LAUNCHES, sorting the M k routed rows) where the set's implementation of the model's routed
+    experts sorts them (ALIGNS; the experts' format is that of the config the kernel's op is bound to; none after a
+    triton_kernels routing, OWN_SORT). (1, 0, 0) for every other kernel."""
+    cfg = dict(kernel.consts).get("cfg")
+    if kernel.floor != "topk" or cfg is None or not kernel.reads or len(kernel.reads[0].shape) != 2:
+        return 1, 0, 0
+    if kernel.source.startswith(OWN_SORT):
+        return 1, kernel.reads[0].shape[1], 0
+    m, e = kernel.reads[0].shape
+    rule = next((ALIGNS[i] for i in impls.get(f"moe.{cfg.expert_dtype}", ()) if i in ALIGNS), None)
+    aligns = rule == "always" or (rule == "dense" and m * cfg.top_k * SPARSITY > e)
+    return 1 + ALIGN_LAUNCHES * aligns, e, m * cfg.top_k * aligns
+
+
+def attn_res_sources(kernel: Kernel) -> int:
+    """Sources an AttnRes kernel mixes: the block snapshots it reads ([n, M, D] `blocks`) and the prefix; 0 for
+    a kernel that mixes none."""
+    return next((t.shape[0] + 1 for t in kernel.reads if t.name == "blocks"), 0)
+
+
+def sequence_steps(kernel: Kernel, sms: int) -> int:
+    """Dependent steps of a small kernel that walks each sequence's tokens in order: one that updates a per-sequence
+    state in place (a [B, X, W] history read and written back beside its [M, X] input, M = B T: the causal conv's
+    update, vLLM's causal_conv1d_update) runs T steps per program, its programs (B x X / SEQUENCE_BLOCK features) in
+    waves of one per SM: waves x T. 0 for every other small kernel."""
+    x = kernel.reads[0] if kernel.reads else None
+    if x is None or len(x.shape) != 2:
+        return 0
+    m, width = x.shape
+    written = {t.name for t in kernel.writes}
+    state = next((t for t in kernel.reads[1:] if t.name in written and len(t.shape) == 3 and t.shape[1] == width
+                  and m % t.shape[0] == 0), None)
+    if state is None:
+        return 0
+    b = state.shape[0]
+    return m // b * -(-b * -(-width // SEQUENCE_BLOCK) // sms)
+
+
+def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float,
+             impls: Mapping[str, tuple[str, ...]] = {}) -> dict[str, float]:
+    """Named regressors of the law of `law.family` for `kernel`: each multiplies one constant (module docstring).
+    `impls`: the implementation set's role -> implementations (what the engine launches around a kernel)."""
     fam = law.family
     if fam == "collective":
         c = kernel.collective
@@ -267,8 +328,10 @@ def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float) -> dict[s
         else:
             f["flops"] = 2.0 * tiles * block * k * n
     if fam == "small":  # each kernel its own floor, one bandwidth for all
-        del f["flops"], f["t0"]
-        f[f"t0_{law.role}"] = 1.0
+        launches, experts, rows = routing(kernel, impls)
+        f = {f"t0_{law.role}": 1.0, "bytes": f["bytes"], "extra_launches": float(launches - 1),
+             "experts": experts / 1000.0, "aligned_rows": rows / 1000.0, "sources": float(attn_res_sources(kernel)),
+             "token_steps": float(sequence_steps(kernel, sms))}
     return f
 
 
@@ -348,7 +411,7 @@ def law_us(kernel: Kernel, kset: KernelSet, sms: int, l2_bytes: float) -> float 
         fit = kset.fit(key.group(kernel))
         if fit is None:
             continue
-        feats = features(kernel, key, sms, l2_bytes)
+        feats = features(kernel, key, sms, l2_bytes, kset.role_impls)
         if not fit.covers(feats):
             continue
         t = fit.predict(feats)

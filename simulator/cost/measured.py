@@ -31,6 +31,9 @@ INT_FIELDS = ("tp", "M", "K", "N", "U", "B", "heads", "T", "S", "n_src", "P", "n
 # KDA implementations priced as vLLM's split-V recurrence (the suite's copy of its grid, and vLLM's own
 # Triton kernels: the verify's fused_recurrent and the one-token packed decode)
 SPLIT_V_IMPLS = ("triton_split_v", "vllm_fused_recurrent", "vllm_packed_decode")
+# value columns per program of the grid each ran: the suite's copy 8, the packed decode 32; vLLM's fused_recurrent
+# picks by sequences x heads at every T (kda.kda_bv's verify rule: 4 at B = 1 on Kimi K3)
+RECURRENT_BV = {"triton_split_v": 8, "vllm_packed_decode": 32}
 
 
 def normalise(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -146,7 +149,8 @@ def _kda(r: dict) -> Kernel:
         from simulator.plans.common import Dims
         cfg = load_model(r["model"])
         d = Dims(cfg, r["tp"], DecodeShape(r["B"], r["T"], 512), representative_layer(cfg, "kda"))
-        kernel = kda.kda_recurrent(d, bv=kda.KDA_BV)  # the grid the H200 rows ran
+        kernel = kda.kda_recurrent(d, bv=RECURRENT_BV.get(r["impl"]) or kda.kda_bv(
+            Dims(cfg, r["tp"], DecodeShape(r["B"], max(r["T"], 2), 512), representative_layer(cfg, "kda"))))
     else:
         kernel = _plan(r["model"], "specialized", r["tp"], r["B"], r["T"], 512, "kda").kernel("kda_decode")
     final = tuple(t for t in kernel.writes if len(t.shape) != 5)

@@ -88,10 +88,12 @@ def law_key(row: Mapping[str, Any]) -> LawKey:
     return LawKey(row["family"], row["impl"], role)
 
 
-def row_law(row: Mapping[str, Any], hw: HardwareProfile) -> tuple[str, dict[str, float]]:
-    """(group, regressors) of a measured row: the kernel it measured, through the laws pricing reads."""
+def row_law(row: Mapping[str, Any], hw: HardwareProfile,
+            impls: Mapping[str, tuple[str, ...]] = {}) -> tuple[str, dict[str, float]]:
+    """(group, regressors) of a measured row: the kernel it measured, through the laws pricing reads, with the
+    implementations `impls` of the set the row belongs to (what the engine launches around the kernel)."""
     key, kernel = law_key(row), point_kernel(row)
-    return key.group(kernel), laws.features(kernel, key, hw.sm_count, hw.l2_bytes)
+    return key.group(kernel), laws.features(kernel, key, hw.sm_count, hw.l2_bytes, impls)
 
 
 def _nnls(A: np.ndarray, b: np.ndarray, lower: np.ndarray | None = None) -> np.ndarray:
@@ -101,6 +103,8 @@ def _nnls(A: np.ndarray, b: np.ndarray, lower: np.ndarray | None = None) -> np.n
     lower = np.zeros(A.shape[1]) if lower is None else lower
     best, best_err = np.zeros(A.shape[1]), math.inf
     cols_used = [j for j in range(A.shape[1]) if np.any(A[:, j])]
+    if len(cols_used) > ENUMERATE and not np.any(lower):  # the small kernels' floors: too many subsets to try
+        return _sparsest(A, b, _lawson_hanson(A, b))
     for k in range(1, len(cols_used) + 1):
         for cols in itertools.combinations(cols_used, k):
             if len(cols) > len(b):
@@ -113,6 +117,52 @@ def _nnls(A: np.ndarray, b: np.ndarray, lower: np.ndarray | None = None) -> np.n
                 best_err, best = err, np.zeros(A.shape[1])
                 best[list(cols)] = c
     return best
+
+
+ENUMERATE = 12  # columns up to which _nnls tries every subset (2^12 least-squares solves)
+
+
+def _lawson_hanson(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """min |A c - b|^2 with c >= 0 (Lawson and Hanson's active set, columns scaled to unit norm): the
+    convex problem's optimum, which the subset search also finds, in a few dozen solves."""
+    norms = np.linalg.norm(A, axis=0)
+    scale = np.where(norms > 0, norms, 1.0)
+    As = A / scale
+    n = A.shape[1]
+    free, x = np.zeros(n, dtype=bool), np.zeros(n)
+    for _ in range(3 * n):
+        w = As.T @ (b - As @ x)
+        w[free | (norms == 0)] = -math.inf
+        if w.max() <= 1e-12:
+            break
+        free[int(np.argmax(w))] = True
+        while True:
+            z = np.zeros(n)
+            z[free] = np.linalg.lstsq(As[:, free], b, rcond=None)[0]
+            if np.all(z[free] > 0):
+                x = z
+                break
+            neg = free & (z <= 0)
+            x = x + np.min(x[neg] / (x[neg] - z[neg])) * (z - x)
+            free &= x > 1e-15
+            x[~free] = 0.0
+    return x / scale
+
+
+def _sparsest(A: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Drop each used column, last to first, whose loss leaves the error unchanged and the law with fewer terms
+    (collinear columns: a shared term every row of one kernel has alike, beside that kernel's floor, an earlier
+    column), as the subset search, which tries the fewest and the earliest columns first, would."""
+    err = float(np.sum((A @ c - b) ** 2))
+    for j in [j for j in range(len(c)) if c[j] > 0][::-1]:
+        keep = np.ones(len(c), dtype=bool)
+        keep[j] = False
+        trial = np.zeros(len(c))
+        trial[keep] = _lawson_hanson(A[:, keep], b)
+        fewer = np.count_nonzero(trial) < np.count_nonzero(c)
+        if fewer and float(np.sum((A @ trial - b) ** 2)) <= err * (1 + 1e-9) + 1e-15:
+            c = trial
+    return c
 
 
 def _lower_bounds(names: tuple[str, ...], hw: HardwareProfile | None) -> np.ndarray:
@@ -242,16 +292,17 @@ def probes(folder: str | Path, fits: Mapping[str, Fit], hw: HardwareProfile) -> 
             for raw in csv.DictReader(f):
                 if raw.get("status", "ok") != "ok" or not raw.get("median_us"):
                     continue
-                law = law_us(normalise(raw), fits, hw)
+                law = law_us(normalise(raw), fits, hw, set_impls(folder))
                 if law is not None:
                     errors.append(pct(law, float(raw["median_us"])))
         out[path.stem.removesuffix("_probe")] = summary(errors)
     return out
 
 
-def law_us(row: Mapping[str, Any], fits: Mapping[str, Fit], hw: HardwareProfile) -> float | None:
+def law_us(row: Mapping[str, Any], fits: Mapping[str, Fit], hw: HardwareProfile,
+           impls: Mapping[str, tuple[str, ...]] = {}) -> float | None:
     """What the group law fitted on the grid predicts for a row that was not fitted (None: no law for its group)."""
-    group, feats = row_law(row, hw)
+    group, feats = row_law(row, hw, impls)
     return fits[group].predict(feats) if group in fits else None
 
 
@@ -264,9 +315,10 @@ def profile_law_us(group: str, feats: Mapping[str, float], hw: HardwareProfile) 
 def fitted_points(folder: str | Path, hw: HardwareProfile) -> tuple[list[Point], dict[str, Fit]]:
     """Every measured point priced by the profile, split into halves and refit: (points, the group laws)."""
     prereg = read_predictions(folder)
+    impls = set_impls(folder)
     points = []
     for row in read_measurements(folder):
-        group, feats = row_law(row, hw)
+        group, feats = row_law(row, hw, impls)
         model = profile_law_us(group, feats, hw)
         if model is None:  # no measured law in the profile's set: the datasheet law
             model = price_row(row, hw)["model_us"]
@@ -280,7 +332,8 @@ def refit(points: list[Point], hw: HardwareProfile | None = None) -> dict[str, F
     for g in dict.fromkeys(p.group for p in points):
         mine = [p for p in points if p.group == g]
         train = [p for p in mine if not p.held_back] or mine
-        names = tuple(dict.fromkeys(n for p in mine for n in p.feats))
+        # floors first: where a shared term and a kernel's floor are collinear, the floor is kept
+        names = tuple(sorted(dict.fromkeys(n for p in mine for n in p.feats), key=lambda n: not n.startswith("t0")))
         for p in mine:
             p.feats = {n: p.feats.get(n, 0.0) for n in names}
         X = np.array([[p.feats[n] for n in names] for p in train])
@@ -389,6 +442,12 @@ def set_name(folder: str | Path) -> str | None:
     """The kernel set a measurements folder defines (its kernel_set.toml's name), None without one."""
     name = _set_meta(folder).get("name")
     return name if isinstance(name, str) and name else None
+
+
+def set_impls(folder: str | Path) -> dict[str, tuple[str, ...]]:
+    """role -> implementations of the set a measurements folder defines ({} without a kernel_set.toml)."""
+    impls = _set_meta(folder).get("impls")
+    return {r: tuple(n) for r, n in impls.items()} if isinstance(impls, dict) else {}
 
 
 def set_default(folder: str | Path) -> bool:

@@ -165,6 +165,7 @@ def _with_kernels(hw: HardwareProfile, found: tuple[str, dict[str, Any]], kernel
     if name not in sets:
         known = ", ".join(sorted(sets) + [DATASHEET])
         raise UserError(f"Unknown kernel set {kernels!r} for {hw.name}; choose one of {known}.")
+    sets[name].check_terms(f"{hw.name.lower()}.toml")
     return replace(hw, kernels=name, kernel_set=sets[name])
 
 

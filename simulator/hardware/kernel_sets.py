@@ -34,6 +34,11 @@ ROOFS = ((("bytes",), ("flops",)),  # a kernel's streaming against its math
          (("tile_steps",), ("cache_bytes",)))  # MLA: the grid's tile steps against streaming the cache
 
 
+# Terms every law of a family carries beside its own (cost/laws.py features): a table fitted before a term existed
+# is refused rather than read as covering no kernel.
+FAMILY_TERMS = {"small": ("bytes", "extra_launches", "experts", "aligned_rows", "sources", "token_steps")}
+
+
 def roof_of(names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """The pair of roofs a law with these features takes the max of (at most one pair applies)."""
     found = [r for r in ROOFS if all(any(n in names for n in side) for side in r)]
@@ -124,6 +129,22 @@ class KernelSet:
 
     def impls_of(self, role: str) -> tuple[str, ...]:
         return self._impls.get(role, ())
+
+    @property
+    def role_impls(self) -> Mapping[str, tuple[str, ...]]:
+        """role -> the implementations that stand for it (what the engine launches around a kernel: cost/laws.py)."""
+        return self._impls
+
+    def check_terms(self, where: str) -> None:
+        """Refuse a set whose law lacks a term its family's law now has (FAMILY_TERMS): fitted before the term
+        existed, it would leave the kernels that need the term to the datasheet law, silently. Checked when a set
+        is chosen to price with, so that `validate --fit` can still rewrite a stale table."""
+        for group, fit in self.fits:
+            missing = [t for t in FAMILY_TERMS.get(group.split("/")[0], ()) if t not in fit.names]
+            if missing:
+                raise UserError(f"Kernel laws {where}, set {self.name!r}, law {group!r}: lacks the term(s) "
+                                f"{', '.join(missing)} of the {group.split('/')[0]} law (cost/laws.py); refit it "
+                                "with moe-sim validate --measurements <its folder> --fit.")
 
 
 # ---------------------------------------------------------------------------------------------------
