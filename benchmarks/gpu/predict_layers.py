@@ -10,6 +10,13 @@ dependencies on them dropped, so each kernel after an all-reduce follows the ker
 launch gap), scheduled by cost.timeline.schedule on the H200 profile with the `vllm` kernel set, makespan =
 first kernel start to last kernel end. The full layer's makespan (all-reduces in) and what the all-reduces
 cost in it are written beside, for reference. No GPU needed.
+
+--as-launched prices the replay as layer_replay.py launches it rather than as vLLM would: its dense GEMMs
+are cuBLAS through torch, which launches without programmatic dependent launch (in the round-1 and round-2
+traces every cuBLAS kernel starts 0.29-1.10 µs after the kernel before it ends), so no plan kernel prefetches
+its weights before its predecessor ends and every boundary costs the launch gap: the `vllm` set with its
+`pdl` off. (vLLM's own K3 projections at few tokens are CuTe DSL skinny GEMMs launched with PDL,
+docs/production-kernels.md, which is what the set's `pdl = true` describes.)
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ LAYERS = (("kimi-k3", "kda"), ("deepseek-v3", "mla"))
 TP, BATCHES, TOKENS, CONTEXT = 8, (1, 8, 64), (1, 4), 8192
 HARDWARE, KERNELS = "h200", "vllm"
 FIELDS = ["replay", "model", "layer", "tp", "batch", "tokens_per_seq", "context", "hardware", "kernel_set",
-          "kernels", "left_out", "makespan_us", "full_layer_makespan_us", "left_out_us", "simulator_commit"]
+          "kernels", "left_out", "makespan_us", "full_layer_makespan_us", "left_out_us", "simulator_commit", "pdl"]
 
 
 def replay_name(model: str, batch: int, tokens: int) -> str:
@@ -66,18 +73,28 @@ def predict(model: str, batch: int, tokens: int, hw) -> dict:
     full = makespan(schedule(plan, hw))
     return {"replay": replay_name(model, batch, tokens), "model": model, "layer": plan.layer, "tp": TP,
             "batch": batch, "tokens_per_seq": tokens, "context": CONTEXT, "hardware": HARDWARE,
-            "kernel_set": hw.kernels, "kernels": len(keys),
+            "kernel_set": hw.kernels, "pdl": hw.kernel_set.pdl, "kernels": len(keys),
             "left_out": ";".join(k.key for k in plan if k.key not in keys),
             "makespan_us": round(replay, 3), "full_layer_makespan_us": round(full, 3),
             "left_out_us": round(full - replay, 3)}
 
 
+def as_launched(hw):
+    """The profile with its kernel set's PDL off (module docstring: the replay's cuBLAS launches have none)."""
+    from dataclasses import replace
+    return replace(hw, kernel_set=replace(hw.kernel_set, pdl=False))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="the predictions CSV to write")
+    ap.add_argument("--as-launched", action="store_true",
+                    help="price the replay's cuBLAS launches as they run: no PDL, so no weight prefetch")
     args = ap.parse_args()
     from simulator.hardware import load_hardware
     hw = load_hardware(HARDWARE, KERNELS)
+    if args.as_launched:
+        hw = as_launched(hw)
     commit = simulator_commit()
     rows = [predict(m, b, t, hw) | {"simulator_commit": commit} for m, _ in LAYERS for b in BATCHES for t in TOKENS]
     write_rows(args.out, rows, FIELDS)
