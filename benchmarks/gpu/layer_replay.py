@@ -18,8 +18,8 @@ trace to DIR/traces.tar as it finishes, so a hang loses no finished configuratio
 
 plan key          launched (vllm 0.33.0 unless marked stand-in)
 attn_res_*        K3 AttnRes: vLLM's Triton _attn_res_kernel (kimi_k3/nvidia/ops/attn_res.py, 4 blocks + prefix);
-                  DeepSeek-V3: the same kernel with no blocks = residual add + RMSNorm (stand-in for _C's
-                  fused_add_rms_norm, not carried)
+input_norm,       DeepSeek-V3's plain residual add + RMSNorm: the same kernel with no blocks (stand-in for _C's
+post_attn_norm    fused_add_rms_norm, not carried)
 GEMMs             cuBLAS through torch (fam_dense's calls; fp32 router logits); bmm for the MLA absorb and w_uv
 kda_decode        Triton fused_recurrent_kda_packed_decode (stand-in for _C::fused_kda_decode)
 kda_conv          vLLM's Triton causal_conv1d_update (mamba/ops/causal_conv1d.py)
@@ -159,7 +159,7 @@ class Layer:
         return (t.randn(rows, cols, device="cuda", generator=self.gen) * rows ** -0.5).to(t.bfloat16)
 
     def build(self, k) -> list[Callable[[], Any]]:
-        if k.key.startswith("attn_res"):
+        if k.key.startswith("attn_res") or k.key in ("input_norm", "post_attn_norm"):
             return self.attn_res(k)
         if k.key in ("mla_absorb", "mla_w_uv"):
             return self.bmm(k)
@@ -174,9 +174,11 @@ class Layer:
     def attn_res(self, k):
         torch, m = self.torch, self.m
         d = k.writes[-1].shape[-1]
-        n_blocks = k.reads[2].shape[0]
+        # a plain residual's add + norm (DeepSeek-V3's input_norm / post_attn_norm) reads no block snapshots
+        n_blocks = k.reads[2].shape[0] if len(k.reads) > 2 else 0
         prefix, delta = self.buf(k.reads[0]), self.buf(k.reads[1])
-        blocks = self.buf(k.reads[2], (m, max(n_blocks, 1), d))
+        blocks = self.buf(k.reads[2], (m, max(n_blocks, 1), d)) if n_blocks else torch.zeros(
+            (m, 1, d), device="cuda", dtype=torch.bfloat16)
         w = [torch.ones(d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
         fn = self.extra.get("attn_res")
         if n_blocks == 0:
