@@ -134,7 +134,7 @@ def test_layers_on_changing_stream_ids_are_one_signature():
 
 
 def test_repeat_on_a_fresh_machine_reproduces_the_makespans(table):
-    for again in ("repeat", "round2"):  # round 2: the same script on another fresh H200, after the refit
+    for again in ("repeat", "round2", "round3"):  # rounds 2, 3: the same script on other fresh H200s
         repeat = {r["replay"]: r for r in _rows(LAYERS_DIR / again / "comparison.csv")}
         for r in table:
             assert abs(float(repeat[r["replay"]]["measured_us"]) / r["measured_us"] - 1) < 0.03, (again, r["replay"])
@@ -165,6 +165,28 @@ def test_round2_committed_comparison_and_registered_outcome(table2):
         assert float(committed[r["replay"]]["measured_us"]) == pytest.approx(r["measured_us"], abs=1e-3)
     misses = {r["replay"]: r["error_pct"] for r in table2 if abs(r["error_pct"]) > 10}
     assert sorted(misses) == ["kda-b1t1", "mla-b8t4"] and all(v > 0 for v in misses.values())
+
+
+# ---- round 3: the small law prices the engine's launches; registered as vLLM prices and as the replay launches
+@pytest.mark.parametrize("predictions, comparison, misses", [
+    ("predictions_round3.csv", "comparison.csv", ["kda-b1t1", "mla-b8t4"]),
+    ("predictions_round3_launched.csv", "comparison_launched.csv", ["mla-b8t4"])])
+def test_round3_committed_comparisons_and_registered_outcomes(predictions, comparison, misses):
+    """calibration/h200/README.md registered before the round-3 replays: with the set's PDL (S1) kda-b1t1 and
+    mla-b8t4 miss 10 %; priced as the replay launches its cuBLAS GEMMs, without PDL (S6), only mla-b8t4 does,
+    the other eleven under 5 %. Both misses are under-predictions."""
+    table = layer_table.table(LAYERS_DIR / predictions, LAYERS_DIR / "round3", "")
+    committed = {r["replay"]: r for r in _rows(LAYERS_DIR / "round3" / comparison)}
+    for r in table:
+        assert r["matched"] == r["plan_kernels"] and r["unmatched_measured"] == r["unmatched_plan"] == 0
+        assert r["layers_found"] == 4
+        assert float(committed[r["replay"]]["error_pct"]) == pytest.approx(r["error_pct"], abs=0.01)
+    missed = {r["replay"]: r["error_pct"] for r in table if abs(r["error_pct"]) > 10}
+    assert sorted(missed) == misses and all(v > 0 for v in missed.values())
+    if predictions.endswith("launched.csv"):
+        assert max(abs(r["error_pct"]) for r in table if r["replay"] not in missed) < 5
+        pdl = {r["pdl"] for r in _rows(LAYERS_DIR / predictions)}
+        assert pdl == {"False"}
 
 
 def test_all_layers_makespan_refuses_runs_that_are_not_one_layer_each():
