@@ -617,6 +617,10 @@ def calibrate(
     hardware: Annotated[str, typer.Option("--hardware",
                                           help="The profile whose published-fitted constants to refit (a name or a "
                                                "TOML path).")] = "gb300",
+    trace_batch: Annotated[int, typer.Option("--trace-batch", help="Sequences in the forward the published "
+                                             "per-layer trace shows (not published; docs/kernels.md).")] = 1,
+    trace_tokens: Annotated[int, typer.Option("--trace-tokens", help="Tokens per sequence in that forward: 8 "
+                                              "(1 + 7 drafts, the assumed reading) or 1.")] = 8,
     as_json: JsonOpt = False,
     wide: WideOpt = False,
 ) -> None:
@@ -625,7 +629,8 @@ def calibrate(
     Prints each constant now and refitted (and whether it sits on a range edge), the four fitted figures,
     and the published figures the fit did not use. Writes nothing: copy a value into the TOML yourself.
 
-    Example: moe-sim calibrate --hardware gb300
+    Example: moe-sim calibrate --hardware gb300   (the trace read as 8 requests of one token: --trace-batch 8
+    --trace-tokens 1)
     """
     from simulator.config import load_model
     from simulator.cost import calibrate as cal
@@ -637,7 +642,8 @@ def calibrate(
             raise UserError(f"{hw.name} has no constant fitted to the published figures (they are GB300 TP16 "
                             "figures; its fitted_to entries name other data).")
         cfg = load_model("kimi-k3")
-        return cal.report(cfg, hw, cal.fit(cfg, hw))
+        figures = cal.trace_read_as(trace_batch, trace_tokens)
+        return cal.report(cfg, hw, cal.fit(cfg, hw, figures=figures), figures)
 
     from simulator.report.validation import print_calibration
     _emit(_guard(body), as_json, print_calibration, wide)

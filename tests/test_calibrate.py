@@ -92,3 +92,27 @@ def test_published_figures_want_pdl_to_hide_what_it_does_not_on_h200():
     measured_h200 = load_hardware("h200").pdl_dependent_hidden_us
     assert hw.launch_gap_us > hw.pdl_dependent_hidden_us > measured_h200
     assert cal.loss(cfg, replace(hw, pdl_dependent_hidden_us=measured_h200)) > cal.loss(cfg, hw)
+
+
+def test_the_trace_can_be_read_as_requests_of_one_token():
+    """The published trace's configuration is not published: with one token per sequence, 3 to 8 sequences give
+    both its kernel counts (23 standard, 13 specialized), which 1 x 8 does not (22 and 13). calibrate prices the
+    trace figures at the configuration asked for and says which; an impossible one is one sentence, exit 2."""
+    from simulator.cost.step import build_plan
+    from simulator.plans.kernel import DecodeShape
+    cfg = load_model("kimi-k3")
+    counts = {(b, t): tuple(len(build_plan(cfg, v, 16, DecodeShape(b, t, 512), "kda")) for v in
+                            ("standard", "specialized")) for b, t in ((1, 8), (3, 1), (8, 1), (2, 1), (9, 1))}
+    assert counts[(3, 1)] == counts[(8, 1)] == (23, 13) != counts[(1, 8)]
+    assert counts[(2, 1)] != (23, 13) != counts[(9, 1)]
+    r = runner.invoke(app, ["calibrate", "--trace-batch", "8", "--trace-tokens", "1", "--json"])
+    assert r.exit_code == 0
+    doc = json.loads(r.stdout)
+    trace = [f for f in doc["fitted_figures"] if f["metric"] == "layer_us"]
+    steps = [f for f in doc["fitted_figures"] if f["metric"] == "step_ms"]
+    assert all((f["batch"], f["tokens_per_seq"]) == (8, 1) for f in trace)
+    assert all((f["batch"], f["tokens_per_seq"]) == (1, 1) for f in steps)  # the steps keep their own
+    default = json.loads(runner.invoke(app, ["calibrate", "--json"]).stdout)
+    assert trace[0]["model_now"] != default["fitted_figures"][0]["model_now"]
+    bad = runner.invoke(app, ["calibrate", "--trace-batch", "0"])
+    assert bad.exit_code == 2 and "at least one sequence" in bad.output and "Traceback" not in bad.output

@@ -26,6 +26,7 @@ from typing import Callable
 
 from simulator.config import ModelConfig
 from simulator.cost.timeline import Makespan, makespan_us
+from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
@@ -153,8 +154,19 @@ def fit(cfg: ModelConfig, hw: HardwareProfile, names: tuple[str, ...] | None = N
     return FitResult(names, {n: float(getattr(hw, n)) for n in names}, values, ranges, start, current, count)
 
 
-def report(cfg: ModelConfig, hw: HardwareProfile, result: FitResult) -> dict:
-    """The document `moe-sim calibrate --json` prints: constants, fitted figures, unfitted checks."""
+def trace_read_as(batch: int, tokens_per_seq: int, figures: tuple[Figure, ...] = FITTED) -> tuple[Figure, ...]:
+    """The fitted figures with the per-layer trace read as `batch` sequences of `tokens_per_seq` tokens (its
+    conditions are not published: docs/kernels.md lists the configurations that give its kernel counts)."""
+    if batch < 1 or tokens_per_seq < 1:
+        raise UserError(f"the trace's configuration {batch} x {tokens_per_seq} needs at least one sequence and "
+                        "one token per sequence.")
+    return tuple(replace(f, batch=batch, tokens_per_seq=tokens_per_seq) if f.metric == "layer_us" else f
+                 for f in figures)
+
+
+def report(cfg: ModelConfig, hw: HardwareProfile, result: FitResult, figures: tuple[Figure, ...] = FITTED) -> dict:
+    """The document `moe-sim calibrate --json` prints: constants, fitted figures (with the configuration each
+    is priced at), unfitted checks."""
     fitted_hw = replace(hw, **result.fitted)
 
     def rows(figs: tuple[Figure, ...]) -> list[dict]:
@@ -162,6 +174,7 @@ def report(cfg: ModelConfig, hw: HardwareProfile, result: FitResult) -> dict:
         for f in figs:
             now, new = model_value(f, cfg, hw), model_value(f, cfg, fitted_hw)
             out.append({"figure": f.name, "metric": f.metric, "published": f.published, "source": f.source,
+                        "tp": f.tp, "batch": f.batch, "tokens_per_seq": f.tokens_per_seq,
                         "model_now": round(now, 4), "model_fitted": round(new, 4),
                         "error_now_pct": round(100 * (now / f.published - 1), 2),
                         "error_fitted_pct": round(100 * (new / f.published - 1), 2)})
@@ -172,8 +185,8 @@ def report(cfg: ModelConfig, hw: HardwareProfile, result: FitResult) -> dict:
         "constants": [{"name": n, "now": result.start[n], "fitted": round(result.fitted[n], 4),
                        "range": list(result.ranges[n]), "at_edge": result.at_edge(n),
                        "range_source": hw.fits[n].range_source} for n in result.names],
-        "fitted_figures": rows(FITTED), "unfitted_figures": rows(CHECKS),
-        "degrees_of_freedom": len(FITTED) - len(result.names),
+        "fitted_figures": rows(figures), "unfitted_figures": rows(CHECKS),
+        "degrees_of_freedom": len(figures) - len(result.names),
         "loss_now": result.loss_start, "loss_fitted": result.loss_fitted, "evaluations": result.evaluations,
         "metric": "loss = sum of (model / published - 1)^2 over the fitted figures",
     }

@@ -13,6 +13,7 @@ from simulator.plans.kernel import DecodeShape, Plan
 from simulator.plans.specialized import FUSIONS, WHAT_IF_FUSIONS
 
 TRACE_SHAPE = DecodeShape(batch=1, tokens_per_seq=8, context=1024)
+PUBLISHED_COUNTS = (23, 13)  # the published per-layer trace's kernels, standard and specialized (docs/published.md)
 
 HEADER = """# Kernels of every plan
 
@@ -27,9 +28,17 @@ why). Bytes are per rank; "weights" are the bytes the kernel loads from HBM as w
 The published trace shows 23 kernels on the standard path and 13 on the specialized path. The plans
 launch what the released vLLM 0.33.0 launches (docs/vllm-k3-source.md; each kernel's `source` below
 names the function that launches it): for a **KDA + MoE layer at TP16** verifying 8 tokens the
-specialized path launches the published 13, the stock path 22 (23 at one token per sequence, where the
-specialized path launches 8): no one configuration of the source gives both published counts. At TP16
-a rank holds 6 KDA heads, which the stock fused KDA decode kernel does not support (it takes
+specialized path launches the published 13, the stock path 22. With one token per sequence the stock path
+launches 23, and the specialized path's count depends on the batch (its small-batch chain serves 1-2
+tokens): {matching} sequences of one token each give both published counts, 23 and 13. So the trace may
+show several requests' single tokens rather than one request's drafts; the project keeps 1 x 8, the blog's
+headline configuration, and docs/cost-model.md section 6.2 prices both readings.
+
+| TP16, KDA + MoE layer: batch x tokens per sequence | standard | specialized |
+|---|---|---|
+{by_batch}
+
+At TP16 a rank holds 6 KDA heads, which the stock fused KDA decode kernel does not support (it takes
 12/24/48/96 local heads and no draft tokens), so the standard path runs the conv / recurrent /
 gated-norm chain. 69 of Kimi K3's 93 layers are KDA layers (68 of them with MoE), so the KDA + MoE layer
 is also the layer a trace most likely shows.
@@ -69,10 +78,18 @@ def kernels_markdown() -> str:
     counts = "\n".join(f"| {lt} | {len(plans[lt, 'standard'])} | {len(plans[lt, 'specialized'])} |"
                        for lt in ("kda", "mla", "dense"))
     tp8 = len(standard.build(cfg, 8, DecodeShape(1, 1, 1024), "kda"))
+    shapes = [DecodeShape(b, 1, 1024) for b in range(1, 17)] + [TRACE_SHAPE]
+    got = {(sh.batch, sh.tokens_per_seq): (len(standard.build(cfg, 16, sh, "kda")),
+                                          len(specialized.build(cfg, 16, sh, "kda"))) for sh in shapes}
+    by_batch = "\n".join(f"| {b} x {t} | {n[0]} | {n[1]} |" for (b, t), n in got.items()
+                         if t > 1 or b in (1, 2, 3, 4, 8, 9, 16))
+    both = [b for (b, t), n in got.items() if t == 1 and n == PUBLISHED_COUNTS]
+    contiguous = both and both == list(range(both[0], both[-1] + 1))
+    matching = f"{both[0]} to {both[-1]}" if contiguous else ", ".join(map(str, both)) or "no batch of"
     fusions = "\n".join(f"| `{name}` | {text} |" for name, text in FUSIONS.items())
     what_ifs = [f"| `{name}` (what-if, off by default) | {text} |" for name, text in WHAT_IF_FUSIONS.items()]
     fusions += "".join("\n" + row for row in what_ifs)
-    parts = [HEADER.format(counts=counts, tp8=tp8, fusions=fusions)]
+    parts = [HEADER.format(counts=counts, tp8=tp8, fusions=fusions, by_batch=by_batch, matching=matching)]
     for (lt, variant), plan in plans.items():
         parts.append(f"## {lt.upper()} layer, {variant} ({len(plan)} kernels)\n\n{_plan_table(plan)}\n")
     return "\n".join(parts)

@@ -116,7 +116,8 @@ def print_calibration(doc: Mapping[str, Any], wide: bool = False) -> None:
            c["at_edge"] or "-"] for c in doc["constants"]])
     for title, rows in (("fitted figures", doc["fitted_figures"]), ("not used in the fit", doc["unfitted_figures"])):
         show(con, (title, "metric", "published", "model now", "error now %", "model refitted", "error refitted %"),
-             [[r["figure"], r["metric"], f"{r['published']:g}", f"{r['model_now']:.2f}", f"{r['error_now_pct']:+.1f}",
+             [[f"{r['figure']} (TP{r['tp']}, {r['batch']} x {r['tokens_per_seq']})", r["metric"],
+               f"{r['published']:g}", f"{r['model_now']:.2f}", f"{r['error_now_pct']:+.1f}",
                f"{r['model_fitted']:.2f}", f"{r['error_fitted_pct']:+.1f}"] for r in rows], key=2)
     con.print(f"loss now {doc['loss_now']:.2e}, refitted {doc['loss_fitted']:.2e} "
               f"({doc['evaluations']} model evaluations)")
