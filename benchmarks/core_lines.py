@@ -1,20 +1,24 @@
-"""Count the lines of the core a newcomer reads: the shared core plus one attention kind, held to 3,500.
+"""Count the lines of the core a newcomer reads: the shared core, one attention kind and one MoE path, held to 3,500.
 
     python benchmarks/core_lines.py              # per-file tables, the totals; exit 1 when the reader's path is over
     python benchmarks/core_lines.py --limit N    # another limit
 
 What it counts (the fast path, simulator/fast, is outside all of it):
 - the shared core: simulator/ops, simulator/plans, simulator/execute.py and the cost model's pricing and
-  timeline (simulator/cost/pricing.py, timeline.py), less each attention kind's own files;
-- an attention kind's files: for kind K (a module simulator/attention/K.py, its registry entry), every file of
-  simulator/attention, simulator/ops and simulator/plans named K.py or K_*.py (its ops, its kernels);
-- the registry: simulator/attention/kind.py and __init__.py, which every kind is read through.
+  timeline (simulator/cost/pricing.py, timeline.py), less each registry entry's own files;
+- two registries, each read through its own files and made of entries:
+  attention kinds (simulator/attention/__init__.py and kind.py; an entry K is a module simulator/attention/K.py)
+  and MoE paths (simulator/moe/__init__.py; an entry K is a module simulator/moe/K.py);
+- an entry's files: every file of its registry's folder, simulator/ops and simulator/plans named K.py or K_*.py
+  (its ops, its kernels).
 
-The figure held to the limit is the reader's path: the shared core + the registry + the largest kind. A
-newcomer reads the layer once with one attention kind (DeepSeek-V3's ~800-line model, the comparison the
-limit comes from, has one); counting every kind instead would charge each new kind (GQA, ...) to every
-reader, and a registry that lets kinds be added would make the core grow with each. The whole tree (the
-shared core, the registry and every kind) is printed beside it, so the growth stays in sight.
+The figure held to the limit is the reader's path: the shared core + both registries + the largest attention
+kind + the largest MoE path. A newcomer reads the layer once with one attention kind and one MoE path
+(DeepSeek-V3's ~800-line model, the comparison the limit comes from, has one of each; Kimi K3 on GB300 runs the
+latent MoE path, the largest); counting every entry instead would charge each new kind or path (GQA, gpt-oss's
+matmul_ogs MoE, ...) to every reader, and registries that let entries be added would make the core grow with
+each. The whole tree (the shared core, the registries and every entry) is printed beside it, so the growth stays
+in sight.
 
 Every physical line counts (what a reader scrolls through); the tables split it into code, docstring
 (module, class and function docstrings, their blank lines included), comment-only and blank lines, so that a
@@ -32,28 +36,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ("simulator/ops/*.py", "simulator/plans/*.py", "simulator/execute.py", "simulator/cost/pricing.py",
         "simulator/cost/timeline.py")
-REGISTRY = ("simulator/attention/__init__.py", "simulator/attention/kind.py")
-KIND_FOLDERS = ("simulator/attention", "simulator/ops", "simulator/plans")
+# registry -> (its folder, the files every entry is read through)
+REGISTRIES = {
+    "attention kind": ("simulator/attention", ("simulator/attention/__init__.py", "simulator/attention/kind.py")),
+    "MoE path": ("simulator/moe", ("simulator/moe/__init__.py",)),
+}
+ENTRY_FOLDERS = ("simulator/ops", "simulator/plans")  # beside the registry's own folder
 LIMIT = 3500
 KINDS = ("code", "docstring", "comment", "blank")
 
 
-def attention_kinds(root: Path = ROOT) -> list[str]:
-    """The attention kinds: the registry's entry modules, simulator/attention/<kind>.py."""
-    return sorted(p.stem for p in (root / "simulator/attention").glob("*.py")
-                  if str(p.relative_to(root)) not in REGISTRY)
+def entries(registry: str, root: Path = ROOT) -> list[str]:
+    """The entries of `registry` (a key of REGISTRIES): its entry modules, <folder>/<entry>.py."""
+    folder, own = REGISTRIES[registry]
+    return sorted(p.stem for p in (root / folder).glob("*.py") if str(p.relative_to(root)) not in own)
 
 
-def kind_files(kind: str, root: Path = ROOT) -> list[Path]:
-    """Attention kind `kind`'s own files: <kind>.py and <kind>_*.py in simulator/attention, ops and plans."""
-    return sorted({p for folder in KIND_FOLDERS for pattern in (f"{kind}.py", f"{kind}_*.py")
+def entry_files(registry: str, entry: str, root: Path = ROOT) -> list[Path]:
+    """`entry`'s own files: <entry>.py and <entry>_*.py in the registry's folder, simulator/ops and plans."""
+    folders = (REGISTRIES[registry][0],) + ENTRY_FOLDERS
+    return sorted({p for folder in folders for pattern in (f"{entry}.py", f"{entry}_*.py")
                    for p in (root / folder).glob(pattern)})
 
 
+def attention_kinds(root: Path = ROOT) -> list[str]:
+    return entries("attention kind", root)
+
+
+def kind_files(kind: str, root: Path = ROOT) -> list[Path]:
+    return entry_files("attention kind", kind, root)
+
+
 def core_files(root: Path = ROOT) -> list[Path]:
-    """The shared core's files, sorted: the CORE patterns less every attention kind's files."""
-    kinds = {p for k in attention_kinds(root) for p in kind_files(k, root)}
-    return sorted({p for pattern in CORE for p in root.glob(pattern)} - kinds)
+    """The shared core's files, sorted: the CORE patterns less every registry entry's files."""
+    owned = {p for r in REGISTRIES for e in entries(r, root) for p in entry_files(r, e, root)}
+    return sorted({p for pattern in CORE for p in root.glob(pattern)} - owned)
 
 
 def classify(text: str) -> dict[str, int]:
@@ -100,17 +117,22 @@ def main(argv: list[str]) -> int:
         print("usage: python benchmarks/core_lines.py [--limit N]", file=sys.stderr)
         return 2
     shared = table("shared core", core_files())
-    registry = table("attention registry", [ROOT / f for f in REGISTRY])
-    kinds = {k: table(f"attention kind {k}", kind_files(k)) for k in attention_kinds()}
-    largest = max(kinds, key=kinds.__getitem__)
-    path = shared + registry + kinds[largest]
-    print(f"whole tree: shared core {shared:,} + registry {registry:,} + every kind "
-          f"({', '.join(f'{k} {n:,}' for k, n in kinds.items())}) = {shared + registry + sum(kinds.values()):,}")
+    path, tree, largest = shared, shared, {}
+    for registry, (_, own) in REGISTRIES.items():
+        read_through = table(f"{registry} registry", [ROOT / f for f in own])
+        sizes = {e: table(f"{registry} {e}", entry_files(registry, e)) for e in entries(registry)}
+        largest[registry] = max(sizes, key=sizes.__getitem__)
+        path += read_through + sizes[largest[registry]]
+        tree += read_through + sum(sizes.values())
+        print(f"{registry}s: registry {read_through:,} + every entry "
+              f"({', '.join(f'{e} {n:,}' for e, n in sizes.items())})\n")
+    print(f"whole tree: shared core {shared:,} + the registries and every entry = {tree:,}")
     print(f"metric: physical lines (code + docstrings + comments + blank lines) of the reader's path, the shared "
-          f"core + the registry + the largest attention kind ({largest}): {path:,} against a limit of {limit:,}: "
+          f"core + the attention-kind and MoE-path registries + the largest attention kind "
+          f"({largest['attention kind']}) + the largest MoE path ({largest['MoE path']}): {path:,} against a limit "
+          f"of {limit:,}: "
           f"{'within' if path <= limit else 'OVER'}")
     return 0 if path <= limit else 1
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

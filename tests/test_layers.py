@@ -20,7 +20,7 @@ LAYERS = [  # lowest first; a module belongs to the longest prefix that matches 
     ("simulator.weights", "simulator.hardware", "simulator.fast.packed"),
     ("simulator.ops",),
     ("simulator.state",),
-    ("simulator.plans", "simulator.attention"),
+    ("simulator.plans", "simulator.attention", "simulator.moe"),
     ("simulator.reference",),
     ("simulator.execute", "simulator.check", "simulator.cost", "simulator.fast.experts", "simulator.fast.kda",
      "simulator.fast.replacements",

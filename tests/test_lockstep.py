@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from test_timeline import random_plans
 
 from simulator.cost import events, lockstep, streams
-from simulator.cost.timeline import _arrays, plan_layout, plan_scalars
+from simulator.cost.layout import plan_arrays, plan_layout, plan_scalars
 from simulator.hardware import load_hardware
 
 OUTPUTS = ("start", "end", "pf_start", "pf_end", "pf_bytes")
@@ -32,7 +32,7 @@ def assert_same(actual: tuple, desired: tuple, label: str = "") -> None:
 @given(random_plans())
 def test_lockstep_one_draw_matches_the_python_loop(case) -> None:
     plan, hw_name = case
-    arrays = _arrays(plan, load_hardware(hw_name))
+    arrays = plan_arrays(plan, load_hardware(hw_name))
     assert_same(lockstep.simulate(*arrays), events.simulate(*arrays))
 
 
@@ -45,7 +45,7 @@ def plan_draws(draw: st.DrawFn) -> tuple[list[tuple], tuple]:
     plans = []
     for _ in range(draw(st.integers(1, 3))):
         plan, hw_name = draw(random_plans())
-        a = _arrays(plan, load_hardware(hw_name))
+        a = plan_arrays(plan, load_hardware(hw_name))
         n = len(plan)
 
         def scaled(x):
@@ -120,7 +120,7 @@ def test_kimi_layers_schedule_to_the_bit(k3) -> None:
         hw = load_hardware(hw_name)
         for variant in ("standard", "specialized"):
             for layer in ("kda", "mla", "dense"):
-                arrays = _arrays(build_plan(k3, variant, tp, DecodeShape(4, 8, 2048), layer), hw)
+                arrays = plan_arrays(build_plan(k3, variant, tp, DecodeShape(4, 8, 2048), layer), hw)
                 for a, d in zip(lockstep.simulate(*arrays), events.simulate(*arrays)):
                     np.testing.assert_array_equal(a, d, err_msg=f"{hw_name} {variant} {layer}")
 
@@ -161,11 +161,11 @@ def test_a_plan_whose_streams_do_not_chain_is_refused(loop) -> None:
 
 
 def test_layout_is_what_the_arrays_carry(k3) -> None:
-    """plan_layout (used for the draws) and _arrays (one profile) agree on structure, bytes and targets."""
+    """plan_layout (used for the draws) and plan_arrays (one profile) agree on structure, bytes and targets."""
     from simulator.cost.step import build_plan
     from simulator.plans.kernel import DecodeShape
     plan = build_plan(k3, "specialized", 8, DecodeShape(1, 1, 512), "mla")
-    arrays = _arrays(plan, load_hardware("h200", "datasheet"))
+    arrays = plan_arrays(plan, load_hardware("h200", "datasheet"))
     for got, want in zip(plan_layout(plan), (arrays[0], arrays[1], arrays[6], arrays[8])):
         np.testing.assert_array_equal(got, want)
 

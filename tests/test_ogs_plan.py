@@ -1,4 +1,4 @@
-"""gpt-oss's standard plan on Hopper and ROCm (plans/ogs_kernels.py, attention/gqa.py's ROCm launches): the
+"""gpt-oss's standard plan on Hopper and ROCm (simulator/moe/ogs.py, attention/gqa.py's ROCm launches): the
 triton_kernels matmul_ogs MoE and aiter's 2d / split-KV 3d unified attention agree with the float64 reference;
 the launches per layer are the MI300X trace's; the GQA decode law reads the window's bytes and its grid."""
 

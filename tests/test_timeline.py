@@ -195,10 +195,11 @@ def test_jitted_event_loop_matches_its_python_original(case: tuple[Plan, str]) -
 
     from simulator.cost import events
     from simulator.cost.fastsim import run, simulate
-    from simulator.cost.timeline import _arrays, makespan_us
+    from simulator.cost.layout import plan_arrays
+    from simulator.cost.timeline import makespan_us
     plan_, hw_name = case
     hw = load_hardware(hw_name, "datasheet")
-    arrays = _arrays(plan_, hw)
+    arrays = plan_arrays(plan_, hw)
     assert run.py_func is events.run  # the plain loop that `schedule` runs is what Numba compiles
     for fast, slow in zip(simulate(*arrays), events.simulate(*arrays)):
         np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-9)
@@ -206,21 +207,21 @@ def test_jitted_event_loop_matches_its_python_original(case: tuple[Plan, str]) -
 
 
 def test_remembered_kernel_terms_equal_terms_priced_afresh(k3, monkeypatch):
-    """The central pricing remembers each kernel's terms per profile (`timeline._priced`): a plan whose
+    """The central pricing remembers each kernel's terms per profile (`layout._priced`): a plan whose
     kernels another plan priced first (an MLA layer at another context shares all but two) must get the
     makespan a cold pricing gives, and a profile with one constant changed must not get the old terms."""
     import dataclasses
 
-    from simulator.cost import timeline
+    from simulator.cost import layout
     from simulator.cost.timeline import makespan_us
     from simulator.plans import standard
     hw = load_hardware("gb300")
-    monkeypatch.setattr(timeline, "_TERMS", {})
+    monkeypatch.setattr(layout, "_TERMS", {})
     makespan_us(standard.build(k3, 16, DecodeShape(8, 2, 1024), "mla"), hw)
     plan = standard.build(k3, 16, DecodeShape(8, 2, 8192), "mla")
     warm = makespan_us(plan, hw)
-    assert len(timeline._TERMS[hw]) > len(plan)  # the first plan's kernels were remembered
-    timeline._TERMS.clear()
+    assert len(layout._TERMS[hw]) > len(plan)  # the first plan's kernels were remembered
+    layout._TERMS.clear()
     assert warm == makespan_us(plan, hw)
     slower = dataclasses.replace(hw, launch_gap_us=hw.launch_gap_us + 1.0)
     assert makespan_us(plan, slower) > warm

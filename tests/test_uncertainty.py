@@ -229,7 +229,7 @@ def test_vectorised_pricing_equals_one_draw_at_a_time(k3, hardware):
     """plan_draws prices all draws at once (drawn constants as arrays, a per-draw loop where the pricing
     branches on one); it must equal pricing and scheduling each draw's own profile with the timeline's code."""
     from simulator.cost.fastsim import simulate
-    from simulator.cost.timeline import _arrays
+    from simulator.cost.layout import plan_arrays
     from simulator.cost.head import head_plan
     hw = load_hardware(hardware)
     unc = u.uncertainty(hw, u.IntervalSpec(draws=50, seed=3))
@@ -240,7 +240,7 @@ def test_vectorised_pricing_equals_one_draw_at_a_time(k3, hardware):
         fams = [u.kernel_families(k) for k in plan]
         want = []
         for d, prof in enumerate(s.profiles):
-            a = list(_arrays(plan, prof))
+            a = list(plan_arrays(plan, prof))
             fw = np.array([s.factors[d, u.FAMILIES.index(w)] if w else 1.0 for w, _ in fams])
             fc = np.array([s.factors[d, u.FAMILIES.index(c)] if c else 1.0 for _, c in fams])
             a[3], a[4], a[5], a[7] = a[3] * fw, a[4] * fw, a[5] * fc, a[7] / fw

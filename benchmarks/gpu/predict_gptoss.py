@@ -3,7 +3,7 @@
     python benchmarks/gpu/predict_gptoss.py --out calibration/h200/production/gptoss/predictions.csv
 
 One row per replay and kernel set: gpt-oss-20b's standard plan on Hopper (arch sm90: the triton_kernels
-matmul_ogs MoE of plans/ogs_kernels.py), one rank's shapes at TP1 and TP2, batch 1 / 8 / 32 / 64, one token per
+matmul_ogs MoE of simulator/moe/ogs.py), one rank's shapes at TP1 and TP2, batch 1 / 8 / 32 / 64, one token per
 sequence, context 1,720 and 8,192, a sliding-window layer (index 0) and a full-attention layer (index 1). The
 price is predict_layers': the plan restricted to its non-collective kernels (at TP2 the all-reduces are left
 out and named), scheduled on the H200 profile, makespan = first kernel start to last kernel end; once with the

@@ -36,6 +36,11 @@ CACHE_BYTES = 1  # FP8 latent cache: vLLM --kv-cache-dtype fp8, as in the Kimi K
 MLA = K3 + "mla.py:"
 
 
+def _heads(d: Dims) -> int:
+    """MLA heads on one rank."""
+    return d.cfg.mla_heads // d.tp
+
+
 @context_free
 def mla_qkv_a(d: Dims, name: str, fusions: tuple[str, ...] = (), with_g: bool = False,
               launch: Launch = PLAIN, source: str = MLA + "MultiHeadLatentAttention._forward_q_lora") -> Kernel:
@@ -43,7 +48,7 @@ def mla_qkv_a(d: Dims, name: str, fusions: tuple[str, ...] = (), with_g: bool = 
     with the g_proj column shard appended (one skinny GEMM instead of two launches)."""
     cfg, M, D = d.cfg, d.M, d.D
     rq, n_kv = cfg.q_lora_rank, cfg.kv_lora_rank + cfg.qk_rope_dim
-    n_g = d.mla_heads_r * cfg.v_head_dim if with_g else 0
+    n_g = _heads(d) * cfg.v_head_dim if with_g else 0
     parts = (("mla.w_qa", "full"), ("mla.w_kva", "full")) + ((("mla.w_g", "col"),) if with_g else ())
     writes = (act("mla.qa", M, rq), act("mla.kva", M, n_kv)) + ((act("mla.g", M, n_g),) if with_g else ())
     return Kernel(key="mla_qkv_a", name=name, kind="gemm", family="gemm", op=lin.linear_split,
@@ -58,7 +63,7 @@ def mla_qkv_a(d: Dims, name: str, fusions: tuple[str, ...] = (), with_g: bool = 
 
 @context_free
 def mla_g_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
-    M, D, n = d.M, d.D, d.mla_heads_r * d.cfg.v_head_dim
+    M, D, n = d.M, d.D, _heads(d) * d.cfg.v_head_dim
     return Kernel(key="mla_g_proj", name="gemm_g_proj", kind="gemm", family="gemm", op=lin.linear, stream="aux",
                   deps=(pre_norm_key(d),), reads=(act("x", M, D),), weights=(weight("mla.w_g", D, n, shard="col"),),
                   writes=(act("mla.g", M, n),), flops=lin.gemm_flops(M, D, n),
@@ -85,15 +90,15 @@ def mla_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
 def _q(d: Dims, window: tuple[int, int, int] | None = None):
     cfg = d.cfg  # per head [q_nope (Dn) | q_pe (R)]
     width = cfg.mla_qk_head_dim if window is None else window[2] - window[1]
-    return act("mla.q", d.M, d.mla_heads_r, width, window=window)
+    return act("mla.q", d.M, _heads(d), width, window=window)
 
 
 @context_free
 def mla_q_b(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M = d.cfg, d.M
-    n = d.mla_heads_r * cfg.mla_qk_head_dim
+    n = _heads(d) * cfg.mla_qk_head_dim
     return Kernel(key="mla_q_b", name="gemm_q_b_proj", kind="gemm", family="gemm", op=lin.linear_heads,
-                  consts=(("heads", d.mla_heads_r),), reads=(act("mla.cq", M, cfg.q_lora_rank),),
+                  consts=(("heads", _heads(d)),), reads=(act("mla.cq", M, cfg.q_lora_rank),),
                   weights=(weight("mla.w_qb", cfg.q_lora_rank, n, shard="col"),), writes=(_q(d),),
                   flops=lin.gemm_flops(M, cfg.q_lora_rank, n), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
                   source=MLA + "_apply_q_lora_attention",
@@ -102,7 +107,7 @@ def mla_q_b(d: Dims, launch: Launch = PLAIN) -> Kernel:
 
 @context_free
 def mla_absorb(d: Dims, launch: Launch = PLAIN) -> Kernel:
-    cfg, M, Nh = d.cfg, d.M, d.mla_heads_r
+    cfg, M, Nh = d.cfg, d.M, _heads(d)
     return Kernel(key="mla_absorb", name="bmm_absorb_w_uk", kind="gemm", family="gemm", op=mla_ops.mla_absorb_step,
                   consts=(("nope_dim", cfg.qk_nope_dim),), reads=(_q(d),),
                   weights=(weight("mla.w_uk", cfg.kv_lora_rank, Nh * cfg.qk_nope_dim, shard="col"),),
@@ -115,7 +120,7 @@ def mla_absorb(d: Dims, launch: Launch = PLAIN) -> Kernel:
 
 def mla_cache_insert(d: Dims, launch: Launch = PLAIN) -> Kernel:
     """[RoPE]; q = [q_lat | q_pe] quantized to FP8; c_kv, k_pe appended to the FP8 latent cache."""
-    cfg, M, Nh, B, T, ctx = d.cfg, d.M, d.mla_heads_r, d.shape.batch, d.shape.tokens_per_seq, d.shape.context
+    cfg, M, Nh, B, T, ctx = d.cfg, d.M, _heads(d), d.shape.batch, d.shape.tokens_per_seq, d.shape.context
     lkv, r, dn = cfg.kv_lora_rank, cfg.qk_rope_dim, cfg.qk_nope_dim
     return Kernel(key="mla_cache_insert", name="fused_concat_fp8_quant_cache_insert", kind="pointwise", family="small",
                   op=mla_ops.mla_cache_insert_step,
@@ -132,7 +137,7 @@ def mla_cache_insert(d: Dims, launch: Launch = PLAIN) -> Kernel:
 
 def mla_decode(d: Dims, launch: Launch = PLAIN, source: str = MLA + "MultiHeadLatentAttention._attention",
                name: str = "trtllm_gen_mla_decode") -> Kernel:
-    cfg, M, Nh, B = d.cfg, d.M, d.mla_heads_r, d.shape.batch
+    cfg, M, Nh, B = d.cfg, d.M, _heads(d), d.shape.batch
     lkv, r, S = cfg.kv_lora_rank, cfg.qk_rope_dim, d.cache_len
     return Kernel(key="mla_decode", name=name, kind="attention", family="mla",
                   floor="attention", op=mla_ops.mla_decode_step,
@@ -146,7 +151,7 @@ def mla_decode(d: Dims, launch: Launch = PLAIN, source: str = MLA + "MultiHeadLa
 
 @context_free
 def mla_w_uv(d: Dims, launch: Launch = PLAIN) -> Kernel:
-    cfg, M, Nh = d.cfg, d.M, d.mla_heads_r
+    cfg, M, Nh = d.cfg, d.M, _heads(d)
     out = "mla.o" if cfg.mla_output_gate else "attn.core"
     return Kernel(key="mla_w_uv", name="bmm_w_uv", kind="gemm", family="gemm", op=mla_ops.mla_uv_step,
                   reads=(act("mla.olat", M, Nh, cfg.kv_lora_rank),),
@@ -160,7 +165,7 @@ def mla_w_uv(d: Dims, launch: Launch = PLAIN) -> Kernel:
 
 @context_free
 def mla_gate_mul(d: Dims, deps: tuple[str, ...] = ("mla_g_proj",), launch: Launch = PLAIN) -> Kernel:
-    M, n = d.M, d.mla_heads_r * d.cfg.v_head_dim
+    M, n = d.M, _heads(d) * d.cfg.v_head_dim
     return Kernel(key="mla_gate_mul", name="sigmoid_gate_mul", kind="pointwise", family="small",
                   op=sigmoid_gate, deps=deps,
                   reads=(act("mla.o", M, n), act("mla.g", M, n)), writes=(act("attn.core", M, n),),

@@ -1,5 +1,23 @@
-"""The timeline's event loop, one draw, in plain Python: the rules and the event loop of the timeline module
-docstring (the one description of this loop, `lockstep`'s and `streams`'), read literally on arrays.
+"""The timeline's event loop, one draw, in plain Python, on the arrays cost/layout.py lays a plan out as.
+
+The event loop: how the rules of the timeline module docstring run, the one description of the four schedulers.
+`events.run` is it in plain Python (one draw; what `layer` and `step` price with), `fastsim` compiles that same
+function (sweeps), `lockstep.simulate_plans` runs it in NumPy over many (plan, draw) rows at once,
+`streams.simulate_rows` one row at a time on a record per stream (compiled by `fastsim` for a sweep's draws).
+tests/test_lockstep.py holds all of them equal on random plans and draws, to the bit.
+- State per kernel: its ready time (known once its predecessor and its waits have ended), start, end, phase
+  (fixed -> work -> comm) and the time left in it; its prefetch (on or off, the bytes loaded, start and end).
+- Settle at `now`, kernels in index order, passes repeated until one changes nothing (a kernel waits only on
+  earlier kernels, so index order reaches the fixed point): (A) a started kernel whose phase has no time left
+  (<= EPS) moves on to the next, and after comm it ends at `now`; (B) a prefetch stops when its bytes are
+  loaded or its predecessor has ended, and keeps what it loaded; (C) a kernel whose same-stream predecessor
+  has started starts once its ready time is <= now + EPS, its work phase max(bytes not prefetched / bw, math)
+  long; otherwise it starts prefetching once its waits have ended and start_pred + gap_pdl <= now + EPS.
+- Advance: the bandwidth demand of every work phase and prefetch in flight, summed in kernel order, sets the
+  scale min(1, C / demand) they all progress at (fixed and comm phases progress at rate 1); `now` moves to the
+  earliest of a phase or prefetch running out, a ready time, or a prefetch start later than now + EPS.
+- Times within EPS = 1e-9 µs are one event; "not yet" is a negative time (NaN in lockstep's arrays). Each time
+  and byte count is the same expression, summed in the same order, in every form: that is why they agree.
 
 `timeline.schedule` and `makespan_us` run it for a central value (a layer's ~70 events in ~2 ms), so
 `step` and `layer` run no compiled code (loading Numba's cached code cost ~0.75 s of a cold command).

@@ -1,7 +1,7 @@
 """The timeline's event loop in NumPy, vectorised over draws: every draw of a plan advances in lockstep.
 
-The rules and the event loop are the timeline module docstring's (the one description of them, shared with
-`events` and `streams`). What differs is the axis. A plan's structure (`pred`, `deps`, bytes, prefetch
+The rules are the timeline module docstring's and the event loop events' (the one description of them, shared
+with `events` and `streams`). What differs is the axis. A plan's structure (`pred`, `deps`, bytes, prefetch
 targets) is the same in every draw of the uncertainty sample; only phase lengths and scalars vary. So one loop
 runs all N draws at once, and several plans side by side (`simulate_plans`: a row per (plan, draw)): each
 iteration every row settles what happens at its own `now`, then jumps to its own next event; a finished row
@@ -20,8 +20,8 @@ each. Sweeps schedule their draws with `fastsim.simulate_plans` too: the same fo
 (`streams`), compiled, ~3 µs a row against ~20 here, once Numba is loaded (~0.7 s), which a single command
 does not pay for. tests/test_lockstep.py holds this loop to `events.simulate` on random plans and draws.
 
-Settling at one `now` takes the timeline docstring's passes A, B, C over the [S, R] state, C repeated so that
-a kernel sees what an earlier one started in the same pass, as index order does. "Not yet" is NaN (comparisons
+Settling at one `now` takes the event loop's passes A, B, C (events' docstring) over the [S, R] state, C repeated so
+that a kernel sees what an earlier one started in the same pass, as index order does. "Not yet" is NaN (comparisons
 with it are false, and max propagates it: "not all inputs ended").
 
 Dimension legend: N draws, n kernels, S streams, w cross-stream waits per kernel (padded).
@@ -98,7 +98,7 @@ def check_chains(pred) -> None:
     kernel at a time; refuse a plan laid out otherwise."""
     n = len(pred)
     if np.any(pred >= np.arange(n)) or np.any(np.bincount(pred[pred >= 0], minlength=n) > 1):
-        raise ValueError("pred must chain each stream's kernels in order (timeline._arrays lays plans out so)")
+        raise ValueError("pred must chain each stream's kernels in order (layout.plan_arrays lays plans out so)")
 
 
 def _pad(x, width: int, fill: float = 0.0) -> Array:

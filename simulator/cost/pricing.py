@@ -158,12 +158,17 @@ def launch_gap_us(kernel: Kernel, hw: HardwareProfile) -> float:
         gap_pdl = max(launch_gap_pdl, gap - pdl_dependent_hidden - W_prefetch / (eta BW))"""
     if not kernel.pdl or (hw.kernel_set is not None and not hw.kernel_set.pdl):
         return hw.launch_gap_us
-    independent = min(kernel.prefetch_bytes, kernel.weight_bytes)
+    independent = prefetch_target(kernel)
     if kernel.kind == "attention" and kernel.prefetch_bytes:  # its KV cache / recurrent state is no input either
         independent = kernel.hbm_bytes
     independent_us = independent / (hw.hbm_efficiency * hw.hbm_bandwidth) * 1e6
     gap = np.maximum(hw.launch_gap_pdl_us, hw.launch_gap_us - hw.pdl_dependent_hidden_us - independent_us)
     return float(gap) if np.ndim(gap) == 0 else gap  # arrays when the constants are drawn (uncertainty.py)
+
+
+def prefetch_target(kernel: Kernel) -> int:
+    """The weight bytes the kernel may load before its inputs are ready: its declared prefetch, at most its weights."""
+    return min(kernel.prefetch_bytes, kernel.weight_bytes)
 
 
 def achievable_bandwidth(nbytes: float, family: str, hw: HardwareProfile) -> float:
@@ -231,27 +236,22 @@ def price_kernel(kernel: Kernel, hw: HardwareProfile) -> KernelCost:
     """The cost of `kernel` alone on `hw` (formulas in the module docstring; a kernel the profile's kernel set
     measured: its law, measured_terms)."""
     _check_collective(kernel)
+    same = dict(key=kernel.key, name=kernel.name, kind=kernel.kind, launch_us=launch_gap_us(kernel, hw),
+                bytes=kernel.hbm_bytes, flops=kernel.flops, comm_bytes=kernel.comm_bytes,
+                peak_bandwidth=hw.hbm_bandwidth)
     measured = measured_terms(kernel, hw)
     if measured is not None:
         fixed, mem, comm, stream = (float(v) for v in measured)
-        return KernelCost(
-            key=kernel.key, name=kernel.name, kind=kernel.kind, launch_us=launch_gap_us(kernel, hw), fixed_us=fixed,
-            serial_us=0.0, mem_us=mem, math_us=0.0, comm_us=comm, comm_alpha_us=comm if mem == 0 else 0.0,
-            algorithm="measured" if comm else "", bytes=kernel.hbm_bytes, flops=kernel.flops,
-            comm_bytes=kernel.comm_bytes, peak_bandwidth=hw.hbm_bandwidth, stream_bandwidth=stream, measured=True)
-    launch, fixed, math_us, _, stream = kernel_terms(kernel, hw)
+        return KernelCost(**same, fixed_us=fixed, serial_us=0.0, mem_us=mem, math_us=0.0, comm_us=comm,
+                          comm_alpha_us=comm if mem == 0 else 0.0, algorithm="measured" if comm else "",
+                          stream_bandwidth=stream, measured=True)
+    _, fixed, math_us, _, stream = kernel_terms(kernel, hw)
     serial = serial_us(kernel, hw)
     comm = collective_cost(kernel.collective, hw) if kernel.collective else None
-    return KernelCost(
-        key=kernel.key, name=kernel.name, kind=kernel.kind, launch_us=launch, fixed_us=fixed - serial,
-        serial_us=serial,
-        mem_us=kernel.hbm_bytes / stream * 1e6, math_us=math_us,
-        comm_us=comm.time_us if comm else 0.0,
-        comm_alpha_us=comm.alpha_us if comm else 0.0,
-        algorithm=comm.algorithm if comm else "",
-        bytes=kernel.hbm_bytes, flops=kernel.flops, comm_bytes=kernel.comm_bytes,
-        peak_bandwidth=hw.hbm_bandwidth, stream_bandwidth=stream,
-    )
+    return KernelCost(**same, fixed_us=fixed - serial, serial_us=serial, mem_us=kernel.hbm_bytes / stream * 1e6,
+                      math_us=math_us, comm_us=comm.time_us if comm else 0.0,
+                      comm_alpha_us=comm.alpha_us if comm else 0.0, algorithm=comm.algorithm if comm else "",
+                      stream_bandwidth=stream)
 
 
 def _check_collective(kernel: Kernel) -> None:

@@ -1,12 +1,12 @@
 """The timeline's event loop over many (plan, draw) rows, one row at a time, on a state per stream.
 
-The rules and the event loop are the timeline module docstring's (the one description of them, shared with `events`
-and `lockstep`), in the formulation `lockstep` vectorises: a stream runs its kernels in order, so it has one *current*
-kernel (the first not ended: waiting or running) and at most one more of interest, the kernel after it loading early
-while the current one runs. A row's state is therefore a record per stream (S = 1-3), not per kernel, and an event
-costs O(S) work instead of events' O(n) scans. Settling at one `now` takes the passes A, B, C, repeated while a start
-leaves something with nothing to do (it ends in the next pass, as in events). A and B touch one stream at a time, and
-so does C: a start depends on other streams only through ends, which only A records.
+The rules are the timeline module docstring's and the event loop events' (the one description of them, shared with
+`events` and `lockstep`), in the formulation `lockstep` vectorises: a stream runs its kernels in order, so it has
+one *current* kernel (the first not ended: waiting or running) and at most one more of interest, the kernel after it
+loading early while the current one runs. A row's state is therefore a record per stream (S = 1-3), not per kernel,
+and an event costs O(S) work instead of events' O(n) scans. Settling at one `now` takes the passes A, B, C, repeated
+while a start leaves something with nothing to do (it ends in the next pass, as in events). A and B touch one stream
+at a time, and so does C: a start depends on other streams only through ends, which only A records.
 
 `simulate_rows` is plain Python; `fastsim.simulate_rows` is it compiled with Numba (its `.py_func`, STYLE
 item 14), what sweeps schedule their interval draws with. The state lives in structured arrays (`KERNEL`,
@@ -19,7 +19,7 @@ scalar steps, ~2-3 µs a row, against ~20 µs a row for lockstep's NumPy (all ca
 of a few dozen array operations over the rows). Plain Python (~2 ms a row) is for tests: a single command
 keeps lockstep, which loads no compiler (~0.7 s).
 
-Floating point: as the timeline docstring says, every time and byte count is events' expression in events'
+Floating point: as events' docstring says, every time and byte count is events' expression in events'
 order (the shared demand summed in kernel order), so the schedule is the same to the bit.
 
 Dimension legend: N draws, n kernels (all plans side by side), w cross-stream waits per kernel (padded),

@@ -14,24 +14,8 @@ Rules:
   start_pred + gap_pdl until its predecessor ends (a PDL prologue: launched early, blocked before its
   dependent read). Under a collective, which uses ~no HBM bandwidth, those bytes come for free.
 
-The event loop: how the rules above run, the one description of the four schedulers. `events.run` is it in
-plain Python (one draw; what `layer` and `step` price with), `fastsim` compiles that same function (sweeps),
-`lockstep.simulate_plans` runs it in NumPy over many (plan, draw) rows at once, `streams.simulate_rows` one row
-at a time on a record per stream (compiled by `fastsim` for a sweep's draws). tests/test_lockstep.py holds all
-of them equal on random plans and draws, to the bit.
-- State per kernel: its ready time (known once its predecessor and its waits have ended), start, end, phase
-  (fixed -> work -> comm) and the time left in it; its prefetch (on or off, the bytes loaded, start and end).
-- Settle at `now`, kernels in index order, passes repeated until one changes nothing (a kernel waits only on
-  earlier kernels, so index order reaches the fixed point): (A) a started kernel whose phase has no time left
-  (<= EPS) moves on to the next, and after comm it ends at `now`; (B) a prefetch stops when its bytes are
-  loaded or its predecessor has ended, and keeps what it loaded; (C) a kernel whose same-stream predecessor
-  has started starts once its ready time is <= now + EPS, its work phase max(bytes not prefetched / bw, math)
-  long; otherwise it starts prefetching once its waits have ended and start_pred + gap_pdl <= now + EPS.
-- Advance: the bandwidth demand of every work phase and prefetch in flight, summed in kernel order, sets the
-  scale min(1, C / demand) they all progress at (fixed and comm phases progress at rate 1); `now` moves to the
-  earliest of a phase or prefetch running out, a ready time, or a prefetch start later than now + EPS.
-- Times within EPS = 1e-9 µs are one event; "not yet" is a negative time (NaN in lockstep's arrays). Each time
-  and byte count is the same expression, summed in the same order, in every form: that is why they agree.
+The rules run as an event loop, in four forms held equal to the bit (events, fastsim, lockstep, streams):
+cost/events.py's docstring is the one description of that loop; cost/layout.py lays a plan out as its arrays.
 
 Speed-of-light floor (never above the estimate; tests check it on random plans):
     floor = max( B / BW,  max over streams s of [ sum_{collectives on s} alpha_min + (B_s - PF_s) / BW ] )
@@ -43,19 +27,16 @@ B / BW + n alpha_min (sources.md §7.5); overlap the plan declares lowers it by 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable
-
-import numpy as np
 
 from simulator import attention
 from simulator.cost.collectives import min_alpha_us
 from simulator.cost.events import simulate
 from simulator.cost.laws import law_keys
+from simulator.cost.layout import plan_arrays
 from simulator.cost.lockstep import simulate_plans
-from simulator.cost.pricing import Bound, KernelCost, kernel_terms, price_kernel
+from simulator.cost.pricing import Bound, KernelCost, prefetch_target, price_kernel
 from simulator.hardware import HardwareProfile
-from simulator.memo import remember
 from simulator.plans.kernel import Kernel, Plan
 
 
@@ -140,7 +121,7 @@ def schedule(plan: Plan, hw: HardwareProfile, loop: Loop = simulate) -> Timeline
     """Place every kernel of `plan` on its stream; see the module docstring for the rules. `loop` runs the
     events: the plain one by default, `fastsim.simulate` where thousands of plans amortise Numba's load."""
     costs = [price_kernel(k, hw) for k in plan]
-    arrays = _arrays(plan, hw)
+    arrays = plan_arrays(plan, hw)
     start, end, pf_start, pf_end, pf_bytes = loop(*arrays)
     spans = []
     for i, (k, c) in enumerate(zip(plan, costs)):
@@ -164,7 +145,7 @@ class Makespan:
     draws: Callable[..., list] = simulate_plans
 
     def __call__(self, plan: Plan, hw: HardwareProfile) -> float:
-        return float(self.loop(*_arrays(plan, hw))[1].max())
+        return float(self.loop(*plan_arrays(plan, hw))[1].max())
 
 
 makespan_us = Makespan()  # the plain loop: ~2 ms a layer, no compiler to load
@@ -175,67 +156,6 @@ def _inputs(arrays: tuple, i: int) -> list[int]:
     return [int(j) for j in deps[i] if j >= 0] + ([int(pred[i])] if pred[i] >= 0 else [])
 
 
-def _arrays(plan: Plan, hw: HardwareProfile) -> tuple:
-    """Price every kernel and lay the plan out as the arrays `events.simulate` reads."""
-    pred, deps, nbytes, can_pf = launch_layout(plan, hw)
-    priced = _priced(hw)
-    terms = np.array([remember(priced, k, kernel_terms, k, hw, limit=KERNELS_PRICED_KEPT) for k in plan],
-                     dtype=np.float64).reshape(len(plan), 5)
-    gap_pred, fixed, math, comm, stream = terms.T.copy()
-    return pred, deps, gap_pred, fixed, math, comm, nbytes, stream * 1e-6, can_pf, *plan_scalars(hw)
-
-
-_TERMS: dict[HardwareProfile, dict[Kernel, tuple]] = {}  # per GPU profile: each kernel's `kernel_terms`
-KERNELS_PRICED_KEPT = 1 << 16  # kernels remembered per profile at most (then all are priced afresh)
-
-
-def _priced(hw: HardwareProfile) -> dict[Kernel, tuple]:
-    """The kernel terms remembered for profile hw (a sweep's plans share most kernel objects: `memo.context_free`);
-    a kernel's terms read only fields its equality compares. A profile holding drawn arrays is priced afresh."""
-    try:
-        return remember(_TERMS, hw, dict, limit=64)
-    except TypeError:
-        return {}
-
-
-@lru_cache(maxsize=4096)
-def plan_layout(plan: Plan) -> tuple:
-    """What no GPU constant changes: (pred [n] the same-stream predecessor, deps [n, w] the cross-stream
-    waits (-1 padded), nbytes [n], can_pf [n] the bytes each kernel may load early behind its predecessor).
-    Remembered (arrays shared, never written): a sweep lays each plan out again for every draw and GPU."""
-    index: dict[str, int] = {}
-    last: dict[str, int] = {}
-    n = len(plan)
-    width = max([len(k.deps) for k in plan] + [1])
-    pred, deps, nbytes, can_pf = [], [], [], []
-    for i, k in enumerate(plan):
-        unknown = [d for d in k.deps if d not in index]
-        if k.key in index or unknown:
-            raise ValueError(f"kernel {k.key!r}: duplicate key or deps on unknown/later kernels {unknown}")
-        pred.append(last.get(k.stream, -1))
-        deps.append([index[d] for d in k.deps] + [-1] * (width - len(k.deps)))
-        nbytes.append(k.hbm_bytes)
-        can_pf.append(_prefetch_target(k) if pred[-1] >= 0 else 0.0)
-        index[k.key] = last[k.stream] = i
-    return (np.array(pred, dtype=np.int64), np.array(deps, dtype=np.int64).reshape(n, width),
-            np.array(nbytes, dtype=np.float64), np.array(can_pf, dtype=np.float64))
-
-
-def launch_layout(plan: Plan, hw: HardwareProfile) -> tuple:
-    """`plan_layout` as the profile's kernels launch it: kernels of a set without PDL cannot start loading
-    their weights before their predecessor ends, so nothing is prefetched."""
-    pred, deps, nbytes, can_pf = plan_layout(plan)
-    if hw.kernel_set is not None and not hw.kernel_set.pdl:
-        can_pf = np.zeros_like(can_pf)
-    return pred, deps, nbytes, can_pf
-
-
-def plan_scalars(hw: HardwareProfile) -> tuple:
-    """(gap after a cross-stream event, gap after a PDL launch, shared HBM capacity in B/µs): the arguments of
-    `events.simulate` that belong to the GPU, not to a kernel."""
-    return hw.launch_gap_us, hw.launch_gap_pdl_us, hw.hbm_efficiency * hw.hbm_bandwidth * 1e-6
-
-
 def floor_us(plan: Plan, hw: HardwareProfile) -> float:
     """Speed-of-light floor of the plan (module docstring): bytes at peak BW plus unhidden alphas."""
     per_us = hw.hbm_bandwidth * 1e-6  # B/µs
@@ -243,7 +163,7 @@ def floor_us(plan: Plan, hw: HardwareProfile) -> float:
     for stream in plan.streams:
         mine = [k for k in plan if k.stream == stream]
         alpha = sum(min_alpha_us(k.collective.op, k.collective.ranks, hw) for k in mine if k.collective)
-        own = sum(_floor_bytes(k) - _prefetch_target(k) for k in mine)
+        own = sum(_floor_bytes(k) - prefetch_target(k) for k in mine)
         best = max(best, alpha + own / per_us)
     return best
 
@@ -253,5 +173,3 @@ def _floor_bytes(kernel: Kernel) -> int:
     return kernel.hbm_bytes if kernel.kind == "attention" else kernel.weight_bytes
 
 
-def _prefetch_target(kernel: Kernel) -> int:
-    return min(kernel.prefetch_bytes, kernel.weight_bytes)

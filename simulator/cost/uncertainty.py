@@ -51,7 +51,7 @@ import numpy.typing as npt
 
 from simulator.cost import lockstep
 from simulator.cost.pricing import kernel_terms
-from simulator.cost.timeline import launch_layout, plan_scalars
+from simulator.cost.layout import launch_layout, plan_scalars
 from simulator.errors import UserError
 from simulator.hardware import HardwareProfile
 from simulator.memo import remember

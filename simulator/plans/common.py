@@ -76,10 +76,6 @@ class Dims:
         return self.kda_heads_r * self.cfg.kda_head_dim
 
     @property
-    def mla_heads_r(self) -> int:
-        return self.cfg.mla_heads // self.tp
-
-    @property
     def attn_width(self) -> int:  # n: the attention output width one rank feeds o_proj
         return ATTENTION_WEIGHTS[self.attn](self.cfg)[f"{self.attn}.w_o"][0][0] // self.tp  # its o_proj's rows
 

@@ -1,10 +1,7 @@
-"""MoE kernels: router, latent projections, shared / dense gated MLP, routed experts and the MoE tail,
-in their stock form and their fused form, each bound to its op in `ops/`.
-
-    stock:  router GEMM | latent down (aux) | shared gate_up -> act -> down | top-k | FC1 -> FC2 ->
-            finalize | concat -> all-reduce -> latent norm -> latent up -> add
-    fused:  split router GEMM -> all-gather + top-k | shared gate_up+act -> down (aux) | FC1 ->
-            FC2+finalize | AR + norm + RS -> sharded up + add + all-gather
+"""MoE kernels the MoE paths (simulator/moe/) and the dense FFN share: router, latent projections, shared /
+dense gated MLP, routed experts and the fused latent tail, in their stock form and their fused form, each bound
+to its op in `ops/`; the L2 prefetch launch. Each path's own launches (the unfused tails, Kimi K3's merged
+kernels, matmul_ogs) are in its module there.
 
 Dimension legend: M tokens, D hidden, P TP degree, E experts, k active experts, L latent (expert input
 width), F expert hidden (F_r per rank, Fp padded), S shared hidden per rank, U touched experts.
@@ -18,8 +15,7 @@ from simulator.ops import linear as lin
 from simulator.ops import norm, pointwise
 from simulator.ops.router import allgather_topk, route_flops, route_fused, route_unbiased
 from simulator.routing import expected_unique_experts
-from simulator.plans.common import PLAIN, Dims, Launch, act, all_reduce_kernel, context_free, packed, weight
-from simulator.plans.fuse import cite, fuse
+from simulator.plans.common import PLAIN, Dims, Launch, act, context_free, packed, weight
 from simulator.plans.kernel import K3, SD, Collective, Kernel, Tensor
 
 FUSED_MOE = "vllm/model_executor/layers/fused_moe/"
@@ -28,7 +24,6 @@ TAIL_OP = K3 + "ops/latent_moe_tail.py:KimiK3LatentMoETailOp.__call__"
 SHARED = {"gate_up": FUSED_MOE + "runner/shared_experts.py:SharedExperts.maybe_forward_async",
           "act": "vllm/model_executor/layers/activation.py:SituAndMul", "down": K3 + "model.py:KimiMLP.forward"}
 FRONT = SD + "cutedsl/moe/front.py:SharedFront."
-CHAIN = SD + "cutedsl/moe/small_batch/chain.py:SmallBatchChain.run"
 
 # The stock loader pads each rank's slice of the expert intermediate to at least 256 (V-MODEL: 3072 / 16
 # = 192 -> 256 at TP16); the padded rows are zeros but are streamed like any other weight bytes.
@@ -271,63 +266,8 @@ def fc2_finalize(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
 
 
 # ---------------------------------------------------------------------------------------
-# the MoE tail
+# the fused latent tail (the unfused tails: simulator/moe/fused.py)
 # ---------------------------------------------------------------------------------------
-
-@context_free
-def latent_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
-    """concat [routed latent partial | shared partial] -> one all-reduce -> RMSNorm(latent) ->
-    replicated up-projection -> add shared: the unfused tail (TRT-LLM PR #18505 baseline)."""
-    cfg, M, D, L = d.cfg, d.M, d.D, d.L
-    shared = (act("shared.partial", M, D),) if cfg.num_shared_experts else ()
-    width = L + (D if shared else 0)
-    latent = act("tail.sum", M, L, window=(1, 0, L))
-    normed = act("latent.normed", M, L)
-    on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
-              source=K3 + "latent_moe_runner.py:LatentMoERunner._shard_up_proj_tail")
-    norm_kernel = (
-        Kernel(key="latent_norm", name="rmsnorm_latent", kind="pointwise", family="small",
-               floor="reduction", op=norm.rms_norm,
-               consts=(("eps", cfg.rms_norm_eps),), reads=(latent,), weights=(weight("latent.norm", L),),
-               writes=(normed,), flops=norm.rms_norm_flops(M, L), **on,
-               note="RMSNorm of the reduced latent sum; reads the latent slice in place (no split kernel)")
-        if cfg.latent_norm else
-        Kernel(key="latent_norm", name="copy_latent", kind="pointwise", family="small",
-               op=pointwise.add, reads=(latent,),
-               writes=(normed,), **on, note="the reduced latent sum, unnormalised (latent_norm off)"))
-    return [
-        Kernel(key="tail_concat", name="concat_latent_shared", kind="pointwise", family="small", op=pointwise.concat,
-               reads=(act("moe.partial", M, L),) + shared, writes=(act("tail.cat", M, width),), **on,
-               note="copy both partial sums into one buffer so one all-reduce carries them "
-                    "(V-LMR tier 2 / TRT-LLM #18505)"),
-        all_reduce_kernel(d, "moe_all_reduce", "tail.cat", "tail.sum", width, launch=launch,
-                          note="one all-reduce of [M, L + D] (TRT-LLM #18505: 13.2 us at GB300 TEP8, M=8)"),
-        norm_kernel,
-        Kernel(key="latent_up", name="gemm_routed_expert_up_proj", kind="gemm", family="gemm",
-               op=lin.linear, reads=(normed,),
-               weights=(weight("latent.w_up", L, D),), writes=(act("latent.up", M, D),), flops=lin.gemm_flops(M, L, D),
-               **on, note="replicated up-projection 7168x3584 on every rank (V-LMR tier 1/2)"),
-        Kernel(key="tail_add", name="add_shared_output", kind="pointwise", family="small", op=pointwise.add,
-               reads=(act("latent.up", M, D),) + ((act("tail.sum", M, D, window=(1, L, L + D)),) if shared else ()),
-               writes=(act("moe_out", M, D),), flops=M * D, **on,
-               note="add the reduced shared-expert output (unweighted)"),
-    ]
-
-
-@context_free
-def classic_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
-    """Classic MoE (DeepSeek-V3): routed partial + shared partial, then one all-reduce of [M, D]."""
-    M, D = d.M, d.D
-    shared = (act("shared.partial", M, D),) if d.cfg.num_shared_experts else ()
-    return [
-        Kernel(key="tail_add", name="add_shared_partial", kind="pointwise", family="small", op=pointwise.add,
-               reads=(act("moe.partial", M, D),) + shared, writes=(act("moe.sum_partial", M, D),), flops=M * D,
-               pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=K3 + "model.py:KimiMoE.forward",
-               note="routed + shared partial sums before the all-reduce"),
-        all_reduce_kernel(d, "moe_all_reduce", "moe.sum_partial", "moe_out", D, launch=launch,
-                          note="TP all-reduce of the MoE output"),
-    ]
-
 
 @context_free
 def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
@@ -361,76 +301,8 @@ def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
 
 
 # ---------------------------------------------------------------------------------------
-# launches as vLLM 0.33.0 makes them (docs/vllm-k3-source.md): stock extras, merged kernels, L2 prefetch
+# the L2 prefetch launches of vLLM 0.33.0's specialized path (docs/vllm-k3-source.md)
 # ---------------------------------------------------------------------------------------
-
-@context_free
-def mxfp8_quant(d: Dims, deps: tuple[str, ...], launch: Launch = PLAIN) -> Kernel:
-    """The stock W4A8 experts' prepare step: the latent quantised to MXFP8 in one launch before routing (S8).
-    Declared as a BF16 copy: moe-sim has no block-scaled FP8 storage (E4M3 without its per-32 scales would
-    flush small latent values), so the numbers and bytes keep BF16 (M x L bytes more: 7 KB at M = 1)."""
-    z = act("latent.z", d.M, d.L)
-    return Kernel(key="mxfp8_quant", name="mxfp8_quantize", kind="pointwise", family="small", op=pointwise.add,
-                  reads=(z,), writes=(z,), deps=deps, pdl=launch.pdl,
-                  source=FUSED_MOE + "prepare_finalize/no_dp_ep.py:_quantize_input",
-                  note="latent -> MXFP8 for the TRT-LLM-gen MXFP4 x MXFP8 experts (moe_kernel_quantize_input)")
-
-
-@context_free
-def topk_indices(d: Dims, launch: Launch = PLAIN) -> Kernel:
-    """routingIndicesClusterKernel: the second routing launch (<= 1024 tokens) builds the expert-major row
-    permutation from the top-k ids; moe-sim's grouped ops index by expert directly, so its op passes them on."""
-    idx = act("topk.idx", d.M, d.cfg.top_k, dtype="int32")
-    return Kernel(key="topk_indices", name="routingIndicesClusterKernel", kind="router", family="small",
-                  op=pointwise.add, reads=(idx,), writes=(idx,), pdl=launch.pdl, source=TRTLLM_MOE,
-                  note="expert-major permutation of the routed rows (TRT-LLM RoutingDeepSeek.cu, external)")
-
-
-def experts(d: Dims, pad: bool, weighted: bool, deps: tuple[str, ...], launch: Launch = PLAIN,
-            name: str = "ExpertsKernel",
-            source: str = SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.run") -> Kernel:
-    """The persistent experts kernel: FC1, SiTU and FC2 in one launch (hidden rows exchanged through a
-    workspace, never a kernel boundary); rows stay in top-k order for the tail, or with `weighted` the
-    routing-weighted latent partial is summed in FC2's epilogue."""
-    M, k = d.M, d.cfg.top_k
-    parts = [fc1(d, pad), fc2_finalize(d, pad) if weighted else fc2(d, pad)]
-    return fuse(parts, "experts", name, "moe", "moe", ("moe.partial",) if weighted else ("moe.slots",), source,
-                deps=deps, math=expert_math(d), group_rows=M * k, group_tokens=M, pdl=launch.pdl,
-                fusions=("persistent_experts",) + (() if pad else ("unpadded_experts",))
-                + (("moe_finalize",) if weighted else ()),
-                note=f"FC1 + SiTU + FC2 over the touched experts' shards ({expert_shard(d, pad)} intermediate rows per "
-                     "rank), FP4 weights; one persistent launch")
-
-
-def moe_tail(d: Dims, finalize_in: bool, launch: Launch = PLAIN, name: str = "MoeTail",
-             source: str = SD + "cutedsl/moe/tail_runtime.py:PreparedTail.run") -> Kernel:
-    """MoeTail: [top-k finalize], latent all-reduce + RMSNorm + shared reduce-scatter, the K-split
-    up-projection from this rank's row shard, and the output multicast into every rank, in one launch."""
-    a, b = latent_tail_fused(d)
-    parts = ([finalize(d)] if finalize_in else []) + [a, b]
-    return fuse(parts, "moe_tail", name, "gemm_collective", "gemm", ("moe_out",), source, deps=("shared_down",),
-                pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, fusions=("one_kernel_tail",),
-                replaces=("tail_collective", "tail_up", "tail_copy"),
-                note="finalize, AR(latent) + RMSNorm + RS(shared), up-projection shard + shared slice, multicast "
-                     "store: one launch; its exchanges are pipelined per K slice (one α)")
-
-
-def stock_tail(d: Dims, launch: Launch = PLAIN, finalize_in: bool = True) -> list[Kernel]:
-    """Tier 0 of the stock latent-MoE tail (<= 128 tokens on SM100): CollectiveKernel (finalize + latent AR +
-    RMSNorm + shared RS), AdaptiveUpProjectionKernel (row shard + shared slice, multicast), LamportCopyKernel.
-    Without `finalize_in` the experts already summed their rows (the specialized moe_finalize)."""
-    a, b = latent_tail_fused(d, launch)
-    collective = fuse(([finalize(d)] if finalize_in else []) + [a], "tail_collective", "CollectiveKernel", "collective",
-                      "collective",
-                      ("latent.normed", "shared.slice"), TAIL_OP, deps=("shared_down",), floor="reduction",
-                      pdl=launch.pdl, fusions=(), note="top-k finalize, latent all-reduce, RMSNorm and shared "
-                      "reduce-scatter in one CuTe DSL collective (allreduce_rmsnorm_reduce_scatter)")
-    out = act("moe_out", d.M, d.D)
-    return [collective, cite(b, TAIL_OP, key="tail_up", name="AdaptiveUpProjectionKernel", fusions=()),
-            Kernel(key="tail_copy", name="LamportCopyKernel", kind="pointwise", family="small", op=pointwise.add,
-                   reads=(out,), writes=(out,), pdl=launch.pdl, source=TAIL_OP,
-                   note="copy the multicast output out of the Lamport buffer and re-arm it")]
-
 
 @context_free
 def l2_prefetch(d: Dims, point: str, after: str) -> Kernel:
@@ -441,44 +313,3 @@ def l2_prefetch(d: Dims, point: str, after: str) -> Kernel:
                   stream="prefetch", deps=(after,), fusions=("l2_prefetch",),
                   source=SD + "runtime/prefetch.py:PrefetchController.fork",
                   note=f"cp.async.bulk.prefetch.L2 of the '{point}' ranges (sd/runtime/prefetch.py)")
-
-
-def small_batch_front(d: Dims, launch: Launch = PLAIN, with_down: bool = True) -> Kernel:
-    """MoeFrontTP16 (TP16, 1-2 tokens) or MoeFrontTP8 (TP8, 1 token): router and latent-down shards, the
-    exchange, top-k, and the shared expert on designated SMs (TP16: gate/up, SiTU and down) in one launch."""
-    shared = gated_mlp(d, "shared", d.S_r, "shared expert")
-    parts = split_router(d) + (shared if with_down else shared[:2])
-    keep = ("latent.z", "topk.idx", "topk.weight", "shared.partial" if with_down else "shared.h")
-    return fuse(parts, "moe_front", f"MoeFrontTP{d.P}", "gemm_collective", "gemm", keep, CHAIN, pdl=launch.pdl,
-                prefetch_bytes=launch.prefetch_bytes, fusions=("split_router", "small_batch_chain"),
-                note="router + latent-down shards multicast, top-k, latent copy and the shared expert: one launch")
-
-
-@context_free
-def shared_push(d: Dims) -> Kernel:
-    """WaveMoeTail.push (TP8, 5-8 tokens): peer stores of the shared expert's rows into the tail's
-    reduce-scatter mailboxes; moe-sim's tail does that exchange, so this launch moves no numbers."""
-    return Kernel(key="shared_push", name="WaveMoeTail.push", kind="pointwise", family="small", op=pointwise.nothing,
-                  stream="aux", source=SD + "cutedsl/moe/tail_runtime.py:PreparedTail.push",
-                  note="shared rows pushed to their reduce-scatter owners (priced in the tail's exchange)")
-
-
-@context_free
-def experts_group(d: Dims) -> Kernel:
-    """ExpertsGroupKernel (9-32 tokens): one CTA builds the (expert, <= 8 tokens) unit table first."""
-    return Kernel(key="experts_group", name="ExpertsGroupKernel", kind="pointwise", family="small",
-                  op=pointwise.nothing,
-                  pdl=True, source=SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.group",
-                  note="the persistent experts' unit table (one CTA); moe-sim's grouped ops index experts directly")
-
-
-def shared_merged(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
-    """TP8 from 41 tokens, TP16 from 33: SharedUmma computes the front rows (router and latent-down shards) with
-    the shared gate/up + SiTU on the main stream, RouteSitu routes, SharedDown runs beside the experts."""
-    front, route = split_router(d, launch)
-    merged = fuse([front, gate_up_act(d, "shared", d.S_r)], "shared_merged", "SharedUmma", "gemm", "gemm",
-                  ("router.logits_shard", "latent.z_shard", "shared.h"), FRONT + "route", pdl=launch.pdl,
-                  prefetch_bytes=launch.prefetch_bytes, note="front rows joined to the shared gate/up GEMM (MERGED)")
-    down = down_proj(d, "shared", d.S_r, "shared expert down beside the experts (SharedDown)", "aux", launch)
-    return [merged, route, cite(down, FRONT + "shared_expert", name="SharedDown", deps=("shared_merged",), pdl=False,
-                                prefetch_bytes=0)]

@@ -26,6 +26,7 @@ from simulator import attention
 from simulator.attention.mla import SMALL_BATCH_MAX_TOKENS
 from simulator.config import ModelConfig
 from simulator.errors import UserError
+from simulator.moe import moe_path
 from simulator.plans import common as c
 from simulator.plans import moe_kernels as moe
 from simulator.plans import standard as std
@@ -124,10 +125,8 @@ def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer:
         kernels.append(moe.l2_prefetch(d, "oproj_down", after=x2_from))
     if layer_type == "dense":
         kernels += dense_ffn(d, on, go)
-    elif k3_moe(d, on):
-        kernels += latent_moe(d, on, go, x2_from)
-    else:
-        kernels += moe_block(d, on, go, x2_from)
+    else:  # the MoE path's kernels: simulator/moe/<path>.py (the specialized plan is Blackwell's: sm100)
+        kernels += moe_path(d, "sm100").specialized(d, on, go, x2_from)
     return Plan("specialized", layer_type, tp, shape, tuple(kernels), fusions=on)
 
 
@@ -147,101 +146,6 @@ def oproj(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
                     fusions=("oproj_allreduce_norm",), note="o_proj and the one-shot push of its partial (P10)")
     return [producer, cite(c.residual_post(d, go.every), OPROJ, key="oproj_consumer", name="OprojConsumer",
                            fusions=("oproj_allreduce_norm",))]
-
-
-# ======================================================================= MoE
-def k3_moe(d: Dims, on: frozenset[str]) -> bool:
-    """Kimi K3's latent MoE with its shared expert, as the source's specialized MoE runs it."""
-    cfg = d.cfg
-    return bool(cfg.latent_dim and cfg.num_shared_experts and cfg.latent_norm and d.M <= std.TAIL_FUSION_MAX_TOKENS)
-
-
-def latent_moe(d: Dims, on: frozenset[str], go: Launches, x2_from: str) -> list[Kernel]:
-    """PreparedMoE.run (or the small-batch chain): shared expert on the side stream, front, experts, tail.
-    Each fusion switched off puts back the stock launches it replaced (standard.latent_moe)."""
-    P, M, e = d.P, d.M, go.every
-    pad = "unpadded_experts" not in on or P < 16  # at TP8 the 384-row shard has no padding either way
-    weighted = "moe_finalize" in on and M >= (5 if P <= 8 else 9)  # experts publish the weighted partial
-    one_tail = "one_kernel_tail" in on
-    persistent = "persistent_experts" in on
-    split = "split_router" in on
-    prefetch = [moe.l2_prefetch(d, "next_attention", after="experts")] if "l2_prefetch" in on and M <= 8 else []
-    chain_sizes = (P >= 16 and M <= 2) or (P == 8 and M == 1)
-    if "small_batch_chain" in on and split and persistent and one_tail and chain_sizes:
-        ks = [moe.small_batch_front(d, e, with_down=P >= 16),
-              moe.experts(d, pad, False, (), go.experts, f"ClusterExpertsTP{P}", moe.CHAIN)]
-        if P == 8:
-            down = moe.down_proj(d, "shared", d.S_r, "shared expert down (MoeSharedTP8)", launch=e)
-            ks.append(cite(down, moe.CHAIN, name="MoeSharedTP8"))
-        return ks + prefetch + [cite(moe.moe_tail(d, True, e, "MoeTail", moe.CHAIN), moe.CHAIN, deps=())]
-    glu = "glu_epilogue" in on and M > 8
-    if split and glu and M >= (41 if P <= 8 else 33):
-        ks = moe.shared_merged(d, e)  # the front GEMM's rows join the shared gate/up kernel (MERGED)
-    elif split:  # SharedFront.shared_expert launches them beside the front; above 8 tokens without PDL
-        plain = dict(pdl=False, prefetch_bytes=0) if glu else {}
-        ks = [cite(k, moe.FRONT + "shared_expert", **plain) for k in shared_expert(d, e, x2_from, glu)]
-        if P == 8 and 5 <= M <= 8:
-            ks.append(moe.shared_push(d))
-        ks += moe.split_router(d, e)
-    else:
-        ks = ([moe.router(d, go.c1 if go.c1 is EARLY else e), moe.latent_down(d, (x2_from,), e)]
-              + shared_expert(d, e, x2_from, glu)
-              + [moe.mxfp8_quant(d, ("latent_down",)), moe.topk(d, e), moe.topk_indices(d, e)])
-    if persistent and 9 <= M <= 32:
-        ks.append(moe.experts_group(d))
-    wait = ("shared_down",) if P >= 16 and M <= 8 and split else ()  # a 152-CTA grid: the experts wait for it
-    if persistent:
-        ks.append(moe.experts(d, pad, weighted, wait, go.experts))
-    else:
-        fc2 = moe.fc2_finalize(d, pad, go.experts) if weighted else moe.fc2(d, pad, go.experts)
-        ks += [moe.fc1(d, pad, deps=wait, fusions=() if pad else ("unpadded_experts",), launch=go.experts), fc2]
-        prefetch = [cite(k, k.source, deps=(fc2.key,)) for k in prefetch]
-    ks += prefetch
-    if one_tail:
-        return ks + [moe.moe_tail(d, not weighted, e, "MoeTail" if (P >= 16 and M <= 8) or (P == 8 and 2 <= M <= 4)
-                                  else "WaveMoeTail")]
-    return ks + moe.stock_tail(d, e, finalize_in=not weighted)
-
-
-def moe_block(d: Dims, on: frozenset[str], go: Launches, x2_from: str) -> list[Kernel]:
-    cfg, e = d.cfg, go.every
-    split = "split_router" in on and bool(cfg.latent_dim)
-    if split:
-        kernels = moe.split_router(d, e)
-    else:
-        kernels = [moe.router(d, go.c1)] + ([moe.latent_down(d, deps=(x2_from,), launch=e)] if cfg.latent_dim else [])
-    if cfg.num_shared_experts:
-        what = "shared expert"
-        stream, deps = ("aux", (x2_from,)) if "shared_overlap" in on else ("main", ())
-        kernels += (moe.gated_mlp(d, "shared", d.S_r, what, stream, deps, e) if "glu_epilogue" not in on else
-                    [moe.gate_up_act(d, "shared", d.S_r, stream, deps, e),
-                     moe.down_proj(d, "shared", d.S_r, f"{what} down, row shard", stream, e)])
-    if not split:
-        kernels.append(moe.topk(d, e))
-    pad = "unpadded_experts" not in on
-    fc1_deps = ("latent_down",) if cfg.latent_dim and not split else ()  # the gather kernel already waited
-    kernels.append(moe.fc1(d, pad, deps=fc1_deps, fusions=() if pad else ("unpadded_experts",), launch=go.experts))
-    if "moe_finalize" in on:
-        kernels.append(moe.fc2_finalize(d, pad, go.experts))
-    else:
-        kernels += [moe.fc2(d, pad, go.experts), moe.finalize(d, e)]
-    if cfg.latent_dim and cfg.num_shared_experts and cfg.latent_norm and "latent_tail" in on:
-        return kernels + moe.latent_tail_fused(d, e)
-    tail = moe.latent_tail(d, e) if cfg.latent_dim else moe.classic_tail(d, e)
-    if cfg.num_shared_experts and "shared_overlap" in on:  # the tail's first kernel reads the aux stream's partial
-        tail[0] = cite(tail[0], tail[0].source, deps=tail[0].deps + ("shared_down",))
-    return kernels + tail
-
-
-def shared_expert(d: Dims, e: Launch, x2_from: str, glu: bool) -> list[Kernel]:
-    """On the MoE aux stream, as stock vLLM runs it (S3): gate/up, SiTU, down; with the GLU epilogue, two."""
-    what = "shared expert (not reduced until the latent tail)"
-    stream, deps = "aux", (x2_from,)
-    if not glu:
-        kernels = moe.gated_mlp(d, "shared", d.S_r, what, stream, deps, e)  # RouteSitu's SiTU role runs under PDL
-        return kernels if e is EARLY else std.shared_launches(kernels)
-    return [moe.gate_up_act(d, "shared", d.S_r, stream, deps, e),
-            moe.down_proj(d, "shared", d.S_r, f"{what} down, row shard; its partial sum is reduced later", stream, e)]
 
 
 # ======================================================================= dense FFN

@@ -9,9 +9,9 @@ Layer type -> launches (TP16, 1 x 8 tokens: the published trace; 1 x 1: the publ
                   sequence; at TP16 = 6 heads vLLM falls back to a 3-kernel chain; at TP8 with <= 2
                   tokens the projection splits over the attention aux stream)
     MLA + MoE   = 13 + 13 = 26
-The MoE: router (main), latent down-projection and the shared expert on the MoE aux stream, the latent
-quantised to MXFP8, two routing launches, FC1, FC2 (finalize deferred), and the tier-0 latent-MoE tail
-(collective, up-projection shard, Lamport copy) up to 128 tokens.
+The MoE (Kimi K3's latent path, simulator/moe/latent.py): router (main), latent down-projection and the shared
+expert on the MoE aux stream, the latent quantised to MXFP8, two routing launches, FC1, FC2 (finalize
+deferred), and the tier-0 latent-MoE tail (collective, up-projection shard, Lamport copy) up to 128 tokens.
 
 Most stock launches use programmatic dependent launch at every batch (CuTe skinny GEMMs, dsv3 fused-A,
 the AttnRes Triton kernel, FlashInfer AR, the tail kernels); the single-request (C=1: batch 1, one
@@ -29,14 +29,11 @@ from typing import Any
 
 from simulator import attention
 from simulator.config import ModelConfig
+from simulator.moe import moe_path
 from simulator.plans import common as c
 from simulator.plans import moe_kernels as moe
-from simulator.plans import ogs_kernels as ogs
 from simulator.plans.common import EARLY, PDL, PLAIN, Dims
-from simulator.plans.fuse import cite
 from simulator.plans.kernel import DecodeShape, Kernel, Plan
-
-TAIL_FUSION_MAX_TOKENS = 128  # the tier-0 tail's max_num_tokens (latent_moe_runner.py:_select_tail_tier)
 
 
 def arch_of(hw: Any) -> str:
@@ -55,13 +52,13 @@ def build(cfg: ModelConfig, tp: int, shape: DecodeShape, layer_type: str, layer:
     launch, the unfused latent tail: the kernels the H200 measurements name), or "gfx942" / "gfx950" (ROCm:
     Hopper's path with the attention and MoE kernels vLLM picks there; docs/gpt-oss.md)."""
     d = c.make_dims(cfg, tp, shape, layer, layer_type)
-    if arch not in ("sm100", "sm90") + ogs.ROCM:
+    if arch not in ("sm100", "sm90", "gfx942", "gfx950"):
         raise ValueError(f"arch {arch!r} is not sm100, sm90, gfx942 or gfx950")
     c1 = EARLY if d.single_request else PLAIN
     kernels = [c.residual_pre(d, PDL)]
     kernels += attention.kind(d.attn).standard(d, c1, arch)  # the attention's kernels: simulator/attention/<kind>.py
     kernels += attention_output(d)
-    kernels += dense_ffn(d) if layer_type == "dense" else moe_block(d, c1, arch)
+    kernels += dense_ffn(d) if layer_type == "dense" else moe_path(d, arch).standard(d, c1, arch)  # simulator/moe/
     return Plan("standard", layer_type, tp, shape, tuple(kernels))
 
 
@@ -76,38 +73,7 @@ def attention_output(d: Dims) -> list[Kernel]:
     return [o_proj, c.attn_all_reduce(d, PDL), c.residual_post(d, PDL)]
 
 
-def moe_block(d: Dims, c1: c.Launch, arch: str = "sm100") -> list[Kernel]:
-    cfg = d.cfg
-    tail = cfg.latent_dim and cfg.num_shared_experts and cfg.latent_norm and d.M <= TAIL_FUSION_MAX_TOKENS
-    if arch == "sm100" and tail:
-        return latent_moe(d, c1)
-    if ogs.runs_ogs(cfg, arch):  # gpt-oss MXFP4 on Hopper and ROCm: triton_kernels' matmul_ogs
-        return ogs.ogs_moe(d, arch)
-    kernels = [moe.router(d, c1)]
-    if cfg.latent_dim:
-        kernels.append(moe.latent_down(d, deps=(c.post_norm_key(d),)))
-    if cfg.num_shared_experts:
-        kernels += moe.gated_mlp(d, "shared", d.S_r, "shared expert (V-LMR: not reduced until the latent tail)")
-    kernels += [moe.topk(d), moe.fc1(d, deps=("latent_down",) if cfg.latent_dim else ()), moe.fc2(d), moe.finalize(d)]
-    return kernels + (moe.latent_tail(d) if cfg.latent_dim else moe.classic_tail(d))
-
-
 def dense_ffn(d: Dims) -> list[Kernel]:
     return moe.gated_mlp(d, "dense", d.cfg.dense_intermediate // d.P, "dense FFN") + [
         c.all_reduce_kernel(d, "dense_all_reduce", "dense.partial", "moe_out", d.D,
                             note="TP all-reduce of the FFN output")]
-
-
-def latent_moe(d: Dims, c1: c.Launch) -> list[Kernel]:
-    """Kimi K3's MoE up to 128 tokens: the shared expert beside routing on the aux stream, W4A8 TRT-LLM-gen
-    experts with their finalize deferred to the tier-0 tail."""
-    shared = shared_launches(moe.gated_mlp(d, "shared", d.S_r, "shared expert (not reduced until the latent tail)",
-                                           "aux", (c.post_norm_key(d),), PDL))
-    return ([moe.router(d, EARLY if d.single_request else PDL), moe.latent_down(d, (c.post_norm_key(d),), PDL)] + shared
-            + [moe.mxfp8_quant(d, ("latent_down",)), moe.topk(d, PDL), moe.topk_indices(d, PDL), moe.fc1(d, launch=PDL),
-               moe.fc2(d, launch=PDL)] + moe.stock_tail(d, PDL))
-
-
-def shared_launches(kernels: list[Kernel]) -> list[Kernel]:
-    """The stock shared expert's launches: situ_and_mul is a plain elementwise launch (no PDL)."""
-    return [cite(k, k.source, pdl=False) if k.key.endswith("_act") and k.pdl else k for k in kernels]

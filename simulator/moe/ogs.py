@@ -1,4 +1,5 @@
 """gpt-oss's MoE as vLLM runs it through OpenAI's triton_kernels (matmul_ogs): Hopper and ROCm, MXFP4 experts.
+The standard plan's MoE path there (the specialized plan is Blackwell's: simulator/moe/fused.py).
 
     router GEMM (+ logit bias) | [pad the hidden to 256] | _topk_forward | _sum_bitmatrix_rows |
     _combined_routing_memset | _combined_routing_compute | matmul_ogs FC1 + SwiGLU | matmul_ogs FC2 |
@@ -14,7 +15,7 @@ indices; the finalize launch scatters each token's k rows back and sums them wit
 the backend pads the hidden and intermediate dimensions of the experts to 256 (2880 -> 3072 for gpt-oss) and
 the hidden state with them (one Inductor pad launch).
 
-The expert and router weights are the declared ones of moe_kernels.py (`_experts`, `_expert_bias`, `router`):
+The expert and router weights are the declared ones of plans/moe_kernels.py (`_experts`, `_expert_bias`, `router`):
 biases and the clamped SwiGLU come with them and their ops. Kernel names are those of the public MI300X trace
 (docs/gpt-oss.md): the matmul_ogs tile in the name (16x128x256x1) is the one triton_kernels picked there.
 
@@ -26,12 +27,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from simulator.config import ModelConfig
 from simulator.ops import experts as ex
 from simulator.ops import linear as lin
 from simulator.ops import pointwise
 from simulator.plans import moe_kernels as moe
-from simulator.plans.common import Dims, act, all_reduce_kernel, context_free
+from simulator.plans.common import Dims, Launch, act, all_reduce_kernel, context_free
 from simulator.plans.fuse import cite
 from simulator.plans.kernel import Kernel, Tensor
 
@@ -45,9 +45,10 @@ ALIGN = {"rocm": (256, 256), "cuda": (1, 64)}  # (hidden, intermediate per rank)
 TILE = "16x128x256x1"  # BLOCK_M x BLOCK_N x BLOCK_K x split-K that triton_kernels picked in the MI300X trace
 
 
-def runs_ogs(cfg: ModelConfig, arch: str) -> bool:
+def takes(d: Dims, arch: str) -> bool:
     """vLLM's MXFP4 oracle takes the TRITON (matmul_ogs) backend for gpt-oss's experts (clamped SwiGLU, MXFP4)
     where no vendor kernel comes first: Hopper (FlashInfer TRT-LLM needs SM100) and the ROCm trace's path."""
+    cfg = d.cfg
     return cfg.expert_dtype == "mxfp4" and cfg.hidden_act == "swiglu_oai" and arch in ("sm90",) + ROCM
 
 
@@ -149,8 +150,9 @@ def finalize(d: Dims) -> Kernel:
                        "trace's triton_kernels launches _finalize_matmul; 0.33.0's bundle reduces in reduce_grouped)")
 
 
-def ogs_moe(d: Dims, arch: str) -> list[Kernel]:
-    """The launches of triton_kernel_moe_forward after the router GEMM, in order (module docstring)."""
+def standard(d: Dims, c1: Launch, arch: str) -> list[Kernel]:
+    """The launches of triton_kernel_moe_forward after the router GEMM, in order (module docstring); no C=1
+    pipeline (`c1` is the other paths')."""
     kernels = [moe.router(d)] + ([pad_hidden(d)] if arch in ROCM else [])
     kernels += [topk(d), bitmatrix_rows(d), routing_memset(d), routing_compute(d), fc1(d, arch), fc2(d, arch),
                 finalize(d)]
