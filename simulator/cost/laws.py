@@ -88,7 +88,7 @@ ALIGNS = {"vllm_marlin_moe": "always", "vllm_triton_moe_bf16": "dense", "vllm_tr
 ALIGN_LAUNCHES = 2
 SPARSITY = 4  # vLLM's SPARSITY_FACTOR
 # a routing launched from triton_kernels (gpt-oss's matmul_ogs path) sorts with launches of its own, which its
-# plans declare as kernels (ogs_kernels.py): no alignment is added to it
+# plans declare as kernels (moe/ogs.py): no alignment is added to it
 OWN_SORT = "vllm/third_party/triton_kernels/"
 SEQUENCE_BLOCK = 256  # features per program of vLLM's causal_conv1d_update (its BLOCK_N; grid batch x dim / 256)
 COLLECTIVE_ALGORITHM = {"nccl_all_reduce": "ring", "symm_one_shot": "one_shot", "symm_two_shot": "two_shot",
