@@ -29,7 +29,7 @@ def gb300():
 def test_cached_residuals_equal_their_source():
     """residuals_h200.json is what `moe-sim validate`'s split and refit give today; regenerate with
     `python -m simulator.cost.uncertainty` after a change to the measurements or the family laws."""
-    derived = u.derive_residuals("calibration/h200", load_hardware("h200"))
+    derived = u.residuals_document("calibration/h200", load_hardware("h200"))
     cached = json.loads(u.RESIDUALS_FILE.read_text(encoding="utf-8"))
     assert cached == json.loads(json.dumps(derived)), "stale residuals: run python -m simulator.cost.uncertainty"
 

@@ -124,14 +124,19 @@ def machine_spread(first: str, again: str, level: float = DEFAULT_LEVEL) -> dict
 
 
 def derive_residuals(folder: str | Path, hw: HardwareProfile) -> dict[str, Any]:
-    """The residuals document from the measurements, exactly as `moe-sim validate` splits and refits them, and
-    the machine spread from the grid measured twice (REPEAT)."""
+    """The residuals of the measurements, exactly as `moe-sim validate` splits and refits them."""
     from simulator.cost import validate as v
     points, fits = v.fitted_points(folder, hw)
     fitted, held = v.family_residuals(points, fits)
     return {"source": f"moe-sim validate --measurements {folder} --hardware {hw.name.lower()}",
             "metric": "log(measured / refit law) per launch; fitted half widened by sqrt(n / (n - p)) per group",
-            "fitted": fitted, "held_back": held, "machine_spread": machine_spread(*REPEAT)}
+            "fitted": fitted, "held_back": held}
+
+
+def residuals_document(folder: str | Path, hw: HardwareProfile) -> dict[str, Any]:
+    """What residuals_h200.json caches: the residuals and the machine spread from the grid measured twice
+    (REPEAT, in a clone's calibration/; the installed package carries the cached file, not the repeat)."""
+    return derive_residuals(folder, hw) | {"machine_spread": machine_spread(*REPEAT)}
 
 
 def residuals_of(hw: HardwareProfile) -> Residuals:
@@ -608,8 +613,8 @@ def uncertainty_for(hw: HardwareProfile, spec: IntervalSpec) -> Uncertainty:
 
 if __name__ == "__main__":  # python -m simulator.cost.uncertainty: rewrite the cached residuals, print coverage
     from simulator.hardware import load_hardware
-    RESIDUALS_FILE.write_text(json.dumps(derive_residuals("calibration/h200", load_hardware("h200")), indent=1) + "\n",
-                              encoding="utf-8")
+    RESIDUALS_FILE.write_text(json.dumps(residuals_document("calibration/h200", load_hardware("h200")), indent=1)
+                              + "\n", encoding="utf-8")
     load_residuals.cache_clear()
     print(f"wrote {RESIDUALS_FILE}")
     print(json.dumps(coverage(load_residuals()), indent=1))
