@@ -39,7 +39,7 @@ from simulator.ops.replaceable import replacing
 from simulator.plans.common import Dims
 from simulator.plans.kernel import EXPERT, Kernel, Plan, RunOption, Tensor
 from simulator.state import LayerIO, LayerState
-from simulator.weights import LayerWeights, column_shard, row_shard, shard_piece, shard_shape, weight_spec, widen
+from simulator.weights import LayerWeights, shard_array, shard_shape, weight_spec, widen
 
 
 @dataclass
@@ -179,15 +179,6 @@ def _store(kernel: Kernel, rank: Rank, t: Tensor, value: Any) -> None:
     rank.buf[t.name] = value
 
 
-def _shard(w: Array, shard: str, rank: Rank) -> Array:
-    if shard.startswith("col"):
-        _, piece, pieces = shard_piece(shard, rank.r, rank.tp)
-        return column_shard(w, piece, pieces)
-    if shard == "rank0" and rank.r:
-        return np.zeros_like(w)
-    return row_shard(w, rank.r, rank.tp) if shard == "row" else w
-
-
 def _weight(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, t: Tensor, runner: Backend) -> Any:
     """The declared weight: its spec parts, sharded, packed; for routed experts a function of e."""
     parts = t.parts or ((t.name, "full"),)
@@ -227,8 +218,9 @@ def _expert_weights(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Pre
         raise BindingError(f"kernel '{kernel.key}' is handed experts as {tuple(shape)}, declared "
                            f"{(t.unpadded or t.shape)[1:]}")
     fn = runner.experts(weights, names, shards, rank)
-    return fn if fn is not None else lambda e: tuple(_shard(weights.get(f"expert.{e}.{name}", prec.dtype), shard, rank)
-                           for name, shard in zip(names, shards))
+    return fn if fn is not None else lambda e: tuple(
+        shard_array(weights.get(f"expert.{e}.{name}", prec.dtype), shard, rank.r, rank.tp)
+        for name, shard in zip(names, shards))
 
 
 def _initial_buffers(io: LayerIO, boundary: bool, prec: Precision) -> dict[str, Array]:

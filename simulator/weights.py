@@ -154,18 +154,12 @@ class LayerWeights:
         """Rank r's shard ("col", "col/n", "row" or "full"; `shard_piece`) in `dtype`: only the shard is converted
         (each rank reads its own once); a view of the held weight when `dtype` is None or the held dtype. "rank0": the
         whole weight on rank 0 and zeros on the others (a row-parallel layer's bias, added once by the sum)."""
-        if how == "rank0":
-            how = "full" if rank == 0 else "zeros"
         held = self._held_weight(name)
-        if how == "zeros":
+        if how == "rank0" and rank:
             return np.zeros(held.shape, dtype or held.dtype)
-        if how == "full" and dtype is not None:
+        if how in ("full", "rank0") and dtype is not None:
             return self.get(name, dtype)
-        how, piece, pieces = shard_piece(how, rank, tp)
-        if how == "col":
-            part = column_shard(held, piece, pieces)
-        else:
-            part = row_shard(held, rank, tp) if how == "row" else held
+        part = shard_array(held, how, rank, tp)
         return part if dtype is None or held.dtype == dtype else widen(part, dtype)
 
     def expert(self, e: int, dtype: type = np.float32) -> tuple[Array, Array, Array]:
@@ -406,6 +400,16 @@ def shard_piece(shard: str, rank: int, tp: int) -> tuple[str, int, int]:
     if pieces <= 0 or tp % pieces:
         raise ValueError(f"shard {shard!r} needs a TP degree that is a multiple of {pieces}, not {tp}")
     return "col", rank * pieces // tp, pieces
+
+
+def shard_array(w: Array, shard: str, rank: int, tp: int) -> Array:
+    """Rank r's view of a whole array under `shard` (`shard_piece`); "rank0": zeros on every other rank."""
+    if shard == "rank0":
+        return w if rank == 0 else np.zeros_like(w)
+    how, piece, pieces = shard_piece(shard, rank, tp)
+    if how == "col":
+        return column_shard(w, piece, pieces)
+    return row_shard(w, rank, tp) if how == "row" else w
 
 
 def shard_shape(shape: tuple[int, ...], shard: str, tp: int) -> tuple[int, ...]:
