@@ -8,7 +8,6 @@ every launch of every replay, the committed comparisons are what the traces and 
 figures docs/gpt-oss.md quotes hold.
 """
 
-import csv
 import statistics
 import subprocess
 import sys
@@ -21,15 +20,11 @@ GPU = ROOT / "benchmarks" / "gpu"
 DIR = ROOT / "calibration" / "h200" / "production" / "gptoss"
 sys.path[:0] = [str(GPU)]
 
+from rows import read_rows  # noqa: E402
 import gptoss_replay  # noqa: E402
 import gptoss_table  # noqa: E402
 import layer_table  # noqa: E402
 import predict_gptoss  # noqa: E402
-
-
-def _rows(path: Path) -> list[dict]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +33,7 @@ def table() -> list[dict]:
 
 
 def test_predictions_cover_every_replay_once_per_kernel_set():
-    rows = _rows(DIR / "predictions.csv")
+    rows = read_rows(DIR / "predictions.csv")
     want = [predict_gptoss.replay_name(*c) for c in predict_gptoss.configurations()]
     assert len(want) == 32
     for ks in predict_gptoss.KERNEL_SETS:
@@ -63,7 +58,7 @@ def test_compare_trace_matches_every_launch_of_every_replay(table):
     """The sliding layer has no rope-table cast (15 plan kernels), the full one has (16); every launch the replay
     made (replays.csv) is a plan kernel or folded into one (cuBLAS's splitKreduce, the split-KV decode's
     reduce_segments)."""
-    replayed = {r["replay"]: r for r in _rows(DIR / "replays.csv")}
+    replayed = {r["replay"]: r for r in read_rows(DIR / "replays.csv")}
     for r in table:
         full = r["replay"].endswith("-l1")
         assert r["matched"] == r["plan_kernels"] == 15 + full, r["replay"]
@@ -88,7 +83,7 @@ def test_compare_trace_matches_every_launch_of_every_replay(table):
 
 
 def test_committed_comparisons_are_what_the_traces_and_predictions_give(table):
-    committed = {(r["replay"], r["kernel_set"]): r for r in _rows(DIR / "comparison.csv")}
+    committed = {(r["replay"], r["kernel_set"]): r for r in read_rows(DIR / "comparison.csv")}
     assert set(committed) == {(r["replay"], r["kernel_set"]) for r in table}
     for r in table:
         c = committed[(r["replay"], r["kernel_set"])]
@@ -97,7 +92,7 @@ def test_committed_comparisons_are_what_the_traces_and_predictions_give(table):
         for fam in gptoss_table.FAMILIES:
             assert float(c[f"{fam}_error_pct"]) == pytest.approx(r[f"{fam}_error_pct"], abs=0.01)
     split = layer_table.table(DIR / "predictions.csv", DIR / "split_kv", "", gptoss_table.compare, present=True)
-    committed = {(r["replay"], r["kernel_set"]): r for r in _rows(DIR / "split_kv" / "comparison.csv")}
+    committed = {(r["replay"], r["kernel_set"]): r for r in read_rows(DIR / "split_kv" / "comparison.csv")}
     assert len(split) == len(committed) == 32
     for r in split:
         assert float(committed[(r["replay"], r["kernel_set"])]["measured_us"]) == pytest.approx(r["measured_us"],
@@ -127,7 +122,7 @@ def test_the_figures_docs_quote(table):
 
 
 def test_kernel_rows_cover_both_ranks_and_every_batch():
-    rows = _rows(DIR / "ogs_rows.csv")
+    rows = read_rows(DIR / "ogs_rows.csv")
     assert all(r["status"] == "ok" and r["package"] == "vllm==0.33.0" for r in rows)
     for tp, f in ((1, 2880), (2, gptoss_replay.padded(1440))):
         mine = [r for r in rows if int(r["tp"]) == tp]

@@ -8,7 +8,6 @@ matches every launch of every replay, and the errors the docs quote (comparison.
 traces and the pre-committed predictions give.
 """
 
-import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -20,13 +19,9 @@ GPU = ROOT / "benchmarks" / "gpu"
 LAYERS_DIR = ROOT / "calibration" / "h200" / "production" / "layers"
 sys.path[:0] = [str(GPU)]
 
+from rows import read_rows  # noqa: E402
 import layer_table  # noqa: E402
 import predict_layers  # noqa: E402
-
-
-def _rows(path: Path) -> list[dict]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.fixture(scope="module")
@@ -35,16 +30,16 @@ def table() -> list[dict]:
 
 
 def test_predictions_cover_every_replay_once():
-    names = [r["replay"] for r in _rows(LAYERS_DIR / "predictions.csv")]
+    names = [r["replay"] for r in read_rows(LAYERS_DIR / "predictions.csv")]
     want = [predict_layers.replay_name(m, b, t) for m, _ in predict_layers.LAYERS for b in predict_layers.BATCHES
             for t in predict_layers.TOKENS]
     assert sorted(names) == sorted(want) and len(want) == 12
-    for r in _rows(LAYERS_DIR / "predictions.csv"):  # the all-reduces, and only they, are left out
+    for r in read_rows(LAYERS_DIR / "predictions.csv"):  # the all-reduces, and only they, are left out
         assert r["left_out"] == "attn_all_reduce;moe_all_reduce" and float(r["left_out_us"]) > 0
 
 
 def test_each_trace_is_the_replay_its_name_says():
-    for p in _rows(LAYERS_DIR / "predictions.csv"):
+    for p in read_rows(LAYERS_DIR / "predictions.csv"):
         meta = layer_table.read_trace(layer_table.TRACES / f"vllm-h200-{p['replay']}.json.gz")["moeSimReplay"]
         assert (meta["model"], meta["batch"], meta["tokens_per_seq"], meta["context"], meta["tp"]) == (
             p["model"], int(p["batch"]), int(p["tokens_per_seq"]), int(p["context"]), int(p["tp"]))
@@ -76,7 +71,7 @@ def test_engine_launches_the_plan_does_not_count_are_folded_into_their_plan_kern
 
 
 def test_committed_comparison_is_what_the_traces_and_predictions_give(table):
-    committed = {r["replay"]: r for r in _rows(LAYERS_DIR / "comparison.csv")}
+    committed = {r["replay"]: r for r in read_rows(LAYERS_DIR / "comparison.csv")}
     assert set(committed) == {r["replay"] for r in table}
     for r in table:
         c = committed[r["replay"]]
@@ -135,7 +130,7 @@ def test_layers_on_changing_stream_ids_are_one_signature():
 
 def test_repeat_on_a_fresh_machine_reproduces_the_makespans(table):
     for again in ("repeat", "round2", "round3"):  # rounds 2, 3: the same script on other fresh H200s
-        repeat = {r["replay"]: r for r in _rows(LAYERS_DIR / again / "comparison.csv")}
+        repeat = {r["replay"]: r for r in read_rows(LAYERS_DIR / again / "comparison.csv")}
         for r in table:
             assert abs(float(repeat[r["replay"]]["measured_us"]) / r["measured_us"] - 1) < 0.03, (again, r["replay"])
 
@@ -147,8 +142,8 @@ def table2() -> list[dict]:
 
 
 def test_round2_predictions_price_the_same_replays_with_the_refit_laws():
-    first = {r["replay"]: r for r in _rows(LAYERS_DIR / "predictions.csv")}
-    second = {r["replay"]: r for r in _rows(LAYERS_DIR / "predictions_round2.csv")}
+    first = {r["replay"]: r for r in read_rows(LAYERS_DIR / "predictions.csv")}
+    second = {r["replay"]: r for r in read_rows(LAYERS_DIR / "predictions_round2.csv")}
     assert set(first) == set(second)
     keep = ("model", "batch", "tokens_per_seq", "context", "kernels", "left_out", "kernel_set")
     assert all({k: second[n][k] for k in keep} == {k: first[n][k] for k in keep} for n in first)
@@ -159,7 +154,7 @@ def test_round2_committed_comparison_and_registered_outcome(table2):
     """calibration/h200/README.md registered before the round-2 replays that kda-b1t1 and mla-b8t4 would
     still miss 10 % (the small law's one floor per plan kernel, shared by both models; the block-FP8 fc2
     law at M = 32) and that the others need not: 10 of 12 within 10 %, both misses under-predictions."""
-    committed = {r["replay"]: r for r in _rows(LAYERS_DIR / "round2" / "comparison.csv")}
+    committed = {r["replay"]: r for r in read_rows(LAYERS_DIR / "round2" / "comparison.csv")}
     for r in table2:
         assert r["matched"] == r["plan_kernels"] and r["unmatched_measured"] == r["unmatched_plan"] == 0
         assert float(committed[r["replay"]]["measured_us"]) == pytest.approx(r["measured_us"], abs=1e-3)
@@ -176,7 +171,7 @@ def test_round3_committed_comparisons_and_registered_outcomes(predictions, compa
     mla-b8t4 miss 10 %; priced as the replay launches its cuBLAS GEMMs, without PDL (S6), only mla-b8t4 does,
     the other eleven under 5 %. Both misses are under-predictions."""
     table = layer_table.table(LAYERS_DIR / predictions, LAYERS_DIR / "round3", "")
-    committed = {r["replay"]: r for r in _rows(LAYERS_DIR / "round3" / comparison)}
+    committed = {r["replay"]: r for r in read_rows(LAYERS_DIR / "round3" / comparison)}
     for r in table:
         assert r["matched"] == r["plan_kernels"] and r["unmatched_measured"] == r["unmatched_plan"] == 0
         assert r["layers_found"] == 4
@@ -185,7 +180,7 @@ def test_round3_committed_comparisons_and_registered_outcomes(predictions, compa
     assert sorted(missed) == misses and all(v > 0 for v in missed.values())
     if predictions.endswith("launched.csv"):
         assert max(abs(r["error_pct"]) for r in table if r["replay"] not in missed) < 5
-        pdl = {r["pdl"] for r in _rows(LAYERS_DIR / predictions)}
+        pdl = {r["pdl"] for r in read_rows(LAYERS_DIR / predictions)}
         assert pdl == {"False"}
 
 

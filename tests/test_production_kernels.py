@@ -6,7 +6,6 @@ here needs no GPU and no vLLM: the points, the join to the predictions, validate
 measuring scripts' answers to bad input, and the host-side rules copied from vLLM's call sites.
 """
 
-import csv
 import subprocess
 import sys
 import zipfile
@@ -24,17 +23,13 @@ GPU = ROOT / "benchmarks" / "gpu"
 DATA = ROOT / "calibration" / "h200" / "production"
 sys.path[:0] = [str(GPU)]
 
+from rows import read_rows  # noqa: E402
 import fam_production  # noqa: E402
 import points as pts  # noqa: E402
 import vllm_wheel  # noqa: E402
 
 FAMILY_CSVS = ("moe", "mla", "kda", "small", "gemm")
 SIDE_CSVS = ("small_topk_sigmoid", "small_grouped_topk")  # measured and predicted, not read by validate
-
-
-def _rows(path: Path) -> list[dict]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def test_production_points_cover_the_grid_and_name_known_kernels():
@@ -52,9 +47,9 @@ def test_production_points_cover_the_grid_and_name_known_kernels():
 
 
 def test_every_measured_row_was_predicted_before_and_names_its_package():
-    predicted = {r["id"] for r in _rows(DATA / "predictions.csv")}
+    predicted = {r["id"] for r in read_rows(DATA / "predictions.csv")}
     assert predicted == {p.id for p in pts.production_points()}
-    measured = [r for name in FAMILY_CSVS + SIDE_CSVS for r in _rows(DATA / f"{name}.csv")]
+    measured = [r for name in FAMILY_CSVS + SIDE_CSVS for r in read_rows(DATA / f"{name}.csv")]
     assert len(measured) == len(predicted) and all(r["status"] == "ok" for r in measured)
     assert {r["id"] for r in measured} <= predicted
     for r in measured:
@@ -64,8 +59,10 @@ def test_every_measured_row_was_predicted_before_and_names_its_package():
 
 
 def test_repeat_run_agrees_within_ten_percent():
-    first = {r["id"]: float(r["median_us"]) for name in FAMILY_CSVS + SIDE_CSVS for r in _rows(DATA / f"{name}.csv")}
-    again = [(r["id"], float(r["median_us"])) for name in FAMILY_CSVS for r in _rows(DATA / "repeat" / f"{name}.csv")]
+    first = {r["id"]: float(r["median_us"])
+             for name in FAMILY_CSVS + SIDE_CSVS for r in read_rows(DATA / f"{name}.csv")}
+    again = [(r["id"], float(r["median_us"]))
+             for name in FAMILY_CSVS for r in read_rows(DATA / "repeat" / f"{name}.csv")]
     assert len(again) >= 240
     assert max(abs(us / first[i] - 1) for i, us in again) < 0.10
 
@@ -76,13 +73,13 @@ def test_validate_reads_every_production_family():
     import json
     doc = json.loads(r.output)
     assert set(doc["by_family"]) == set(FAMILY_CSVS)
-    assert doc["measured_points"] == sum(len(_rows(DATA / f"{f}.csv")) for f in FAMILY_CSVS)
+    assert doc["measured_points"] == sum(len(read_rows(DATA / f"{f}.csv")) for f in FAMILY_CSVS)
 
 
 def test_topk_rows_count_the_alignment_launches_vllm_makes():
     """The plan's topk stands for grouped_topk and, where the experts align, moe_align_block_size's two
     kernels: Kimi K3's Marlin experts always align; DeepSeek-V3's Triton experts when M top_k 4 > E (256)."""
-    rows = [r for r in _rows(DATA / "small.csv") if r["impl"] == "vllm_topk_align"]
+    rows = [r for r in read_rows(DATA / "small.csv") if r["impl"] == "vllm_topk_align"]
     assert len(rows) == 3 * len(pts.PROD_M)
     for r in rows:
         m, top_k, experts = int(r["M"]), int(r["K"]), int(r["N"])

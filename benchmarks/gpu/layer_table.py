@@ -19,7 +19,6 @@ rank, all-reduces left out, µs; error = measured / predicted - 1.
 from __future__ import annotations
 
 import argparse
-import csv
 import gzip
 import json
 import statistics
@@ -30,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
 
 from predict_layers import LAYERS, replay_keys  # noqa: E402
-from rows import write_rows  # noqa: E402
+from rows import read_rows, write_rows  # noqa: E402
 
 PREDICTIONS = ROOT / "calibration/h200/production/layers/predictions.csv"
 TRACES, PREFIX = ROOT / "tests/data/traces", "vllm-h200-"
@@ -95,8 +94,7 @@ def table(predictions: Path, traces: Path, prefix: str, compare=None, present: b
     """One row per prediction, by `compare(trace, prediction)` (compare_replay unless given); `present`: only
     the predictions whose trace is in `traces`."""
     compare = compare or compare_replay
-    with predictions.open(newline="") as f:
-        preds = list(csv.DictReader(f))
+    preds = read_rows(predictions)
     if present:
         preds = [p for p in preds if (traces / f"{prefix}{p['replay']}.json.gz").is_file()]
     missing = [p["replay"] for p in preds if not (traces / f"{prefix}{p['replay']}.json.gz").is_file()]

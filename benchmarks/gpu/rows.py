@@ -34,6 +34,12 @@ def append_row(path: Path, row: dict, fields: list[str]) -> None:
         w.writerow(row)
 
 
+def read_rows(path: Path) -> list[dict]:
+    """Every row of a CSV as a dict of strings: a measurement, prediction or comparison file read back."""
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def write_rows(path: Path, rows: list[dict], fields: list[str]) -> None:
     """Write a whole CSV at once (a predictions file, written before the run it predicts), its folder made."""
     path.parent.mkdir(parents=True, exist_ok=True)
