@@ -184,6 +184,18 @@ def test_round3_committed_comparisons_and_registered_outcomes(predictions, compa
         assert pdl == {"False"}
 
 
+def test_every_replayed_plan_kernel_has_a_launch():
+    """Each non-collective kernel of every replayed plan maps to a launch builder of layer_replay.Layer, checked
+    without a GPU (round 3's MLA replays first stopped on DeepSeek-V3's renamed residual norms)."""
+    import layer_replay
+    for model, _ in predict_layers.LAYERS:
+        for b in predict_layers.BATCHES:
+            for t in predict_layers.TOKENS:
+                plan = predict_layers._plan(model, b, t)
+                missing = [k.key for k in plan if k.kind != "collective" and layer_replay.Layer.launcher(k) is None]
+                assert not missing, (model, b, t, missing)
+
+
 def test_all_layers_makespan_refuses_runs_that_are_not_one_layer_each():
     def doc(names: list[str], layers: int) -> dict:
         events = [{"ph": "X", "name": n, "ts": 10.0 * i, "dur": 5.0} for i, n in enumerate(names)]

@@ -158,17 +158,22 @@ class Layer:
         t = self.torch
         return (t.randn(rows, cols, device="cuda", generator=self.gen) * rows ** -0.5).to(t.bfloat16)
 
-    def build(self, k) -> list[Callable[[], Any]]:
+    @staticmethod
+    def launcher(k) -> str | None:
+        """Name of the method that builds plan kernel k's launches, or None where the replay has none."""
         if k.key.startswith("attn_res") or k.key in ("input_norm", "post_attn_norm"):
-            return self.attn_res(k)
+            return "attn_res"
         if k.key in ("mla_absorb", "mla_w_uv"):
-            return self.bmm(k)
+            return "bmm"
         if k.kind in ("gemm", "router") and k.key != "topk":
-            return self.gemm(k)
-        method = getattr(self, "k_" + k.key, None)
-        if method is None:
+            return "gemm"
+        return "k_" + k.key if hasattr(Layer, "k_" + k.key) else None
+
+    def build(self, k) -> list[Callable[[], Any]]:
+        name = self.launcher(k)
+        if name is None:
             raise ValueError(f"layer replay: no launches for plan kernel {k.key!r}")
-        return method(k)
+        return getattr(self, name)(k)
 
     # ---- the families
     def attn_res(self, k):
