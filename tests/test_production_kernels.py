@@ -144,3 +144,15 @@ def test_production_table_lists_every_measured_kernel():
     assert r.returncode == 0, r.stderr
     listed = {line.split("`")[1] for line in r.stdout.splitlines() if line.startswith("| `")}
     assert listed == set(pts.PRODUCTION_IMPLS)
+
+
+@pytest.mark.parametrize("per_call", [2_048, 7_168, 115_000, 786_000, 3_700_000, 300_000_000])
+def test_every_timed_input_is_cold_by_rotation_or_flush(per_call):
+    """A kernel's inputs leave L2 between its launches: rotated slots holding >= 4 x L2 where the cap allows,
+    else an L2 flush; the production run's 256 / 64-slot caps without a flush left 106 of 195 small and KDA
+    rows L2-resident (calibration/h200/README.md, round 4)."""
+    from harness import COLD_FACTOR, L2_BYTES_H200, cold_slots
+    slots, flush = cold_slots(per_call, 256)
+    assert flush == (per_call * 256 < COLD_FACTOR * L2_BYTES_H200)
+    assert flush or slots * per_call >= COLD_FACTOR * L2_BYTES_H200
+    assert fam_production.KDA_SLOTS * 6 * 128 * 128 * 4 * 2 >= COLD_FACTOR * L2_BYTES_H200  # TP16's one-token state

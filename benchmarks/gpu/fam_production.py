@@ -22,7 +22,9 @@ torch_rms_norm        torch.nn.functional.rms_norm: stand-in, vLLM's is in _C (n
 torch_matmul          cuBLAS (fam_dense), as the suite measures dense GEMMs
 
 Timing: harness.time_graph (CUDA graph of back-to-back launches, inputs rotating over >= 4 x L2 where a
-call reads less). Marlin's weights are random bits in Marlin's tiled layout (the repacking kernel is in
+call reads less); the KDA state over up to KDA_SLOTS slots, and the small kernels, whose inputs at batch 1
+would need thousands of slots, through harness.time_cold (an L2 flush before each launch where 256 slots
+fall short). Marlin's weights are random bits in Marlin's tiled layout (the repacking kernel is in
 _C): every nibble is a valid E2M1 value, so the time is a real weight stream; `check_marlin` proves the call
 is wired right with weights whose every element is 1.0 (a layout-free answer). The Triton MoE, MLA, KDA and
 small kernels are checked against float32 references on small shapes (`checks`).
@@ -35,12 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from harness import kernel_names, slots_for, time_graph
+from harness import kernel_names, slots_for, time_cold, time_graph
 
 TOP_K, EXPERTS = 16, 896  # Kimi K3
 MARLIN_BLOCKS_PER_SM = 4  # marlin_utils.MARLIN_MAX_BLOCKS_PER_SM: the workspace's locks
 MLA_PAGE, MLA_DIM, MLA_DV = 64, 576, 512  # FlashMLA's page (block) size, latent + rope width, value width
 KDA_D, KDA_LOWER_BOUND = 128, -5.0
+KDA_SLOTS = 1024  # state slots: >= 4 x L2 of state at every point (batch 1 at TP16 needs 321)
 
 
 # ===================================================================== routed experts: Marlin
@@ -379,8 +382,8 @@ def kda_calls(torch, wheel, p: Any, slots: int):
 def kda(p: Any, torch: Any, wheel) -> dict:
     state = p.heads * KDA_D * KDA_D * 4
     per_call = p.B * state * (1 + (p.T if p.variant == "per_token" else 1))
-    calls, _ = kda_calls(torch, wheel, p, slots_for(per_call))
-    res = time_graph(torch, calls, reps=max(32, len(calls)), replays=20)
+    res, calls = time_cold(torch, lambda slots: kda_calls(torch, wheel, p, slots)[0], per_call, max_slots=KDA_SLOTS,
+                           reps=32)
     res["kernel_names"] = kernel_names(torch, calls[0])
     return res
 
@@ -429,9 +432,8 @@ def small(p: Any, torch: Any, wheel) -> dict:
         per_call = m * TOP_K * width * 2
     else:
         per_call = m * width * 2
-    slots = min(slots_for(per_call, max_slots=256), 256)
-    calls = [small_call(torch, wheel, p, seed=i)[0] for i in range(slots)]
-    res = time_graph(torch, calls, reps=max(64, len(calls)), replays=20)
+    res, calls = time_cold(torch, lambda slots: [small_call(torch, wheel, p, seed=i)[0] for i in range(slots)],
+                           per_call, max_slots=256)
     res["kernel_names"] = kernel_names(torch, calls[0])
     return res
 

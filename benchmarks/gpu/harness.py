@@ -7,7 +7,10 @@ Method (the same as benchmarks/h200_decode_gemms.py, so the older CSV stays comp
   so every launch reads its weights / cache / state cold from HBM, as a decode step does;
 - the graph is replayed `replays` times, each timed with CUDA events; time per launch = replay time /
   reps. We report the median and the 10th / 90th percentiles over replays.
-- warm-up runs every distinct call once outside the graph first (Triton JIT, cuBLAS heuristics).
+- warm-up runs every distinct call once outside the graph first (Triton JIT, cuBLAS heuristics);
+- a kernel whose inputs are too small for the slots to reach 4 x L2 (a few KB at batch 1 would need tens of
+  thousands of slots) is timed with an L2 flush instead (`time_cold`): each launch follows a read of
+  2 x L2 of other memory, and a second graph of the flushes alone is subtracted replay by replay.
 
 `launches` (kernels per call) is counted with torch.profiler on one eager call, so a measurement of
 "one plan kernel" that a library splits into several launches says so.
@@ -22,6 +25,7 @@ from typing import Any, Callable
 
 L2_BYTES_H200 = 60 * 2 ** 20
 COLD_FACTOR = 4  # rotate over >= 4 x L2
+FLUSH_FACTOR = 2  # an L2 flush reads this many L2s of memory no kernel touches (clean lines: no write-back)
 
 
 def no_gpu_reason() -> str | None:
@@ -58,24 +62,68 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def time_graph(torch: Any, calls: list[Callable[[], Any]], reps: int = 32, replays: int = 20) -> dict:
-    """Capture calls[i % len(calls)] for i < reps in one graph; per-launch µs over `replays` replays."""
+def cold_slots(bytes_per_call: int, max_slots: int, l2_bytes: int = L2_BYTES_H200) -> tuple[int, bool]:
+    """(rotation slots, flush?) that keep a kernel's inputs out of L2: the slots that hold >= COLD_FACTOR x L2
+    where at most max_slots do, else two slots and an L2 flush before every launch."""
+    need = slots_for(bytes_per_call, l2_bytes, max_slots=1 << 30)
+    return (need, False) if need <= max_slots else (2, True)
+
+
+def time_cold(torch: Any, make_calls: Callable[[int], list], bytes_per_call: int, max_slots: int,
+              reps: int = 64, replays: int = 20) -> tuple[dict, list]:
+    """(time_graph's result with `cold` = "rotation" or "flush", the calls) of the calls make_calls(slots)
+    builds, every input cold from HBM however small (cold_slots): rotated over >= 4 x L2, or flushed."""
+    slots, flush = cold_slots(bytes_per_call, max_slots)
+    calls = make_calls(slots)
+    if not flush:
+        return {**time_graph(torch, calls, reps=max(reps, len(calls)), replays=replays), "cold": "rotation"}, calls
+    buf = torch.ones(FLUSH_FACTOR * L2_BYTES_H200 // 4, device="cuda", dtype=torch.float32)
+    sink = torch.zeros((), device="cuda", dtype=torch.float32)
+
+    def flush() -> None:
+        torch.sum(buf, 0, out=sink)
+
+    reps = max(reps, 256)
+    both = _graph(torch, [flush] + calls, lambda i: (flush(), calls[i % len(calls)]()), reps)
+    alone = _graph(torch, [flush], lambda i: flush(), reps)
+    per_launch, flush_us = [], []
+    for _ in range(replays):  # alternate, so a clock drift falls on both graphs alike
+        t_both, t_alone = replay_us(torch, both, 1, reps)[0], replay_us(torch, alone, 1, reps)[0]
+        per_launch.append(t_both - t_alone)
+        flush_us.append(t_alone)
+    del both, alone
+    return {**_stats(per_launch), "reps": reps, "replays": replays, "cold": "flush",
+            "flush_us": statistics.median(flush_us)}, calls
+
+
+def _graph(torch: Any, warm: list[Callable[[], Any]], body: Callable[[int], Any], reps: int) -> Any:
+    """A captured, uploaded CUDA graph of body(0) .. body(reps - 1), each of `warm` run once before capture."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for call in calls:  # warm-up outside the graph
+        for call in warm:  # warm-up outside the graph
             call()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         for i in range(reps):
-            calls[i % len(calls)]()
+            body(i)
     graph.replay()  # first replay uploads the graph
     torch.cuda.synchronize()
+    return graph
+
+
+def _stats(per_launch: list[float]) -> dict:
+    return {"median_us": statistics.median(per_launch), "p10_us": percentile(per_launch, 0.1),
+            "p90_us": percentile(per_launch, 0.9)}
+
+
+def time_graph(torch: Any, calls: list[Callable[[], Any]], reps: int = 32, replays: int = 20) -> dict:
+    """Capture calls[i % len(calls)] for i < reps in one graph; per-launch µs over `replays` replays."""
+    graph = _graph(torch, calls, lambda i: calls[i % len(calls)](), reps)
     per_launch = replay_us(torch, graph, replays, reps)
     del graph
-    return {"median_us": statistics.median(per_launch), "p10_us": percentile(per_launch, 0.1),
-            "p90_us": percentile(per_launch, 0.9), "reps": reps, "replays": replays}
+    return {**_stats(per_launch), "reps": reps, "replays": replays}
 
 
 def replay_us(torch: Any, graph: Any, replays: int, per: int) -> list[float]:

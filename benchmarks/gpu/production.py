@@ -30,7 +30,7 @@ from harness import say_no_gpu, warm_up  # noqa: E402
 from rows import ENV_FIELDS, write_row  # noqa: E402
 
 FAMILIES = ("moe", "mla", "kda", "small", "gemm")
-EXTRA = ("package", "kernel", "stands_in_for", "kernel_names", "block_m", "tile_config", "point_s")
+EXTRA = ("package", "kernel", "stands_in_for", "kernel_names", "block_m", "tile_config", "point_s", "cold", "flush_us")
 
 
 def chosen(family: str, impls: list[str] | None, probe: bool) -> list:
