@@ -75,8 +75,30 @@ def test_validate_reads_every_production_family():
     assert r.exit_code == 0, r.output[-500:]
     import json
     doc = json.loads(r.output)
-    assert set(doc["by_family"]) == set(FAMILY_CSVS)
-    assert doc["measured_points"] == sum(len(read_rows(DATA / f"{f}.csv")) for f in FAMILY_CSVS)
+    assert set(doc["by_family"]) == set(FAMILY_CSVS) | {"collective"}
+    borrowed = [r for r in read_rows(DATA.parent / "collective.csv")
+                if r["impl"] in ("symm_one_shot", "nccl_reduce_scatter", "nccl_all_gather")]
+    assert doc["measured_points"] == sum(len(read_rows(DATA / f"{f}.csv")) for f in FAMILY_CSVS) + len(borrowed)
+    assert 0 < doc["by_family"]["collective"]["n"] < len(borrowed)  # the held-back half of each grid
+
+
+@pytest.mark.parametrize("borrow, says", [
+    ('collective = "../nothing.csv"', "must name an existing .csv file"),
+    ('moe = "../collective.csv"', "names no family this folder lacks"),
+    ('nonsense = "../collective.csv"', "names no family this folder lacks"),
+    ('collective = 3', "must name an existing .csv file"),
+])
+def test_a_bad_borrow_is_one_sentence(tmp_path, borrow, says):
+    """A kernel set takes a family it cannot measure from another folder's rows ([borrow]); a wrong entry is
+    one sentence and exit 2."""
+    folder = tmp_path / "production"
+    folder.mkdir()
+    (tmp_path / "collective.csv").write_text((DATA.parent / "collective.csv").read_text())
+    (folder / "moe.csv").write_text((DATA / "moe.csv").read_text())
+    meta = (DATA / "kernel_set.toml").read_text().replace('collective = "../collective.csv"', borrow)
+    (folder / "kernel_set.toml").write_text(meta)
+    r = CliRunner().invoke(app, ["validate", "--measurements", str(folder)])
+    assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output[-400:]
 
 
 def test_topk_rows_count_the_alignment_launches_vllm_makes():

@@ -48,17 +48,19 @@ FAMILIES = ("ceiling",) + KERNEL_FAMILIES  # the plans' kernel families, and the
 # ---------------------------------------------------------------------------------------------------
 
 def read_measurements(folder: str | Path) -> list[dict[str, Any]]:
-    """Every ok row of every family CSV (<family>.csv) in `folder`, typed."""
+    """Every ok row of every family CSV (<family>.csv) in `folder`, typed, and the rows its kernel_set.toml
+    borrows (borrowed_csvs)."""
     root = Path(folder)
     if not root.is_dir():
         raise UserError(f"--measurements {folder}: not a folder of measurement CSVs.")
     rows = []
-    for path in sorted(root.glob("*.csv")):
-        if path.stem not in FAMILIES:  # predictions.csv, tuning and skew side tables
-            continue
+    own = [(p, None) for p in sorted(root.glob("*.csv")) if p.stem in FAMILIES]  # not predictions, side tables
+    for path, impls in own + borrowed_csvs(root):
         with path.open(newline="") as f:
             for raw in csv.DictReader(f):
                 if raw.get("status", "ok") != "ok" or not raw.get("median_us"):
+                    continue
+                if impls is not None and raw.get("impl") not in impls:
                     continue
                 row = normalise(raw)
                 row["measured_us"] = float(raw["median_us"])
@@ -69,12 +71,37 @@ def read_measurements(folder: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def borrowed_csvs(root: Path) -> list[tuple[Path, set[str]]]:
+    """(CSV, implementations read from it) of each family a kernel set takes from another folder's rows: its
+    kernel_set.toml's [borrow] table, family = "path/of.csv" relative to the folder (a family measured
+    elsewhere, such as collectives that need two GPUs), read for the set's own implementations only."""
+    meta = _set_meta(root)
+    borrow = meta.get("borrow", {})
+    at = f"{root / SET_FILE}"
+    if not isinstance(borrow, dict):
+        raise UserError(f"{at}: [borrow] must be a table of family = \"path/to/family.csv\".")
+    mapped = {n for names in (meta.get("impls") or {}).values() for n in names}
+    out = []
+    for family, rel in borrow.items():
+        path = root / rel if isinstance(rel, str) else None
+        if family not in FAMILIES or (root / f"{family}.csv").is_file():
+            raise UserError(f"{at}: borrow.{family} names no family this folder lacks (families: "
+                            f"{', '.join(FAMILIES)}).")
+        if path is None or path.suffix != ".csv" or not path.is_file():
+            raise UserError(f"{at}: borrow.{family} must name an existing .csv file relative to {root}.")
+        out.append((path, mapped))
+    return out
+
+
 def read_predictions(folder: str | Path) -> dict[str, float]:
-    path = Path(folder) / "predictions.csv"
-    if not path.is_file():
-        return {}
-    with path.open(newline="") as f:
-        return {r["id"]: float(r["model_us"]) for r in csv.DictReader(f)}
+    """id -> µs registered before the run: the folder's predictions.csv and those beside its borrowed rows."""
+    out = {}
+    for path in [Path(folder) / "predictions.csv"] + [p.parent / "predictions.csv" for p, _ in
+                                                      borrowed_csvs(Path(folder))]:
+        if path.is_file():
+            with path.open(newline="") as f:
+                out.update({r["id"]: float(r["model_us"]) for r in csv.DictReader(f) if r["id"] not in out})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
