@@ -198,3 +198,15 @@ def test_small_and_kda_rows_were_timed_cold():
         both += [float(r["median_us"]) / old[r["id"]] for r in rows
                  if r["cold"] == "rotation" and (r["family"] != "kda" or int(r["B"]) >= 8)]
     assert len(both) >= 40 and all(0.85 < x < 1.2 for x in both)
+
+
+def test_cold_rows_reproduce_on_a_fresh_machine():
+    """R1 (calibration/h200/README.md, round 4 repeated): the flushed and rotated rows measured again on another
+    H200 agree with the rows in place, median |change| <= 2 %, at least 95 % within 10 %."""
+    here = {r["id"]: float(r["median_us"]) for name in ("small", "kda") + SIDE_CSVS
+            for r in read_rows(DATA / f"{name}.csv")}
+    again = [float(r["median_us"]) / here[r["id"]] - 1 for name in ("small", "kda")
+             for r in read_rows(DATA / "cold" / "repeat" / f"{name}.csv")]
+    assert len(again) == len(here)
+    assert sorted(abs(x) for x in again)[len(again) // 2] <= 0.02
+    assert sum(abs(x) <= 0.10 for x in again) >= 0.95 * len(again)
