@@ -55,7 +55,7 @@ def mla_qkv_a(d: Dims, name: str, fusions: tuple[str, ...] = (), with_g: bool = 
                   consts=(("widths", (rq, n_kv) + ((n_g,) if with_g else ())),),
                   reads=(act("x", M, D),), weights=(packed(parts, D, rq + n_kv + n_g),), writes=writes,
                   flops=lin.gemm_flops(M, D, rq + n_kv + n_g), fusions=fusions,
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=source,
+                  **launch.kw, source=source,
                   replaces=("mla_qkv_a", "mla_g_proj") if with_g else (),
                   note="fused_qkv_a_proj, replicated (V-MLA, V-LLG dsv3_fused_a)" +
                        ("; g_proj shard appended to the same skinny GEMM" if with_g else ""))
@@ -67,7 +67,7 @@ def mla_g_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
     return Kernel(key="mla_g_proj", name="gemm_g_proj", kind="gemm", family="gemm", op=lin.linear, stream="aux",
                   deps=(pre_norm_key(d),), reads=(act("x", M, D),), weights=(weight("mla.w_g", D, n, shard="col"),),
                   writes=(act("mla.g", M, n),), flops=lin.gemm_flops(M, D, n),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  **launch.kw,
                   source=MLA + "MultiHeadLatentAttention._forward_q_lora",
                   note="output-gate projection on an aux stream, overlapped while tokens < 512 (V-MLA)")
 
@@ -82,7 +82,7 @@ def mla_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   reads=(act("mla.qa", M, rq), act("mla.kva", M, lkv + r)),
                   weights=(weight("mla.q_a_norm", rq), weight("mla.kv_a_norm", lkv)),
                   writes=(act("mla.cq", M, rq), act("mla.ckv", M, lkv), act("mla.kpe", M, r)),
-                  flops=norm.rms_norm_flops(M, rq + lkv), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  flops=norm.rms_norm_flops(M, rq + lkv), **launch.kw,
                   source="vllm/models/common/ops/fused_qk_rmsnorm.py:fused_q_kv_rmsnorm",
                   note="q_a and kv_a RMSNorms in one kernel (V-MLA)")
 
@@ -100,7 +100,7 @@ def mla_q_b(d: Dims, launch: Launch = PLAIN) -> Kernel:
     return Kernel(key="mla_q_b", name="gemm_q_b_proj", kind="gemm", family="gemm", op=lin.linear_heads,
                   consts=(("heads", _heads(d)),), reads=(act("mla.cq", M, cfg.q_lora_rank),),
                   weights=(weight("mla.w_qb", cfg.q_lora_rank, n, shard="col"),), writes=(_q(d),),
-                  flops=lin.gemm_flops(M, cfg.q_lora_rank, n), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  flops=lin.gemm_flops(M, cfg.q_lora_rank, n), **launch.kw,
                   source=MLA + "_apply_q_lora_attention",
                   note="q_b_proj column shard by head (2304x1536 at TP8; V-LLG)")
 
@@ -113,7 +113,7 @@ def mla_absorb(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   weights=(weight("mla.w_uk", cfg.kv_lora_rank, Nh * cfg.qk_nope_dim, shard="col"),),
                   writes=(act("mla.qlat", M, Nh, cfg.kv_lora_rank),),
                   flops=lin.gemm_flops(M * Nh, cfg.qk_nope_dim, cfg.kv_lora_rank),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  **launch.kw,
                   source=MLA + "MultiHeadLatentAttention._attention",
                   note="absorbed decode: q_nope . W_UK -> 512-wide latent query per head (V-MLA)")
 
@@ -130,7 +130,7 @@ def mla_cache_insert(d: Dims, launch: Launch = PLAIN) -> Kernel:
                          act("mla.kpe", M, r)),
                   writes=(act("mla.qcat", M, Nh, lkv + r, dtype="fp8"),
                           act("mla.cache", B, T, lkv + r, dtype="fp8", window=(1, ctx, ctx + T))),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  **launch.kw,
                   source=K3 + "ops/fused_mla_key_concat_kv_cache.py:fused_mla_decode_q_concat_kv_cache_insert",
                   note="decode q-concat + FP8 quant + latent KV-cache insert in one kernel (vLLM PR #54896)")
 
@@ -145,7 +145,7 @@ def mla_decode(d: Dims, launch: Launch = PLAIN, source: str = MLA + "MultiHeadLa
                           ("scale", cfg.mla_softmax_scale)),
                   reads=(act("mla.qcat", M, Nh, lkv + r, dtype="fp8"), act("mla.cache", B, S, lkv + r, dtype="fp8")),
                   writes=(act("mla.olat", M, Nh, lkv),), flops=mla_ops.mla_decode_flops(M, Nh, S, lkv, r),
-                  math="fp8", pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=source,
+                  math="fp8", **launch.kw, source=source,
                   note="MLA decode attention over the FP8 latent cache (FlashInfer TRTLLM-gen MLA; V-MLA)")
 
 
@@ -158,7 +158,7 @@ def mla_w_uv(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   weights=(weight("mla.w_uv", cfg.kv_lora_rank, Nh * cfg.v_head_dim, shard="col"),),
                   writes=(act(out, M, Nh * cfg.v_head_dim),),
                   flops=lin.gemm_flops(M * Nh, cfg.kv_lora_rank, cfg.v_head_dim),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  **launch.kw,
                   source=MLA + "MultiHeadLatentAttention._v_up_proj",
                   note="latent -> 128 per head (V-MLA)")
 
@@ -169,7 +169,7 @@ def mla_gate_mul(d: Dims, deps: tuple[str, ...] = ("mla_g_proj",), launch: Launc
     return Kernel(key="mla_gate_mul", name="sigmoid_gate_mul", kind="pointwise", family="small",
                   op=sigmoid_gate, deps=deps,
                   reads=(act("mla.o", M, n), act("mla.g", M, n)), writes=(act("attn.core", M, n),),
-                  flops=sigmoid_gate_flops(M, n), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  flops=sigmoid_gate_flops(M, n), **launch.kw,
                   source=MLA + "_gate_sigmoid_mul",
                   note="o * sigmoid(g_proj x), a compiled elementwise kernel (V-MLA)")
 
@@ -179,7 +179,7 @@ def mla_query(d: Dims, launch: Launch = PLAIN) -> Kernel:
     in one launch (the normed latents, q and the latent query stay on chip)."""
     parts = [mla_norm(d), mla_q_b(d), mla_absorb(d), mla_cache_insert(d)]
     return fuse(parts, "mla_query", "MlaQuery", "gemm", "gemm", ("mla.qcat", "mla.cache"),
-                SD + "cutedsl/mla/prepared.py:PreparedMla.run", pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                SD + "cutedsl/mla/prepared.py:PreparedMla.run", **launch.kw,
                 note="norms, q_b, W_UK, FP8 quant and cache insert: one kernel of the specialized MLA (P11)")
 
 
@@ -187,7 +187,7 @@ def mla_value(d: Dims, launch: Launch = PLAIN) -> Kernel:
     """MlaValue: W_UV and the sigmoid output gate in one launch."""
     parts = [mla_w_uv(d)] + ([mla_gate_mul(d, deps=())] if d.cfg.mla_output_gate else [])
     return fuse(parts, "mla_value", "MlaValue", "gemm", "gemm", ("attn.core",),
-                SD + "cutedsl/mla/prepared.py:PreparedMla.run", pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                SD + "cutedsl/mla/prepared.py:PreparedMla.run", **launch.kw,
                 note="W_UV and the output gate: one kernel of the specialized MLA (P11)")
 
 

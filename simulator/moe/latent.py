@@ -80,8 +80,7 @@ def moe_tail(d: Dims, finalize_in: bool, launch: Launch = PLAIN, name: str = "Mo
     a, b = moe.latent_tail_fused(d)
     parts = ([moe.finalize(d)] if finalize_in else []) + [a, b]
     return fuse(parts, "moe_tail", name, "gemm_collective", "gemm", ("moe_out",), source, deps=("shared_down",),
-                pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, fusions=("one_kernel_tail",),
-                replaces=("tail_collective", "tail_up", "tail_copy"),
+                **launch.kw, fusions=("one_kernel_tail",), replaces=("tail_collective", "tail_up", "tail_copy"),
                 note="finalize, AR(latent) + RMSNorm + RS(shared), up-projection shard + shared slice, multicast "
                      "store: one launch; its exchanges are pipelined per K slice (one α)")
 
@@ -92,8 +91,8 @@ def stock_tail(d: Dims, launch: Launch = PLAIN, finalize_in: bool = True) -> lis
     Without `finalize_in` the experts already summed their rows (the specialized moe_finalize)."""
     a, b = moe.latent_tail_fused(d, launch)
     collective = fuse(([moe.finalize(d)] if finalize_in else []) + [a], "tail_collective", "CollectiveKernel",
-                      "collective", "collective",
-                      ("latent.normed", "shared.slice"), moe.TAIL_OP, deps=("shared_down",), floor="reduction",
+                      "collective", "collective", ("latent.normed", "shared.slice"), moe.TAIL_OP,
+                      deps=("shared_down",), floor="reduction",
                       pdl=launch.pdl, fusions=(), note="top-k finalize, latent all-reduce, RMSNorm and shared "
                       "reduce-scatter in one CuTe DSL collective (allreduce_rmsnorm_reduce_scatter)")
     out = act("moe_out", d.M, d.D)
@@ -109,8 +108,8 @@ def small_batch_front(d: Dims, launch: Launch = PLAIN, with_down: bool = True) -
     shared = moe.gated_mlp(d, "shared", d.S_r, "shared expert")
     parts = moe.split_router(d) + (shared if with_down else shared[:2])
     keep = ("latent.z", "topk.idx", "topk.weight", "shared.partial" if with_down else "shared.h")
-    return fuse(parts, "moe_front", f"MoeFrontTP{d.P}", "gemm_collective", "gemm", keep, CHAIN, pdl=launch.pdl,
-                prefetch_bytes=launch.prefetch_bytes, fusions=("split_router", "small_batch_chain"),
+    return fuse(parts, "moe_front", f"MoeFrontTP{d.P}", "gemm_collective", "gemm", keep, CHAIN, **launch.kw,
+                fusions=("split_router", "small_batch_chain"),
                 note="router + latent-down shards multicast, top-k, latent copy and the shared expert: one launch")
 
 
@@ -127,8 +126,7 @@ def shared_push(d: Dims) -> Kernel:
 def experts_group(d: Dims) -> Kernel:
     """ExpertsGroupKernel (9-32 tokens): one CTA builds the (expert, <= 8 tokens) unit table first."""
     return Kernel(key="experts_group", name="ExpertsGroupKernel", kind="pointwise", family="small",
-                  op=pointwise.nothing,
-                  pdl=True, source=SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.group",
+                  op=pointwise.nothing, pdl=True, source=SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.group",
                   note="the persistent experts' unit table (one CTA); moe-sim's grouped ops index experts directly")
 
 
@@ -137,11 +135,11 @@ def shared_merged(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     the shared gate/up + SiTU on the main stream, RouteSitu routes, SharedDown runs beside the experts."""
     front, route = moe.split_router(d, launch)
     merged = fuse([front, moe.gate_up_act(d, "shared", d.S_r)], "shared_merged", "SharedUmma", "gemm", "gemm",
-                  ("router.logits_shard", "latent.z_shard", "shared.h"), moe.FRONT + "route", pdl=launch.pdl,
-                  prefetch_bytes=launch.prefetch_bytes, note="front rows joined to the shared gate/up GEMM (MERGED)")
+                  ("router.logits_shard", "latent.z_shard", "shared.h"), moe.FRONT + "route", **launch.kw,
+                  note="front rows joined to the shared gate/up GEMM (MERGED)")
     down = moe.down_proj(d, "shared", d.S_r, "shared expert down beside the experts (SharedDown)", "aux", launch)
     return [merged, route, cite(down, moe.FRONT + "shared_expert", name="SharedDown", deps=("shared_merged",),
-                                pdl=False, prefetch_bytes=0)]
+                                **PLAIN.kw)]
 
 
 # ===================================================================== the plans
@@ -182,7 +180,7 @@ def specialized(d: Dims, on: frozenset[str], go, x2_from: str) -> list[Kernel]:
     if split and glu and M >= (41 if P <= 8 else 33):
         ks = shared_merged(d, e)  # the front GEMM's rows join the shared gate/up kernel (MERGED)
     elif split:  # SharedFront.shared_expert launches them beside the front; above 8 tokens without PDL
-        plain = dict(pdl=False, prefetch_bytes=0) if glu else {}
+        plain = PLAIN.kw if glu else {}
         ks = [cite(k, moe.FRONT + "shared_expert", **plain) for k in shared_expert(d, e, x2_from, glu)]
         if P == 8 and 5 <= M <= 8:
             ks.append(shared_push(d))

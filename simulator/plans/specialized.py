@@ -95,7 +95,7 @@ def launches(d: Dims, on: frozenset[str]) -> Launches:
     wait; the C=1 pipeline's early weights)."""
     pdl = "pdl_prefetch" in on
     return Launches(every=EARLY if pdl else std.PDL, c1=EARLY if pdl or d.single_request else PLAIN,
-                    experts=Launch(pdl=True, prefetch=False))
+                    experts=std.PDL)
 
 
 def serves(shape: DecodeShape) -> bool:
@@ -142,7 +142,7 @@ def oproj(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
     if d.P >= 16 and d.M <= 8 and (d.attn == "kda" or d.M >= 5):
         return [c.oproj_allreduce_norm(d, go.every)]
     producer = fuse([c.o_proj(d), c.attn_all_reduce(d)], "oproj_producer", "OprojProducer", "gemm_collective", "gemm",
-                    ("attn.out",), OPROJ, pdl=go.every.pdl, prefetch_bytes=go.every.prefetch_bytes,
+                    ("attn.out",), OPROJ, **go.every.kw,
                     fusions=("oproj_allreduce_norm",), note="o_proj and the one-shot push of its partial (P10)")
     return [producer, cite(c.residual_post(d, go.every), OPROJ, key="oproj_consumer", name="OprojConsumer",
                            fusions=("oproj_allreduce_norm",))]
