@@ -16,7 +16,7 @@ from simulator.execute import make_backend
 from simulator.ops import norm
 from simulator.ops.replaceable import replacing
 from simulator.fast.packed import BF16Weight, MXFP4Weight
-from simulator.ops.linear import mxfp4_linear_reference
+from simulator.dtypes import mxfp4_linear_reference
 from simulator.ops.router import route_fused, route_reference
 from simulator.weights import LayerWeights, column_shard, row_shard
 
