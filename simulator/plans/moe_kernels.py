@@ -77,10 +77,7 @@ def _router_weights(d: Dims) -> tuple[Tensor, ...]:
                                             if d.cfg.router_logit_bias else ())
 
 
-# ---------------------------------------------------------------------------------------
-# router and latent down-projection
-# ---------------------------------------------------------------------------------------
-
+# ===================================================================== router and latent down-projection
 @context_free
 def router(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, E = d.M, d.D, d.cfg.num_experts
@@ -145,10 +142,7 @@ def split_router(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     ]
 
 
-# ---------------------------------------------------------------------------------------
-# gated MLP: the shared expert and the dense FFN of layer 0
-# ---------------------------------------------------------------------------------------
-
+# ======================================== gated MLP: the shared expert and the dense FFN of layer 0
 def _gate_up(prefix: str, D: int, F: int) -> Tensor:
     return packed(((f"{prefix}.w_gate", "col"), (f"{prefix}.w_up", "col")), D, 2 * F)
 
@@ -196,10 +190,7 @@ def down_proj(d: Dims, prefix: str, F: int, note: str, stream: str = "main", lau
                   flops=lin.gemm_flops(M, F, D), **launch.kw, note=note, source=SHARED["down"])
 
 
-# ---------------------------------------------------------------------------------------
-# routed experts
-# ---------------------------------------------------------------------------------------
-
+# ===================================================================== routed experts
 @context_free
 def fc1(d: Dims, pad: bool = True, deps: tuple[str, ...] = (), fusions: tuple[str, ...] = (),
         launch: Launch = PLAIN) -> Kernel:
@@ -252,10 +243,7 @@ def fc2_finalize(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
                        "written")
 
 
-# ---------------------------------------------------------------------------------------
-# the fused latent tail (the unfused tails: simulator/moe/fused.py)
-# ---------------------------------------------------------------------------------------
-
+# ======================================== the fused latent tail (the unfused tails: simulator/moe/fused.py)
 @context_free
 def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     """(a) AR(latent partial) + RMSNorm + RS(shared partial); (b) u_r = normed @ W_up[:, D/P slice] +
@@ -286,10 +274,7 @@ def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     ]
 
 
-# ---------------------------------------------------------------------------------------
-# the L2 prefetch launches of vLLM 0.33.0's specialized path (docs/vllm-k3-source.md)
-# ---------------------------------------------------------------------------------------
-
+# ======================================== the L2 prefetch launches of the specialized path (docs/vllm-k3-source.md)
 @context_free
 def l2_prefetch(d: Dims, point: str, after: str) -> Kernel:
     """An L2Prefetch launch on the prefetch stream, forked after `after` (no PDL). moe-sim keeps its launch but
