@@ -29,7 +29,8 @@ import numpy.typing as npt
 
 from simulator.config import ModelConfig
 from simulator.dtypes import Array
-from simulator.ops.collectives import all_reduce_one_shot
+from simulator.ops.collectives import all_gather, all_reduce_one_shot, reduce_scatter
+from simulator.ops.norm import rms_norm
 from simulator.ops.pointwise import sigmoid, sigmoid_exp
 from simulator.ops.replaceable import replaceable
 
@@ -214,8 +215,6 @@ def allreduce_rmsnorm_reducescatter(z_parts: list[Array], shared_parts: list[Arr
     """All ranks: AR(routed latent partials) + RMSNorm, RS(shared partials): P x [M, L], P x [M, D]
     -> P x [M, L] normed, P x [M, D/P] shared slice. One collective kernel instead of concat + AR +
     norm: the [M, L + D] concat buffer is never written."""
-    from simulator.ops.collectives import reduce_scatter
-    from simulator.ops.norm import rms_norm
     z = [rms_norm(total, w, eps) for total, w in zip(all_reduce_one_shot(z_parts), norm_w)]
     return z, reduce_scatter(shared_parts)
 
@@ -223,5 +222,4 @@ def allreduce_rmsnorm_reducescatter(z_parts: list[Array], shared_parts: list[Arr
 def linear_add_allgather(xs: list[Array], shared_slices: list[Array], w_up: list[Array]) -> list[Array]:
     """All ranks: u_r = x_r @ W_up[:, D/P slice] + shared slice r, all-gathered (multicast store):
     P x [M, L] -> P x [M, D]. The replicated [L, D] up-projection becomes a 1/P shard per rank."""
-    from simulator.ops.collectives import all_gather
     return all_gather([x @ w + s for x, s, w in zip(xs, shared_slices, w_up)])
