@@ -7,16 +7,8 @@ order: `reads` (activations and state), then `weights` (from the one weight spec
 in order (plus any declared `diagnostics`). The executor passes exactly these tensors, checks their
 shape and dtype, and fails on anything undeclared, so the bytes the cost model charges are, by
 construction, the tensors the numbers used. Kernel count (`len(plan)`), numbers and microseconds
-come from one object.
-
-A per-rank kernel (`scope="rank"`) is called once per rank with that rank's tensors; a collective
-(`scope="ranks"`) is called once with every argument as the list over ranks and returns, per output,
-the list over ranks: its effect over all ranks is explicit and bound the same way.
-
-Padding and packing are properties of a declared tensor, not tensors of their own: a padded tensor's
-`shape` is what it occupies (an expert shard padded to 256 rows) and `unpadded` what the op receives;
-`parts` are the spec weights packed into one buffer and how each is sharded; MXFP4 scales come with
-the dtype.
+come from one object. A collective (`scope="ranks"`) is bound the same way, over the lists of every rank's
+tensors; padding and packing are properties of a declared tensor (`Tensor`), not tensors of their own.
 
 Dimension legend: M decode tokens in the step (= batch x tokens per sequence), D hidden, P TP degree.
 """
