@@ -40,7 +40,6 @@ from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import Kernel, Plan
 
 
-
 @dataclass(frozen=True, slots=True)
 class Span:
     """One kernel placed on the timeline. `cost` is its price alone; the span may be longer (sharing)."""
@@ -171,5 +170,3 @@ def floor_us(plan: Plan, hw: HardwareProfile) -> float:
 def _floor_bytes(kernel: Kernel) -> int:
     """Bytes no schedule avoids: weights, and all traffic of attention (KV cache, recurrent state)."""
     return kernel.hbm_bytes if kernel.kind == "attention" else kernel.weight_bytes
-
-
