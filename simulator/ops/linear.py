@@ -45,7 +45,3 @@ def linear_split(x: Array, w: Array, *, widths: tuple[int, ...]) -> tuple[Array,
     y = linear(x, w)  # [M, sum widths]
     return tuple(np.split(y, np.cumsum(widths)[:-1], axis=-1))
 
-
-def linear_heads(x: Array, w: Array, *, heads: int) -> Array:
-    """A column-sharded projection whose output is per head.   [M, K] @ [K, Nh Dh] -> [M, Nh, Dh]"""
-    return linear(x, w).reshape(x.shape[0], heads, -1)

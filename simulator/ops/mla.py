@@ -37,7 +37,9 @@ import numpy as np
 
 from simulator.config import RopeScaling
 from simulator.dtypes import Array
+from simulator.ops.linear import linear
 from simulator.ops.norm import rms_norm
+from simulator.ops.pointwise import sigmoid
 
 KV_TILE = 64  # cache positions per tile of the fused kernel (FlashMLA's page/block size)
 
@@ -229,6 +231,11 @@ def _flash_decode(q_lat: Array, q_pe: Array, cache: Array, length: int, scale: f
 # The plans hold activations as [M, ...] rows (M = B T) and every sequence has `context` cached tokens
 # before the step (lengths = context); these entry points take exactly a kernel's declared tensors.
 
+def linear_heads(x: Array, w: Array, *, heads: int) -> Array:
+    """q_b: a column-sharded projection whose output is per head.   [M, K] @ [K, Nh Dh] -> [M, Nh, Dh]"""
+    return linear(x, w).reshape(x.shape[0], heads, -1)
+
+
 def mla_absorb_step(q: Array, w_uk: Array, *, nope_dim: int) -> Array:
     """q [M, N, Dn+R], w_uk [L, N Dn] (column shard) -> q_lat [M, N, L]."""
     M, N, _ = q.shape
@@ -263,6 +270,16 @@ def mla_uv_step(o_lat: Array, w_uv: Array) -> Array:
     M, N, L = o_lat.shape
     w = w_uv.reshape(L, N, -1).transpose(1, 0, 2)  # [N, L, Dv]
     return mla_uv(o_lat[None], w)[0].reshape(M, -1)
+
+
+def sigmoid_gate(o: Array, g: Array) -> Array:
+    """The output gate, o * sigmoid(g) (no norm).   [M, n], [M, n] -> [M, n]"""
+    return o * sigmoid(g)
+
+
+def sigmoid_gate_flops(M: int, n: int) -> int:
+    """Per element: sigmoid (exp, add, divide: counted 3) and the multiply (1)."""
+    return 4 * M * n
 
 
 def mla_decode_flops(M: int, N: int, S: int, L: int, R: int) -> int:
