@@ -12,12 +12,11 @@ Under TP every expert is sharded: rank r holds F/P columns of w_gate / w_up and 
 of w_down, so each rank produces a partial y that an all-reduce completes (the GLU is elementwise in
 F, so sharding F is exact).
 
+The GPU runs routed experts as FC1 (gate+up GEMM, activation in its epilogue), FC2 (down GEMM, one output
+row per (token, slot)) and a finalize (weighted sum over slots), or FC2 and the finalize fused in one pass.
+
 Dimension legend: M tokens, Din expert input width (L for latent MoE, D otherwise), F expert hidden,
 k active experts, P TP degree.
-
-The unfused GPU path runs routed experts as FC1 (gate+up GEMM with the activation in its epilogue),
-FC2 (down GEMM, one output row per (token, slot)) and a finalize kernel (weighted sum over slots).
-The fused form does FC2 and the finalize in one pass and never writes the [M, k, Din] slot outputs.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Pieces both plans share: per-rank dimensions, tensor declarations, launch flags, and the
 residual-stream, o_proj and all-reduce kernels both plans launch (each attention kind's own: simulator/attention).
 
-A kernel factory returns a `Kernel` bound to its op: the tensors it declares (from the dims, so
-traffic is derived) are exactly the arguments the executor hands that op. Every attribute, stream,
-dependencies, PDL and prefetch included, is set here where the kernel is built; the plans
-(standard.py, specialized.py) read top to bottom as the launches they make.
+A kernel factory returns a `Kernel` bound to its op (kernel.py), its tensors declared from the dims, so traffic
+is derived. Every attribute, stream, dependencies, PDL and prefetch included, is set where the kernel is built;
+the plans (standard.py, specialized.py) read top to bottom as the launches they make.
 
 Dimension legend: M tokens (B sequences x T tokens each), D hidden, P TP degree, n attention output width
 per rank.
