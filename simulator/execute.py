@@ -37,7 +37,7 @@ from simulator.errors import UserError
 from simulator.ops.experts import ExpertFn
 from simulator.ops.replaceable import replacing
 from simulator.plans.common import Dims
-from simulator.plans.kernel import EXPERT, Kernel, Plan, RunOption, Tensor
+from simulator.plans.kernel import EXPERT, Kernel, Plan, RunOption, Tensor, take_window
 from simulator.state import LayerIO, LayerState
 from simulator.weights import LayerWeights, shard_array, shard_shape, weight_spec, widen
 
@@ -139,10 +139,7 @@ def _check(kernel: Kernel, t: Tensor, value: Any, what: str) -> None:
 def _read(kernel: Kernel, rank: Rank, t: Tensor) -> Any:
     if t.name not in rank.buf:
         raise BindingError(f"kernel '{kernel.key}' reads '{t.name}', which no earlier kernel wrote")
-    value = rank.buf[t.name]
-    if t.window:
-        axis, lo, hi = t.window
-        value = np.take(value, np.arange(lo, hi), axis=axis)
+    value = take_window(rank.buf[t.name], t.window)
     _check(kernel, t, value, "reads")
     return value
 

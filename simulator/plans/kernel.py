@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Literal
 
+import numpy as np
+
 from simulator.config import ATTENTION_KINDS
 from simulator.state import DecodeShape  # noqa: F401  (re-exported: plans are built for a shape)
 
@@ -79,6 +81,14 @@ class Tensor:
         if self.dtype == "mxfp4":
             return self.numel // 2 + math.ceil(self.numel / 32)
         return int(self.numel * DTYPE_BYTES[self.dtype])
+
+
+def take_window(value: Any, window: tuple[int, int, int] | None) -> Any:
+    """The slice of `value` a tensor's `window` (axis, lo, hi) names (a copy), or all of it without one."""
+    if window is None:
+        return value
+    axis, lo, hi = window
+    return np.take(value, np.arange(lo, hi), axis=axis)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +236,4 @@ class Plan:
 
     @property
     def streams(self) -> tuple[str, ...]:
-        seen: dict[str, None] = {}
-        for k in self.kernels:
-            seen.setdefault(k.stream, None)
-        return tuple(seen)
+        return tuple(dict.fromkeys(k.stream for k in self.kernels))

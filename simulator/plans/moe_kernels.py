@@ -70,19 +70,13 @@ def _expert_bias(d: Dims, down: bool) -> tuple[Tensor, ...]:
     return (packed((("expert_bias.gate", "col"), ("expert_bias.up", "col")), E, 2 * d.F_r, dtype="fp32"),)
 
 
-def _router_weights(d: Dims) -> tuple[Tensor, ...]:
-    """The router's weight, and its logit bias where the model has one (gpt-oss)."""
-    E = d.cfg.num_experts
-    return (weight("router.w", d.D, E),) + ((weight("router.logit_bias", E, dtype="fp32"),)
-                                            if d.cfg.router_logit_bias else ())
-
-
 # ===================================================================== router and latent down-projection
 @context_free
 def router(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, E = d.M, d.D, d.cfg.num_experts
+    bias = (weight("router.logit_bias", E, dtype="fp32"),) if d.cfg.router_logit_bias else ()  # gpt-oss
     return Kernel(key="router", name="router_gemm_bf16_fp32", kind="gemm", family="gemm", op=lin.linear,
-                  reads=(act("x2", M, D),), weights=_router_weights(d),
+                  reads=(act("x2", M, D),), weights=(weight("router.w", D, E),) + bias,
                   writes=(act("router.logits", M, E, dtype="fp32"),), flops=lin.gemm_flops(M, D, E), **launch.kw,
                   source=FUSED_MOE + "router/gate_linear.py:GateLinear",
                   note="replicated router GEMM with FP32 logits (V-MODEL GateLinear; PR #53524)")
