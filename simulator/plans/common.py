@@ -28,7 +28,7 @@ from simulator.state import DecodeShape, block_boundary, blocks_before
 
 @dataclass(frozen=True)
 class Dims:
-    """Every size a plan needs, per rank, derived once from config x TP x decode shape x layer."""
+    """Every size a plan needs, per rank, from config x TP x decode shape x layer (cost.step.layer_signature)."""
 
     cfg: ModelConfig
     tp: int
@@ -120,15 +120,6 @@ def make_dims(cfg: ModelConfig, tp: int, shape: DecodeShape, layer: int | None, 
     if cfg.layer_type(index) != layer_type:
         raise UserError(f"layer {index} of model '{cfg.name}' is '{cfg.layer_type(index)}', not '{layer_type}'.")
     return Dims(cfg, tp, shape, index)
-
-
-def layer_signature(cfg: ModelConfig, layer: int) -> tuple:
-    """All a plan reads of its layer's index (through `Dims`: the layer's type and attention, its AttnRes
-    snapshots and boundary, a GQA layer's window, and whether it is the first GQA layer, whose rotary table
-    gpt-oss's step casts before it): layers with equal signatures build equal plans at every shape and TP (a test builds
-    them), so a caller may build one and reuse it (a drafter's five dense layers)."""
-    return (cfg.layer_type(layer), cfg.attn_kinds[layer], blocks_before(cfg, layer), block_boundary(cfg, layer),
-            cfg.gqa_window(layer), cfg.attn_kinds[layer] == "gqa" and layer == 0)
 
 
 # ===================================================================== declarations
