@@ -144,23 +144,15 @@ def shared_merged(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
 
 # ===================================================================== the plans
 def standard(d: Dims, c1: Launch, arch: str = "sm100") -> list[Kernel]:
-    """Kimi K3's MoE up to 128 tokens: the shared expert beside routing on the aux stream, W4A8 TRT-LLM-gen
-    experts with their finalize deferred to the tier-0 tail."""
-    shared = shared_launches(moe.gated_mlp(d, "shared", d.S_r, "shared expert (not reduced until the latent tail)",
-                                           "aux", (post_norm_key(d),), PDL))
-    return ([moe.router(d, EARLY if d.single_request else PDL), moe.latent_down(d, (post_norm_key(d),), PDL)] + shared
+    """The stock launches (module docstring): W4A8 experts, their finalize deferred to the tier-0 tail."""
+    return ([moe.router(d, EARLY if d.single_request else PDL), moe.latent_down(d, (post_norm_key(d),), PDL)]
+            + shared_expert(d, PDL, post_norm_key(d), glu=False)
             + [mxfp8_quant(d, ("latent_down",)), moe.topk(d, PDL), topk_indices(d, PDL), moe.fc1(d, launch=PDL),
                moe.fc2(d, launch=PDL)] + stock_tail(d, PDL))
 
 
-def shared_launches(kernels: list[Kernel]) -> list[Kernel]:
-    """The stock shared expert's launches: situ_and_mul is a plain elementwise launch (no PDL)."""
-    return [cite(k, k.source, pdl=False) if k.key.endswith("_act") and k.pdl else k for k in kernels]
-
-
 def specialized(d: Dims, on: frozenset[str], go, x2_from: str) -> list[Kernel]:
-    """PreparedMoE.run (or the small-batch chain): shared expert on the side stream, front, experts, tail.
-    Each fusion switched off puts back the stock launches it replaced (`standard`)."""
+    """PreparedMoE.run (or the small-batch chain): shared expert on the side stream, front, experts, tail."""
     P, M, e = d.P, d.M, go.every
     pad = "unpadded_experts" not in on or P < 16  # at TP8 the 384-row shard has no padding either way
     weighted = "moe_finalize" in on and M >= (5 if P <= 8 else 9)  # experts publish the weighted partial
@@ -206,11 +198,12 @@ def specialized(d: Dims, on: frozenset[str], go, x2_from: str) -> list[Kernel]:
 
 
 def shared_expert(d: Dims, e: Launch, x2_from: str, glu: bool) -> list[Kernel]:
-    """On the MoE aux stream, as stock vLLM runs it (S3): gate/up, SiTU, down; with the GLU epilogue, two."""
+    """On the MoE aux stream after `x2_from`, as stock vLLM runs it (S3): gate/up, SiTU, down (its situ_and_mul a
+    plain elementwise launch, no PDL; under EARLY RouteSitu's SiTU runs with PDL); with the GLU epilogue, two."""
     what = "shared expert (not reduced until the latent tail)"
-    stream, deps = "aux", (x2_from,)
     if not glu:
-        kernels = moe.gated_mlp(d, "shared", d.S_r, what, stream, deps, e)  # RouteSitu's SiTU role runs under PDL
-        return kernels if e is EARLY else shared_launches(kernels)
-    return [moe.gate_up_act(d, "shared", d.S_r, stream, deps, e),
-            moe.down_proj(d, "shared", d.S_r, f"{what} down, row shard; its partial sum is reduced later", stream, e)]
+        kernels = moe.gated_mlp(d, "shared", d.S_r, what, "aux", (x2_from,), e)
+        return kernels if e is EARLY else [cite(k, k.source, pdl=False) if k.key == "shared_act" and k.pdl else k
+                                           for k in kernels]
+    return [moe.gate_up_act(d, "shared", d.S_r, "aux", (x2_from,), e),
+            moe.down_proj(d, "shared", d.S_r, f"{what} down, row shard; its partial sum is reduced later", "aux", e)]
