@@ -86,8 +86,7 @@ def run_plan(plan: Plan, dims: Dims, weights: LayerWeights, io: LayerIO, state: 
             run_kernel(kernel, ranks, weights, prec, options, runner)
     _check_replicated(ranks, ("prefix", "moe_out"))
     buf = ranks[0].buf
-    out = LayerIO(prefix=buf["prefix"], delta=buf["moe_out"],
-                  blocks=list(buf["blocks"]))
+    out = LayerIO(prefix=buf["prefix"], delta=buf["moe_out"], blocks=list(buf["blocks"]))
     new_state = unshard_state([r.buf for r in ranks], state, dims.shape.tokens_per_seq)
     diag = {k[5:]: v for k, v in buf.items() if k.startswith("diag.")}
     if "topk.idx" in buf:

@@ -281,8 +281,7 @@ def unshard(rank_bufs: list[dict], like: dict, advance: int) -> dict:
 
 
 def state_errors(state: dict, ref: dict, shape) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
-    return [("kda.state", state["kda.state"], ref["kda.state"], ""),
-            ("kda.conv", state["kda.conv"], ref["kda.conv"], "")]
+    return [(name, state[name], ref[name], "") for name in ("kda.state", "kda.conv")]
 
 
 def state_elements(cfg, tp: int, shape) -> int:

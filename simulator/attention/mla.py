@@ -23,7 +23,6 @@ from simulator.dtypes import round_fp8
 from simulator.ops import linear as lin
 from simulator.ops import mla as mla_ops
 from simulator.ops import norm
-from simulator.ops.pointwise import sigmoid
 from simulator.plans import common as c
 from simulator.plans import moe_kernels as moe
 from simulator.plans.common import PLAIN, Dims, Launch, act, context_free, packed, pre_norm_key, weight
@@ -213,9 +212,8 @@ def specialized(d: c.Dims, on: frozenset[str], go) -> list[Kernel]:
 
 # ===================================================================== reference and state
 def reference(cfg, layer: int, shape, W, x: np.ndarray, state: dict) -> tuple[np.ndarray, dict]:
-    B, T = shape.batch, shape.tokens_per_seq
-    N = cfg.mla_heads
-    lkv, ctx = cfg.kv_lora_rank, shape.context
+    B, T, ctx = shape.batch, shape.tokens_per_seq, shape.context
+    N, lkv = cfg.mla_heads, cfg.kv_lora_rank
     c_q, c_kv, k_pe = mla_ops.mla_qkv_a_norm(x @ W("mla.w_qa"), x @ W("mla.w_kva"), W("mla.q_a_norm"),
                                                     W("mla.kv_a_norm"), lkv, cfg.mla_lora_eps)
     cache, lengths = state["mla.cache"].astype(F64), state["mla.lengths"]
@@ -232,7 +230,7 @@ def reference(cfg, layer: int, shape, W, x: np.ndarray, state: dict) -> tuple[np
                                                rope_scaling=cfg.rope_scaling)
     o = o.reshape(B * T, N * cfg.v_head_dim)  # [M, N Dv]
     if cfg.mla_output_gate:
-        o = o * sigmoid(x @ W("mla.w_g"))
+        o = mla_ops.sigmoid_gate(o, x @ W("mla.w_g"))
     new_pe = k_pe.reshape(B, T, -1)
     if theta is not None:
         new_pe = mla_ops.rope(new_pe, lengths[:, None] + np.arange(T)[None, :], theta, cfg.rope_scaling)
