@@ -19,8 +19,8 @@ packed weights (MXFP4 codes, bf16 bits) to the ops that only multiply by them, a
 a chunk at a time. Both compute the same functions; the NumPy forms are the definitions.
 
 Anything undeclared fails: a read of a buffer that does not exist, a weight part missing from the
-specification, an output the kernel did not declare. Inputs are replicated on every rank; per-rank
-state (KDA recurrent state and conv history) is sharded by head; the MLA latent cache is replicated.
+specification, an output the kernel did not declare. Inputs are replicated on every rank; the state is
+sharded as its attention kind says (simulator/attention: KDA's by head, MLA's cache replicated).
 """
 
 from __future__ import annotations
