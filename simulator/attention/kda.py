@@ -32,7 +32,6 @@ from simulator.plans.common import PLAIN, Dims, Launch, act, packed, weight
 from simulator.plans.fuse import cite, fuse
 from simulator.plans.kernel import K3, LLG, SD, Kernel, Tensor
 
-F64 = np.float64
 STATE_BYTES, CONV_BYTES = 4, 2  # FP32 state, BF16 conv history: vLLM's defaults (docs/sources.md §K2)
 KDA_SPLIT_MAX_TOKENS = 2  # run_kda_projection_overlap: TP8, <= 2 tokens under graph capture
 FLA = "vllm/model_executor/layers/mamba/ops/causal_conv1d.py:causal_conv1d_update"
@@ -249,8 +248,8 @@ def reference(cfg, layer: int, shape, W, x: np.ndarray, state: dict) -> tuple[np
     # the state as float64 without a copy of its own when it is one: kda_decode_reference updates a copy (at
     # batch 64 the state is 0.5 GB, and a second copy cost ~1 s and 0.5 GB of peak)
     out, s, hist = kda_ops.kda_decode_reference(
-        bt(qkv), conv_w, np.asarray(state["kda.conv"], F64), bt(z), W("kda.dt_bias"), W("kda.a_log"),
-        bt(x @ W("kda.w_b")), bt(x @ W("kda.w_g")), W("kda.o_norm"), np.asarray(state["kda.state"], F64),
+        bt(qkv), conv_w, np.asarray(state["kda.conv"], np.float64), bt(z), W("kda.dt_bias"), W("kda.a_log"),
+        bt(x @ W("kda.w_b")), bt(x @ W("kda.w_g")), W("kda.o_norm"), np.asarray(state["kda.state"], np.float64),
         lower_bound=cfg.gate_lower_bound, eps=cfg.rms_norm_eps)
     return out.reshape(B * T, -1) @ W("kda.w_o"), {"kda.state": s, "kda.conv": hist}
 

@@ -29,7 +29,6 @@ from simulator.plans.common import PLAIN, Dims, Launch, act, context_free, packe
 from simulator.plans.fuse import fuse
 from simulator.plans.kernel import K3, SD, Kernel
 
-F64 = np.float64
 SMALL_BATCH_MAX_TOKENS = 64  # the published specialized path supports non-speculative decode up to batch 64
 CACHE_BYTES = 1  # FP8 latent cache: vLLM --kv-cache-dtype fp8, as in the Kimi K3 serving recipes (docs/sources.md §K2)
 MLA = K3 + "mla.py:"
@@ -216,7 +215,7 @@ def reference(cfg, layer: int, shape, W, x: np.ndarray, state: dict) -> tuple[np
     N, lkv = cfg.mla_heads, cfg.kv_lora_rank
     c_q, c_kv, k_pe = mla_ops.mla_qkv_a_norm(x @ W("mla.w_qa"), x @ W("mla.w_kva"), W("mla.q_a_norm"),
                                                     W("mla.kv_a_norm"), lkv, cfg.mla_lora_eps)
-    cache, lengths = state["mla.cache"].astype(F64), state["mla.lengths"]
+    cache, lengths = state["mla.cache"].astype(np.float64), state["mla.lengths"]
     old_pe = cache[:, :ctx, lkv:]
     theta = None if cfg.mla_nope else cfg.rope_theta
     if theta is not None:  # the cache holds rotated k_pe; the textbook form rotates inside attention

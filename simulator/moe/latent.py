@@ -9,8 +9,7 @@
                  multicast store in one launch); at 1-2 tokens the small-batch chain (MoeFront, cluster experts,
                  the polling tail). Each fusion switched off puts back the stock launches it replaced.
 
-The kernels it shares with the other MoE paths (router, top-k, FC1/FC2, the gated MLP, the split router, the
-fused latent tail) are plans/moe_kernels.py's; the launches only this path makes are below, then its plans.
+The launches only this path makes are below, then its plans (the kernels the paths share: plans/moe_kernels.py).
 
 Dimension legend: M tokens, D hidden, P TP degree, L latent, S shared hidden per rank, k active experts.
 """
