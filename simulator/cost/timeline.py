@@ -122,9 +122,9 @@ def schedule(plan: Plan, hw: HardwareProfile, loop: Loop = simulate) -> Timeline
     costs = [price_kernel(k, hw) for k in plan]
     arrays = plan_arrays(plan, hw)
     start, end, pf_start, pf_end, pf_bytes = loop(*arrays)
-    spans = []
+    spans, pred, deps = [], arrays[0], arrays[1]  # each kernel's same-stream predecessor, other-stream deps (-1: none)
     for i, (k, c) in enumerate(zip(plan, costs)):
-        inputs_end = max([0.0] + [end[j] for j in _inputs(arrays, i)])
+        inputs_end = max([0.0] + [end[j] for j in (pred[i], *deps[i]) if j >= 0])
         prefetched = pf_start[i] >= 0
         spans.append(Span(k.key, _name(k, hw), k.stream, k.kind, float(start[i]), float(end[i]),
                           float(start[i] - inputs_end), float(pf_start[i]) if prefetched else None,
@@ -148,11 +148,6 @@ class Makespan:
 
 
 makespan_us = Makespan()  # the plain loop: ~2 ms a layer, no compiler to load
-
-
-def _inputs(arrays: tuple, i: int) -> list[int]:
-    pred, deps = arrays[0], arrays[1]
-    return [int(j) for j in deps[i] if j >= 0] + ([int(pred[i])] if pred[i] >= 0 else [])
 
 
 def floor_us(plan: Plan, hw: HardwareProfile) -> float:
