@@ -74,7 +74,7 @@ def test_grouped_topk_only_uses_best_groups(tiny_ds):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float64", "float32"])
 @pytest.mark.parametrize("m", [1, 4, 11])
-def test_routed_experts_fused_matches_reference(tiny, m, dtype):
+def test_fused_and_unfused_expert_kernels_match_reference(tiny, m, dtype):
     w = LayerWeights(tiny, 1, 0)
     rng = np.random.default_rng(m)
     z = rng.standard_normal((m, tiny.expert_in_dim)).astype(dtype)
