@@ -101,6 +101,28 @@ def round_mxfp4(x: Array) -> Array:
     return mxfp4_dequantize(mxfp4_quantize(x), x.dtype)
 
 
+# A product x @ W with MXFP4 weights (routed experts, W4A16), two ways: dequantize W, then one GEMM (reference);
+# or, as the kernel does, per 32-wide K block b multiply the raw E2M1 values and scale the block's partial sum
+# once, y = sum_b s_b,n (x[:, b] @ codes[b, n]) (fused: 4.25 bits read per weight, no dequantized W). Every scale
+# is a power of two, so both give the same FP32 result up to summation order. The ops multiply with `x @ w`
+# (ops/linear.py); these two define what the fast backend's packed product computes (simulator/fast/packed.py).
+def mxfp4_linear_reference(x: Array, w_t: MXFP4) -> Array:
+    """Dequantize, then multiply. `w_t` is W transposed ([N, K], blocks along K) as checkpoints store it."""
+    return x @ mxfp4_dequantize(w_t, x.dtype).T  # [M, N]
+
+
+def mxfp4_linear_fused(x: Array, w_t: MXFP4) -> Array:
+    """Block-scaled accumulation: one partial GEMM per 32-wide K block on the raw E2M1 values, scaled
+    once per block and output column. Reads 0.53 B per weight; never writes a dequantized W."""
+    n, k = w_t.shape
+    unit = MXFP4(w_t.packed, np.full_like(w_t.scales, 1.0), w_t.shape)  # codes with scale 1: E2M1 values
+    codes = mxfp4_dequantize(unit, x.dtype).reshape(n, k // MX_BLOCK, MX_BLOCK)  # [N, K/32, 32]
+    scales = w_t.scales.astype(np.float32).astype(x.dtype)  # [N, K/32]
+    xb = x.reshape(x.shape[0], k // MX_BLOCK, MX_BLOCK)  # [M, K/32, 32]
+    partial = np.einsum("mbk,nbk->mbn", xb, codes)  # [M, K/32, N] one partial sum per block
+    return np.einsum("mbn,nb->mn", partial, scales)  # [M, N]
+
+
 # ---------------------------------------------------------------------------------------
 # precision modes
 # ---------------------------------------------------------------------------------------

@@ -13,20 +13,20 @@ streams, since every cross-stream dependency points backwards). For each kernel 
    format (that is where the standard plan's extra intermediate roundings happen and the specialized
    plan's fused kernels skip them) and stores it.
 
-The backend says how the ops run: "numpy" (`Backend`, here) calls each op's NumPy form on float weights;
-"fast" (simulator/fast/backend.py) runs the ops' registered compiled replacements, hands packed weights
-(MXFP4 codes, bf16 bits) to the ops that only multiply by them, and streams the routed experts a chunk at
-a time. Both compute the same functions; the NumPy forms are the definitions.
+The backend says how the ops run: "numpy" calls each op's NumPy form on float weights, once per rank;
+"fast" (simulator/fast/backend.py, the `runner` below) runs the ops' registered compiled replacements, hands
+packed weights (MXFP4 codes, bf16 bits) to the ops that only multiply by them, and streams the routed experts
+a chunk at a time. Both compute the same functions; the NumPy forms are the definitions.
 
 Anything undeclared fails: a read of a buffer that does not exist, a weight part missing from the
-specification, an output the kernel did not declare. Inputs are replicated on every rank; per-rank
-state (KDA recurrent state and conv history) is sharded by head; the MLA latent cache is replicated.
+specification, an output the kernel did not declare. Inputs are replicated on every rank; the state is
+sharded as its attention kind says (simulator/attention: KDA's by head, MLA's cache replicated).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -37,7 +37,7 @@ from simulator.errors import UserError
 from simulator.ops.experts import ExpertFn
 from simulator.ops.replaceable import replacing
 from simulator.plans.common import Dims
-from simulator.plans.kernel import EXPERT, Kernel, Plan, RunOption, Tensor
+from simulator.plans.kernel import EXPERT, Kernel, Plan, RunOption, Tensor, take_window
 from simulator.state import LayerIO, LayerState
 from simulator.weights import LayerWeights, shard_array, shard_shape, weight_spec, widen
 
@@ -55,37 +55,16 @@ BACKENDS = ("numpy", "fast")
 DEFAULT_BACKEND = "fast"  # the NumPy forms define the ops; the fast backend runs a full-size layer in seconds
 
 
-class Backend:
-    """How the ops run: this one ("numpy") calls each op's NumPy form on float weights, one call per rank.
-    The fast backend (simulator/fast/backend.py) has the same members."""
-
-    name = "numpy"
-    replacements: Mapping[Callable[..., Any], Callable[..., Any]] = {}  # op -> what runs in its place
-
-    def matmul_weight(self, kind: str, held: list[np.ndarray], axis: int, dtype: type) -> Any | None:
-        """What a kernel of `kind` gets for the held parts of a weight (packed along `axis`) in place of a
-        float array; None: the float array."""
-        return None
-
-    def experts(self, weights: LayerWeights, names: tuple[str, ...], shards: tuple[str, ...],
-                rank: Rank) -> ExpertFn | None:
-        """e -> rank's shards of expert e's parts `names`; None: float arrays from the weight store."""
-        return None
-
-    def run_ranks(self, kernel: Kernel, ranks: list[Rank], weights: LayerWeights, args: list[list[Any]],
-                  consts: dict[str, Any]) -> list[Any]:
-        """A rank-scoped kernel's op on every rank: args[r] are rank r's arguments."""
-        return [kernel.op(*a, **consts) for a in args]
-
-
 def make_backend(name: str) -> Any:
-    """The backend called `name` (BACKENDS)."""
+    """The runner of backend `name` (BACKENDS): None for "numpy" (each op's NumPy form, once per rank); for "fast"
+    the fast backend, whose members the executor calls: its `replacements` (op -> what runs in its place),
+    `matmul_weight` (packed weights), `experts` (packed experts) and `run_ranks` (a kernel on every rank)."""
     if name == "fast":
         from simulator.fast.backend import FastBackend  # the annex: imported only when asked for
         return FastBackend()
     if name != "numpy":
         raise UserError(f"unknown backend '{name}': choose one of {', '.join(BACKENDS)}.")
-    return Backend()
+    return None
 
 
 class BindingError(AssertionError):
@@ -102,13 +81,12 @@ def run_plan(plan: Plan, dims: Dims, weights: LayerWeights, io: LayerIO, state: 
         rank.buf.update(_initial_buffers(io, dims.boundary, prec))
         rank.buf.update({k: np.asarray(v, dtype=prec.dtype) if v.dtype.kind == "f" else v for k, v in st.items()})
     options = {"all_reduce": all_reduce, "store_bf16": lambda x: prec.store(x, "bf16")}
-    with replacing(runner.replacements):
+    with replacing(runner.replacements if runner else {}):
         for kernel in plan.kernels:
             run_kernel(kernel, ranks, weights, prec, options, runner)
     _check_replicated(ranks, ("prefix", "moe_out"))
     buf = ranks[0].buf
-    out = LayerIO(prefix=buf["prefix"], delta=buf["moe_out"],
-                  blocks=list(buf["blocks"]))
+    out = LayerIO(prefix=buf["prefix"], delta=buf["moe_out"], blocks=list(buf["blocks"]))
     new_state = unshard_state([r.buf for r in ranks], state, dims.shape.tokens_per_seq)
     diag = {k[5:]: v for k, v in buf.items() if k.startswith("diag.")}
     if "topk.idx" in buf:
@@ -117,16 +95,17 @@ def run_plan(plan: Plan, dims: Dims, weights: LayerWeights, io: LayerIO, state: 
 
 
 def run_kernel(kernel: Kernel, ranks: list[Rank], weights: LayerWeights, prec: Precision,
-               options: dict[str, Any], runner: Backend | None = None) -> None:
-    """Fetch, check, call, check, store: one kernel on every rank."""
+               options: dict[str, Any], runner: Any = None) -> None:
+    """Fetch, check, call, check, store: one kernel on every rank (`runner`: make_backend's)."""
     if kernel.op is None:
         raise BindingError(f"kernel '{kernel.key}' names no op")
     consts = {k: options[v.name] if isinstance(v, RunOption) else v for k, v in kernel.consts}
-    runner = runner or Backend()
     args = [[_read(kernel, rank, t) for t in kernel.reads] + [_weight(kernel, rank, weights, prec, t, runner)
                                                                 for t in kernel.weights] for rank in ranks]
     if kernel.scope == "rank":
-        outs = [_outputs(kernel, out) for out in runner.run_ranks(kernel, ranks, weights, args, consts)]
+        results = runner.run_ranks(kernel, ranks, weights, args, consts) if runner else [
+            kernel.op(*a, **consts) for a in args]
+        outs = [_outputs(kernel, out) for out in results]
     else:
         per_output = _outputs(kernel, kernel.op(*[list(col) for col in zip(*args)], **consts))
         if any(len(o) != len(ranks) for o in per_output):
@@ -159,10 +138,7 @@ def _check(kernel: Kernel, t: Tensor, value: Any, what: str) -> None:
 def _read(kernel: Kernel, rank: Rank, t: Tensor) -> Any:
     if t.name not in rank.buf:
         raise BindingError(f"kernel '{kernel.key}' reads '{t.name}', which no earlier kernel wrote")
-    value = rank.buf[t.name]
-    if t.window:
-        axis, lo, hi = t.window
-        value = np.take(value, np.arange(lo, hi), axis=axis)
+    value = take_window(rank.buf[t.name], t.window)
     _check(kernel, t, value, "reads")
     return value
 
@@ -179,7 +155,7 @@ def _store(kernel: Kernel, rank: Rank, t: Tensor, value: Any) -> None:
     rank.buf[t.name] = value
 
 
-def _weight(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, t: Tensor, runner: Backend) -> Any:
+def _weight(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, t: Tensor, runner: Any) -> Any:
     """The declared weight: its spec parts, sharded, packed; for routed experts a function of e."""
     parts = t.parts or ((t.name, "full"),)
     if parts[0][0].startswith(EXPERT):
@@ -187,7 +163,7 @@ def _weight(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, 
     for name, _ in parts:
         weight_spec(weights.cfg, name)  # KeyError for a name the specification does not hold
     held = [weights.shard(name, None, shard, rank.r, rank.tp) for name, shard in parts]
-    value = runner.matmul_weight(kernel.kind, held, t.pack_axis, prec.dtype)
+    value = runner.matmul_weight(kernel.kind, held, t.pack_axis, prec.dtype) if runner else None
     if value is None and (len(held) > 1 or parts[0][1] != "full"):
         value = widen(held[0] if len(held) == 1 else _pack(held, t.pack_axis), prec.dtype)
     elif value is None:
@@ -205,7 +181,7 @@ def _pack(held: list[np.ndarray], axis: int) -> np.ndarray:
 
 
 def _expert_weights(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Precision, t: Tensor,
-                    parts: tuple[tuple[str, str], ...], runner: Backend) -> ExpertFn:
+                    parts: tuple[tuple[str, str], ...], runner: Any) -> ExpertFn:
     """e -> the declared parts of expert e's shard: the backend's (packed views on "fast"), else float arrays.
     Every expert's parts have the specification's shapes, so the shard is checked against the declared
     per-expert shape once, not per expert."""
@@ -217,7 +193,7 @@ def _expert_weights(kernel: Kernel, rank: Rank, weights: LayerWeights, prec: Pre
     if tuple(shape) != (t.unpadded or t.shape)[1:]:
         raise BindingError(f"kernel '{kernel.key}' is handed experts as {tuple(shape)}, declared "
                            f"{(t.unpadded or t.shape)[1:]}")
-    fn = runner.experts(weights, names, shards, rank)
+    fn = runner.experts(weights, names, shards, rank) if runner else None
     return fn if fn is not None else lambda e: tuple(
         shard_array(weights.get(f"expert.{e}.{name}", prec.dtype), shard, rank.r, rank.tp)
         for name, shard in zip(names, shards))

@@ -18,6 +18,7 @@ from simulator.dtypes import Precision
 from simulator.execute import BindingError, run_plan
 from simulator.ops import kda as kda_ops
 from simulator.ops import linear as lin
+from simulator.ops import mla as mla_ops
 from simulator.plans import VARIANTS, specialized, standard
 from simulator.plans.builders import BUILDERS
 from simulator.plans.common import make_dims
@@ -137,7 +138,7 @@ def test_gemm_flops_are_the_textbook_count(k3, layer):
     """Two FLOPs (multiply, add) per multiply-accumulate of every plain GEMM kernel, the MACs counted by
     doing them: ones([M, K]) @ ones([K, N]) sums to M K N (the padded N where the loader pads: the GEMM
     runs over the padding)."""
-    plain = (lin.linear, lin.linear_split, lin.linear_heads)
+    plain = (lin.linear, lin.linear_split, mla_ops.linear_heads)
     for build in (standard.build, specialized.build):
         for k in build(k3, 16, DecodeShape(2, 4, 512), layer):
             if k.op in plain:

@@ -247,10 +247,10 @@ def test_drafter_layers_that_build_the_same_kernels_are_one_plan():
 
 @pytest.mark.parametrize("model", ["kimi-k3", "dspark-k3", "tiny-deepseek", "tiny-k3", "deepseek-v3", "gpt-oss-20b"])
 def test_layers_of_one_signature_build_the_same_kernels(model):
-    """`plans.common.layer_signature` says all a plan reads of its layer's index (callers build one plan per
+    """`cost.step.layer_signature` says all a plan reads of its layer's index (callers build one plan per
     signature: `drafter_plans`): every layer of a model builds the kernels of the first layer with its
     signature, both variants, at two shapes; and layers of different signatures do not all agree."""
-    from simulator.plans.common import layer_signature
+    from simulator.cost.step import layer_signature
     cfg = load_model(model)
     first: dict[tuple, int] = {}
     for i in range(cfg.num_layers):

@@ -16,7 +16,7 @@ from simulator.execute import make_backend
 from simulator.ops import norm
 from simulator.ops.replaceable import replacing
 from simulator.fast.packed import BF16Weight, MXFP4Weight
-from simulator.ops.linear import mxfp4_linear_reference
+from simulator.dtypes import mxfp4_linear_reference
 from simulator.ops.router import route_fused, route_reference
 from simulator.weights import LayerWeights, column_shard, row_shard
 
@@ -221,13 +221,13 @@ def test_topk_order_is_the_stable_argsort():
 def test_route_fused_same_under_both_backends(tiny, backend):
     rng = np.random.default_rng(3)
     logits, bias = rng.standard_normal((9, tiny.num_experts)), rng.standard_normal(tiny.num_experts) * 0.05
-    with replacing(make_backend(backend).replacements):
+    with replacing(make_backend(backend).replacements if backend == "fast" else {}):
         got = route_fused(logits, bias, tiny).topk_idx
     np.testing.assert_array_equal(got, route_reference(logits, bias, tiny).topk_idx)
 
 
 def test_backend_names():
-    assert make_backend("numpy").replacements == {} and make_backend("fast").replacements
+    assert make_backend("numpy") is None and make_backend("fast").replacements
     with pytest.raises(UserError, match="unknown backend 'numba'"):
         make_backend("numba")
 

@@ -88,7 +88,7 @@ def gqa_qkv_proj(d: c.Dims, launch: c.Launch = c.PLAIN) -> Kernel:
     return Kernel(key="gqa_qkv_proj", name="gemm_qkv_proj", kind="gemm", family="gemm", op=gqa_ops.qkv_proj,
                   consts=(("heads", nq), ("kv_heads", nkv), ("head_dim", h)),
                   reads=(c.act("x", d.M, d.D),), weights=(c.packed(parts, d.D, n),) + bias, writes=_qkv(d),
-                  flops=gemm_flops(d.M, d.D, n), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  flops=gemm_flops(d.M, d.D, n), **launch.kw,
                   note="QKVParallelLinear: one GEMM over the rank's q, k and v heads (+ bias for gpt-oss)")
 
 
@@ -100,7 +100,7 @@ def gqa_qk_norm(d: c.Dims, launch: c.Launch = c.PLAIN) -> Kernel:
                   op=gqa_ops.qk_norm, consts=(("eps", d.cfg.rms_norm_eps),), reads=(q, k),
                   weights=(c.weight("gqa.q_norm", h), c.weight("gqa.k_norm", h)), writes=(q, k),
                   flops=norm.rms_norm_flops(d.M, q.shape[1] * h + k.shape[1] * h),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  **launch.kw,
                   note="per-head RMSNorm of q and k before RoPE (Qwen3's q_norm / k_norm)")
 
 
@@ -110,7 +110,7 @@ def gqa_rope(d: c.Dims, launch: c.Launch = c.PLAIN) -> Kernel:
     return Kernel(key="gqa_rope", name="rotary_embedding", kind="pointwise", family="small", op=gqa_ops.rope_qk,
                   consts=(("batch", d.shape.batch), ("theta", cfg.rope_theta), ("scaling", cfg.rope_scaling)),
                   reads=(q, k, _table(d)[1]), writes=(q, k), flops=3 * q.numel + 3 * k.numel,
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  **launch.kw,
                   note="RoPE of q and k in place at each token's position (half layout; YaRN when configured)")
 
 
@@ -120,8 +120,7 @@ def gqa_cache_insert(d: c.Dims, launch: c.Launch = c.PLAIN) -> Kernel:
     table, lengths = _table(d)
     return Kernel(key="gqa_cache_insert", name="reshape_and_cache_flash", kind="pointwise", family="small",
                   op=gqa_ops.cache_insert, consts=(("batch", d.shape.batch),),
-                  reads=(k, v, kc, vc, table, lengths), writes=(kc, vc), pdl=launch.pdl,
-                  prefetch_bytes=launch.prefetch_bytes,
+                  reads=(k, v, kc, vc, table, lengths), writes=(kc, vc), **launch.kw,
                   traffic_bytes=2 * (k.nbytes + v.nbytes) + table.nbytes + lengths.nbytes,
                   note="k, v written to their slots of the paged cache (vLLM reshape_and_cache_flash); declared "
                        "as the whole pool in and out, it moves the M new rows (read, then written)")
@@ -171,8 +170,8 @@ def gqa_decode(d: c.Dims, launch: c.Launch = c.PLAIN, arch: str = "sm100") -> Ke
                   floor="attention", op=gqa_ops.paged_decode,
                   consts=(("batch", d.shape.batch), ("window", window), ("scale", h ** -0.5 * mscale * mscale)),
                   reads=(q, kc, vc, table, lengths), weights=sinks, writes=(c.act("attn.core", d.M, nq * h),),
-                  flops=gqa_ops.decode_flops(d.M, nq, seen_positions(d), h), pdl=launch.pdl,
-                  prefetch_bytes=launch.prefetch_bytes, ctas=d.shape.batch * nkv * segments, ctas_per_sm=CTAS_PER_CU,
+                  flops=gqa_ops.decode_flops(d.M, nq, seen_positions(d), h), **launch.kw,
+                  ctas=d.shape.batch * nkv * segments, ctas_per_sm=CTAS_PER_CU,
                   traffic_bytes=q.nbytes + kv_bytes(d) + sum(t.nbytes for t in sinks) + d.M * nq * h * 2 + partials,
                   source=UNIFIED if rocm else "",
                   note=(("aiter's Triton unified attention on ROCm, " + (

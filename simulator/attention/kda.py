@@ -32,7 +32,6 @@ from simulator.plans.common import PLAIN, Dims, Launch, act, packed, weight
 from simulator.plans.fuse import cite, fuse
 from simulator.plans.kernel import K3, LLG, SD, Kernel, Tensor
 
-F64 = np.float64
 STATE_BYTES, CONV_BYTES = 4, 2  # FP32 state, BF16 conv history: vLLM's defaults (docs/sources.md §K2)
 KDA_SPLIT_MAX_TOKENS = 2  # run_kda_projection_overlap: TP8, <= 2 tokens under graph capture
 FLA = "vllm/model_executor/layers/mamba/ops/causal_conv1d.py:causal_conv1d_update"
@@ -77,14 +76,12 @@ def kda_in_proj(d: Dims, name: str, launch: Launch = PLAIN, source: str = LLG) -
     n = 4 * C + H + Nh
     n_pad = -(-n // 16) * 16  # vLLM pads the fused projection to a multiple of 16 rows (the GEMM runs over them)
     w = packed((("kda.w_q", "col"), ("kda.w_k", "col"), ("kda.w_v", "col"), ("kda.w_g", "col"),
-                ("kda.w_fa", "full"), ("kda.w_b", "col")), D, n,
-               padded=(D, n_pad))
+                ("kda.w_fa", "full"), ("kda.w_b", "col")), D, n, padded=(D, n_pad))
     return Kernel(
-        key="kda_in_proj", name=name, kind="gemm", family="gemm",
-        op=lin.linear_split, consts=(("widths", (3 * C, C, H, Nh)),),
-        reads=(act("x", M, D),), weights=(w,),
+        key="kda_in_proj", name=name, kind="gemm", family="gemm", op=lin.linear_split,
+        consts=(("widths", (3 * C, C, H, Nh)),), reads=(act("x", M, D),), weights=(w,),
         writes=(act("kda.qkv", M, 3 * C), act("kda.g", M, C), act("kda.fa", M, H), act("kda.b", M, Nh)),
-        flops=lin.gemm_flops(M, D, n_pad), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=source,
+        flops=lin.gemm_flops(M, D, n_pad), **launch.kw, source=source,
         note="in_proj_qkvgfab: 4 column shards + replicated f_a (N = 6288 at TP8, 3216 at TP16; V-LLG)")
 
 
@@ -93,8 +90,8 @@ def kda_fb_proj(d: Dims, launch: Launch = PLAIN, stream: str = "main", deps: tup
     M, C, H = d.M, d.kda_w_r, d.cfg.kda_head_dim
     return Kernel(key="kda_fb_proj", name="gemm_f_b_proj", kind="gemm", family="gemm", op=lin.linear,
                   reads=(act("kda.fa", M, H),), weights=(weight("kda.w_fb", H, C, shard="col"),),
-                  writes=(act("kda.z", M, C),), flops=lin.gemm_flops(M, H, C), stream=stream, deps=deps,
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=LLG,
+                  writes=(act("kda.z", M, C),), flops=lin.gemm_flops(M, H, C), stream=stream, deps=deps, **launch.kw,
+                  source=LLG,
                   note="f_b_proj GEMM (1536x128 at TP8; V-LLG dsv3_fused_a table)")
 
 
@@ -104,7 +101,7 @@ def kda_conv(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   op=kda_ops.kda_conv_step, consts=(("batch", d.shape.batch),),
                   reads=(act("kda.qkv", M, 3 * C), _conv_hist(d)), weights=(_conv_w(d),),
                   writes=(act("kda.qkv_conv", M, 3 * C), _conv_hist(d)), flops=kda_ops.conv_flops(M, 3 * C, W),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=FLA,
+                  **launch.kw, source=FLA,
                   note="short causal conv + SiLU on q, k, v, conv history updated in place (V-KDA fallback)")
 
 
@@ -138,8 +135,7 @@ def kda_recurrent(d: Dims, launch: Launch = PLAIN, bv: int | None = None) -> Ker
                   reads=(act("kda.qkv_conv", M, 3 * C), act("kda.z", M, C), act("kda.b", M, Nh), _state(d)),
                   weights=_gate_weights(d), writes=(act("kda.o", M, C), _state(d)) + checkpoints,
                   flops=kda_ops.delta_rule_flops(M, Nh, H), math="fp32", ctas=B * Nh * (H // (bv or kda_bv(d))),
-                  ctas_per_sm=KDA_RESIDENT,
-                  serial_steps=T - 1, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  ctas_per_sm=KDA_RESIDENT, serial_steps=T - 1, **launch.kw,
                   source=RECURRENT + ("fused_recurrent_kda" if T > 1 else "fused_recurrent_kda_packed_decode"),
                   note="gate + beta + L2 norm + delta-rule update of the FP32 state; grid (B x heads, H/BV) of "
                        "one-warp programs, the T tokens in order, the state stored after every token of a verify "
@@ -149,11 +145,10 @@ def kda_recurrent(d: Dims, launch: Launch = PLAIN, bv: int | None = None) -> Ker
 def kda_gated_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, C, Nh, H = d.M, d.kda_w_r, d.kda_heads_r, d.cfg.kda_head_dim
     return Kernel(key="kda_gated_norm", name="fused_rms_norm_gated", kind="pointwise", family="small",
-                  floor="reduction",
-                  op=kda_ops.kda_gated_norm_step, consts=(("heads", Nh), ("eps", d.cfg.rms_norm_eps)),
-                  reads=(act("kda.o", M, C), act("kda.g", M, C)), weights=(weight("kda.o_norm", H, dtype="fp32"),),
-                  writes=(act("attn.core", M, C),), flops=kda_ops.gated_norm_flops(M, C),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  floor="reduction", op=kda_ops.kda_gated_norm_step,
+                  consts=(("heads", Nh), ("eps", d.cfg.rms_norm_eps)), reads=(act("kda.o", M, C), act("kda.g", M, C)),
+                  weights=(weight("kda.o_norm", H, dtype="fp32"),), writes=(act("attn.core", M, C),),
+                  flops=kda_ops.gated_norm_flops(M, C), **launch.kw,
                   source="vllm/third_party/flash_linear_attention/ops/kda.py:FusedRMSNormGated",
                   note="per-head RMSNorm then sigmoid output gate (V-KDA fallback chain)")
 
@@ -170,7 +165,7 @@ def kda_decode(d: Dims, name: str, launch: Launch = PLAIN, fusions: tuple[str, .
                   weights=(_conv_w(d),) + _gate_weights(d) + (weight("kda.o_norm", H, dtype="fp32"),),
                   writes=(act("attn.core", M, C), _state(d), _conv_hist(d)),
                   flops=kda_ops.delta_rule_flops(M, Nh, H) + kda_ops.conv_flops(M, 3 * C, W), math="fp32",
-                  fusions=fusions, ctas=B * Nh, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=source,
+                  fusions=fusions, ctas=B * Nh, **launch.kw, source=source,
                   replaces=("kda_conv", "kda_recurrent", "kda_gated_norm"),
                   note="one pass per (sequence, head): conv, gate, delta rule, norm, output gate; "
                        "q/k/v/o intermediates stay on chip (V-KDA fused_kda_decode; FlashInfer PR #4243). "
@@ -192,7 +187,7 @@ def kda_split(d: Dims, launch: Launch = PLAIN) -> Kernel:
     decode = kda_decode(d, "KdaSplit", launch, fusions=("fused_kda",))
     return fuse([kda_fb_proj(d), decode], "kda_decode", "KdaSplit", "attention", "kda",
                 ("attn.core", "kda.state", "kda.conv"), SD + "cutedsl/kda/prepared.py:PreparedKda.run",
-                impl="per_head", math="fp32", ctas=decode.ctas, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                impl="per_head", math="fp32", ctas=decode.ctas, **launch.kw,
                 note="conv, f_b projection, gate, beta, L2 norm, delta rule on the FP32 state, per-head RMSNorm and "
                      "output gate in one launch; state, conv rows and weights load before the PDL wait")
 
@@ -204,8 +199,7 @@ def kda_in_proj_overlap(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     n_fab = H + Nh
     qkvg = packed((("kda.w_q", "col"), ("kda.w_k", "col"), ("kda.w_v", "col"), ("kda.w_g", "col")), D, 4 * C)
     fab = packed((("kda.w_fa", "full"), ("kda.w_b", "col")), D, n_fab, padded=(D, -(-n_fab // 16) * 16))
-    on = dict(kind="gemm", family="gemm", op=lin.linear_split, reads=(act("x", M, D),), pdl=launch.pdl,
-              prefetch_bytes=launch.prefetch_bytes)
+    on = dict(kind="gemm", family="gemm", op=lin.linear_split, reads=(act("x", M, D),), **launch.kw)
     return [Kernel(key="kda_in_proj", name="skinny_gemm_qkvg", consts=(("widths", (3 * C, C)),), weights=(qkvg,),
                    writes=(act("kda.qkv", M, 3 * C), act("kda.g", M, C)), flops=lin.gemm_flops(M, D, 4 * C),
                    source=OVERLAP + ".run_qkvg", note="q|k|v|g rows of in_proj_qkvgfab (KDA_QKVG_CONFIGS)", **on),
@@ -254,8 +248,8 @@ def reference(cfg, layer: int, shape, W, x: np.ndarray, state: dict) -> tuple[np
     # the state as float64 without a copy of its own when it is one: kda_decode_reference updates a copy (at
     # batch 64 the state is 0.5 GB, and a second copy cost ~1 s and 0.5 GB of peak)
     out, s, hist = kda_ops.kda_decode_reference(
-        bt(qkv), conv_w, np.asarray(state["kda.conv"], F64), bt(z), W("kda.dt_bias"), W("kda.a_log"),
-        bt(x @ W("kda.w_b")), bt(x @ W("kda.w_g")), W("kda.o_norm"), np.asarray(state["kda.state"], F64),
+        bt(qkv), conv_w, np.asarray(state["kda.conv"], np.float64), bt(z), W("kda.dt_bias"), W("kda.a_log"),
+        bt(x @ W("kda.w_b")), bt(x @ W("kda.w_g")), W("kda.o_norm"), np.asarray(state["kda.state"], np.float64),
         lower_bound=cfg.gate_lower_bound, eps=cfg.rms_norm_eps)
     return out.reshape(B * T, -1) @ W("kda.w_o"), {"kda.state": s, "kda.conv": hist}
 
@@ -267,37 +261,26 @@ def initial_state(cfg, shape, rng: np.random.Generator) -> dict:
     return {"kda.state": state.astype(np.float64), "kda.conv": conv}
 
 
-def _qkv_blocks(conv: np.ndarray) -> list[np.ndarray]:
-    return np.split(conv, 3, axis=1)  # q, k, v channel blocks
-
-
 def shard(state: dict, tp: int) -> list[dict]:
     """Rank r's heads of the state and its channels of each q, k, v block of the conv history (copies)."""
     if "kda.state" not in state:
         return [{} for _ in range(tp)]
-    out = []
-    for r in range(tp):
-        s = state["kda.state"]
-        n = s.shape[1] // tp
-        blocks = _qkv_blocks(state["kda.conv"])
-        ch = blocks[0].shape[1] // tp
-        out.append({"kda.state": s[:, r * n:(r + 1) * n].copy(),
-                           "kda.conv": np.concatenate([blk[:, r * ch:(r + 1) * ch] for blk in blocks], axis=1)})
-    return out
+    s, blocks = state["kda.state"], np.split(state["kda.conv"], 3, axis=1)  # q, k, v channel blocks
+    n, ch = s.shape[1] // tp, blocks[0].shape[1] // tp
+    return [{"kda.state": s[:, r * n:(r + 1) * n].copy(),
+             "kda.conv": np.concatenate([blk[:, r * ch:(r + 1) * ch] for blk in blocks], axis=1)} for r in range(tp)]
 
 
 def unshard(rank_bufs: list[dict], like: dict, advance: int) -> dict:
     if "kda.state" not in like:
         return {}
-    per_rank = [_qkv_blocks(b["kda.conv"]) for b in rank_bufs]
+    per_rank = [np.split(b["kda.conv"], 3, axis=1) for b in rank_bufs]  # each rank's q, k, v channel blocks
     return {"kda.state": np.concatenate([b["kda.state"] for b in rank_bufs], axis=1),
-            "kda.conv": np.concatenate([np.concatenate([blocks[i] for blocks in per_rank], axis=1)
-                                               for i in range(3)], axis=1)}
+            "kda.conv": np.concatenate([np.concatenate(block, axis=1) for block in zip(*per_rank)], axis=1)}
 
 
 def state_errors(state: dict, ref: dict, shape) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
-    return [("kda.state", state["kda.state"], ref["kda.state"], ""),
-            ("kda.conv", state["kda.conv"], ref["kda.conv"], "")]
+    return [(name, state[name], ref[name], "") for name in ("kda.state", "kda.conv")]
 
 
 def state_elements(cfg, tp: int, shape) -> int:

@@ -3,7 +3,7 @@
     plans      fused q_a / kv_a GEMM -> [g_proj] -> q_a / kv_a RMSNorm -> q_b -> absorb (W_UK) -> q concat +
                       FP8 quant + cache insert -> decode attention over the FP8 latent cache -> W_UV -> [output gate]
     kernels    the factories below, as stock vLLM launches them for decode tokens (V-MLA), each bound to its op
-               in ops/mla.py, ops/norm.py, ops/linear.py or ops/pointwise.py; MlaQuery / MlaValue fuse them
+               in ops/mla.py, ops/norm.py or ops/linear.py; MlaQuery / MlaValue fuse them
     reference  the textbook (non-absorbed) form: per head k = W_UK^T c_kv, v = W_UV^T c_kv, then o_proj
     state      the latent cache [B, context + T, Lkv + R] (c_kv then k_pe; FP8 on the GPU) with room for this
                       step's T tokens, and `lengths` [B] = tokens cached before the step; replicated on every rank
@@ -23,14 +23,12 @@ from simulator.dtypes import round_fp8
 from simulator.ops import linear as lin
 from simulator.ops import mla as mla_ops
 from simulator.ops import norm
-from simulator.ops.pointwise import sigmoid, sigmoid_gate, sigmoid_gate_flops
 from simulator.plans import common as c
 from simulator.plans import moe_kernels as moe
 from simulator.plans.common import PLAIN, Dims, Launch, act, context_free, packed, pre_norm_key, weight
 from simulator.plans.fuse import fuse
 from simulator.plans.kernel import K3, SD, Kernel
 
-F64 = np.float64
 SMALL_BATCH_MAX_TOKENS = 64  # the published specialized path supports non-speculative decode up to batch 64
 CACHE_BYTES = 1  # FP8 latent cache: vLLM --kv-cache-dtype fp8, as in the Kimi K3 serving recipes (docs/sources.md §K2)
 MLA = K3 + "mla.py:"
@@ -54,8 +52,7 @@ def mla_qkv_a(d: Dims, name: str, fusions: tuple[str, ...] = (), with_g: bool = 
     return Kernel(key="mla_qkv_a", name=name, kind="gemm", family="gemm", op=lin.linear_split,
                   consts=(("widths", (rq, n_kv) + ((n_g,) if with_g else ())),),
                   reads=(act("x", M, D),), weights=(packed(parts, D, rq + n_kv + n_g),), writes=writes,
-                  flops=lin.gemm_flops(M, D, rq + n_kv + n_g), fusions=fusions,
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=source,
+                  flops=lin.gemm_flops(M, D, rq + n_kv + n_g), fusions=fusions, **launch.kw, source=source,
                   replaces=("mla_qkv_a", "mla_g_proj") if with_g else (),
                   note="fused_qkv_a_proj, replicated (V-MLA, V-LLG dsv3_fused_a)" +
                        ("; g_proj shard appended to the same skinny GEMM" if with_g else ""))
@@ -66,8 +63,7 @@ def mla_g_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, n = d.M, d.D, _heads(d) * d.cfg.v_head_dim
     return Kernel(key="mla_g_proj", name="gemm_g_proj", kind="gemm", family="gemm", op=lin.linear, stream="aux",
                   deps=(pre_norm_key(d),), reads=(act("x", M, D),), weights=(weight("mla.w_g", D, n, shard="col"),),
-                  writes=(act("mla.g", M, n),), flops=lin.gemm_flops(M, D, n),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  writes=(act("mla.g", M, n),), flops=lin.gemm_flops(M, D, n), **launch.kw,
                   source=MLA + "MultiHeadLatentAttention._forward_q_lora",
                   note="output-gate projection on an aux stream, overlapped while tokens < 512 (V-MLA)")
 
@@ -82,7 +78,7 @@ def mla_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   reads=(act("mla.qa", M, rq), act("mla.kva", M, lkv + r)),
                   weights=(weight("mla.q_a_norm", rq), weight("mla.kv_a_norm", lkv)),
                   writes=(act("mla.cq", M, rq), act("mla.ckv", M, lkv), act("mla.kpe", M, r)),
-                  flops=norm.rms_norm_flops(M, rq + lkv), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  flops=norm.rms_norm_flops(M, rq + lkv), **launch.kw,
                   source="vllm/models/common/ops/fused_qk_rmsnorm.py:fused_q_kv_rmsnorm",
                   note="q_a and kv_a RMSNorms in one kernel (V-MLA)")
 
@@ -97,10 +93,10 @@ def _q(d: Dims, window: tuple[int, int, int] | None = None):
 def mla_q_b(d: Dims, launch: Launch = PLAIN) -> Kernel:
     cfg, M = d.cfg, d.M
     n = _heads(d) * cfg.mla_qk_head_dim
-    return Kernel(key="mla_q_b", name="gemm_q_b_proj", kind="gemm", family="gemm", op=lin.linear_heads,
+    return Kernel(key="mla_q_b", name="gemm_q_b_proj", kind="gemm", family="gemm", op=mla_ops.linear_heads,
                   consts=(("heads", _heads(d)),), reads=(act("mla.cq", M, cfg.q_lora_rank),),
                   weights=(weight("mla.w_qb", cfg.q_lora_rank, n, shard="col"),), writes=(_q(d),),
-                  flops=lin.gemm_flops(M, cfg.q_lora_rank, n), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  flops=lin.gemm_flops(M, cfg.q_lora_rank, n), **launch.kw,
                   source=MLA + "_apply_q_lora_attention",
                   note="q_b_proj column shard by head (2304x1536 at TP8; V-LLG)")
 
@@ -112,8 +108,7 @@ def mla_absorb(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   consts=(("nope_dim", cfg.qk_nope_dim),), reads=(_q(d),),
                   weights=(weight("mla.w_uk", cfg.kv_lora_rank, Nh * cfg.qk_nope_dim, shard="col"),),
                   writes=(act("mla.qlat", M, Nh, cfg.kv_lora_rank),),
-                  flops=lin.gemm_flops(M * Nh, cfg.qk_nope_dim, cfg.kv_lora_rank),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  flops=lin.gemm_flops(M * Nh, cfg.qk_nope_dim, cfg.kv_lora_rank), **launch.kw,
                   source=MLA + "MultiHeadLatentAttention._attention",
                   note="absorbed decode: q_nope . W_UK -> 512-wide latent query per head (V-MLA)")
 
@@ -127,10 +122,9 @@ def mla_cache_insert(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   consts=(("batch", B), ("context", ctx), ("rope_theta", None if cfg.mla_nope else cfg.rope_theta),
                           ("rope_scaling", cfg.rope_scaling)),
                   reads=(act("mla.qlat", M, Nh, lkv), _q(d, window=(2, dn, dn + r)), act("mla.ckv", M, lkv),
-                         act("mla.kpe", M, r)),
+                         act("mla.kpe", M, r)), **launch.kw,
                   writes=(act("mla.qcat", M, Nh, lkv + r, dtype="fp8"),
                           act("mla.cache", B, T, lkv + r, dtype="fp8", window=(1, ctx, ctx + T))),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
                   source=K3 + "ops/fused_mla_key_concat_kv_cache.py:fused_mla_decode_q_concat_kv_cache_insert",
                   note="decode q-concat + FP8 quant + latent KV-cache insert in one kernel (vLLM PR #54896)")
 
@@ -145,7 +139,7 @@ def mla_decode(d: Dims, launch: Launch = PLAIN, source: str = MLA + "MultiHeadLa
                           ("scale", cfg.mla_softmax_scale)),
                   reads=(act("mla.qcat", M, Nh, lkv + r, dtype="fp8"), act("mla.cache", B, S, lkv + r, dtype="fp8")),
                   writes=(act("mla.olat", M, Nh, lkv),), flops=mla_ops.mla_decode_flops(M, Nh, S, lkv, r),
-                  math="fp8", pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=source,
+                  math="fp8", **launch.kw, source=source,
                   note="MLA decode attention over the FP8 latent cache (FlashInfer TRTLLM-gen MLA; V-MLA)")
 
 
@@ -157,8 +151,7 @@ def mla_w_uv(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   reads=(act("mla.olat", M, Nh, cfg.kv_lora_rank),),
                   weights=(weight("mla.w_uv", cfg.kv_lora_rank, Nh * cfg.v_head_dim, shard="col"),),
                   writes=(act(out, M, Nh * cfg.v_head_dim),),
-                  flops=lin.gemm_flops(M * Nh, cfg.kv_lora_rank, cfg.v_head_dim),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  flops=lin.gemm_flops(M * Nh, cfg.kv_lora_rank, cfg.v_head_dim), **launch.kw,
                   source=MLA + "MultiHeadLatentAttention._v_up_proj",
                   note="latent -> 128 per head (V-MLA)")
 
@@ -167,9 +160,8 @@ def mla_w_uv(d: Dims, launch: Launch = PLAIN) -> Kernel:
 def mla_gate_mul(d: Dims, deps: tuple[str, ...] = ("mla_g_proj",), launch: Launch = PLAIN) -> Kernel:
     M, n = d.M, _heads(d) * d.cfg.v_head_dim
     return Kernel(key="mla_gate_mul", name="sigmoid_gate_mul", kind="pointwise", family="small",
-                  op=sigmoid_gate, deps=deps,
-                  reads=(act("mla.o", M, n), act("mla.g", M, n)), writes=(act("attn.core", M, n),),
-                  flops=sigmoid_gate_flops(M, n), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  op=mla_ops.sigmoid_gate, deps=deps, reads=(act("mla.o", M, n), act("mla.g", M, n)),
+                  writes=(act("attn.core", M, n),), flops=mla_ops.sigmoid_gate_flops(M, n), **launch.kw,
                   source=MLA + "_gate_sigmoid_mul",
                   note="o * sigmoid(g_proj x), a compiled elementwise kernel (V-MLA)")
 
@@ -179,7 +171,7 @@ def mla_query(d: Dims, launch: Launch = PLAIN) -> Kernel:
     in one launch (the normed latents, q and the latent query stay on chip)."""
     parts = [mla_norm(d), mla_q_b(d), mla_absorb(d), mla_cache_insert(d)]
     return fuse(parts, "mla_query", "MlaQuery", "gemm", "gemm", ("mla.qcat", "mla.cache"),
-                SD + "cutedsl/mla/prepared.py:PreparedMla.run", pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                SD + "cutedsl/mla/prepared.py:PreparedMla.run", **launch.kw,
                 note="norms, q_b, W_UK, FP8 quant and cache insert: one kernel of the specialized MLA (P11)")
 
 
@@ -187,7 +179,7 @@ def mla_value(d: Dims, launch: Launch = PLAIN) -> Kernel:
     """MlaValue: W_UV and the sigmoid output gate in one launch."""
     parts = [mla_w_uv(d)] + ([mla_gate_mul(d, deps=())] if d.cfg.mla_output_gate else [])
     return fuse(parts, "mla_value", "MlaValue", "gemm", "gemm", ("attn.core",),
-                SD + "cutedsl/mla/prepared.py:PreparedMla.run", pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                SD + "cutedsl/mla/prepared.py:PreparedMla.run", **launch.kw,
                 note="W_UV and the output gate: one kernel of the specialized MLA (P11)")
 
 
@@ -219,12 +211,11 @@ def specialized(d: c.Dims, on: frozenset[str], go) -> list[Kernel]:
 
 # ===================================================================== reference and state
 def reference(cfg, layer: int, shape, W, x: np.ndarray, state: dict) -> tuple[np.ndarray, dict]:
-    B, T = shape.batch, shape.tokens_per_seq
-    N = cfg.mla_heads
-    lkv, ctx = cfg.kv_lora_rank, shape.context
+    B, T, ctx = shape.batch, shape.tokens_per_seq, shape.context
+    N, lkv = cfg.mla_heads, cfg.kv_lora_rank
     c_q, c_kv, k_pe = mla_ops.mla_qkv_a_norm(x @ W("mla.w_qa"), x @ W("mla.w_kva"), W("mla.q_a_norm"),
                                                     W("mla.kv_a_norm"), lkv, cfg.mla_lora_eps)
-    cache, lengths = state["mla.cache"].astype(F64), state["mla.lengths"]
+    cache, lengths = state["mla.cache"].astype(np.float64), state["mla.lengths"]
     old_pe = cache[:, :ctx, lkv:]
     theta = None if cfg.mla_nope else cfg.rope_theta
     if theta is not None:  # the cache holds rotated k_pe; the textbook form rotates inside attention
@@ -238,7 +229,7 @@ def reference(cfg, layer: int, shape, W, x: np.ndarray, state: dict) -> tuple[np
                                                rope_scaling=cfg.rope_scaling)
     o = o.reshape(B * T, N * cfg.v_head_dim)  # [M, N Dv]
     if cfg.mla_output_gate:
-        o = o * sigmoid(x @ W("mla.w_g"))
+        o = mla_ops.sigmoid_gate(o, x @ W("mla.w_g"))
     new_pe = k_pe.reshape(B, T, -1)
     if theta is not None:
         new_pe = mla_ops.rope(new_pe, lengths[:, None] + np.arange(T)[None, :], theta, cfg.rope_scaling)

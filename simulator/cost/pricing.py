@@ -117,19 +117,9 @@ def fixed_us(kernel: Kernel, hw: HardwareProfile) -> float:
     kernel_fixed_us, a norm's, a top-k's, a finalize's, a split-KV decode's), plus the tensor-core GEMM
     fixed cost. A collective carries its latency in alpha; one that also computes (an all-gather + top-k
     kernel) pays its compute floor after the exchange."""
-    return _fixed(kernel.family, kernel.floor, hw)
-
-
-def _fixed(family: str, floor: str, hw: HardwareProfile) -> float:
-    if family == "collective":
-        return hw.floor_us(floor) if floor else 0.0
-    return hw.floor_us(floor) + (hw.gemm_fixed_us if family in TENSOR_CORE_FAMILIES else 0.0)
-
-
-def padded_grouped_flops(tokens: int, rows: int, experts: int, k_dim: int, n_dim: int) -> float:
-    """2 x K x N over the whole BLOCK_M-row tiles the grid runs (expected_tiles)."""
-    tiles, block = expected_tiles(tokens, rows, experts)
-    return 2.0 * tiles * block * k_dim * n_dim
+    if kernel.family == "collective":
+        return hw.floor_us(kernel.floor) if kernel.floor else 0.0
+    return hw.floor_us(kernel.floor) + (hw.gemm_fixed_us if kernel.family in TENSOR_CORE_FAMILIES else 0.0)
 
 
 def grouped_gemm_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, float]:
@@ -138,12 +128,11 @@ def grouped_gemm_terms(kernel: Kernel, hw: HardwareProfile) -> tuple[float, floa
         return 0.0, kernel.flops / (hw.peak_flops(kernel.math) * hw.compute_efficiency) * 1e6
     w = kernel.weights[0]
     experts, k_dim, n_dim = w.shape[0], w.shape[-2], w.shape[-1]
-    tokens = kernel.group_tokens or kernel.group_rows
-    padded = padded_grouped_flops(tokens, kernel.group_rows, experts, k_dim, n_dim)
+    tiles, block = expected_tiles(kernel.group_tokens or kernel.group_rows, kernel.group_rows, experts)
+    padded = 2.0 * tiles * block * k_dim * n_dim  # 2 x K x N over the whole BLOCK_M-row tiles the grid runs
     extra = max(0, kernel.flops - 2 * kernel.group_rows * k_dim * n_dim)  # epilogue work beyond the GEMM
     math_us = (padded + extra) / (hw.peak_flops(kernel.math) * hw.compute_efficiency) * 1e6
-    if w.dtype in FP4_DTYPES and hw.fp4_runs_as != "fp4":
-        tiles, _ = expected_tiles(tokens, kernel.group_rows, experts)  # each tile's programs dequantise their slab
+    if w.dtype in FP4_DTYPES and hw.fp4_runs_as != "fp4":  # each tile's programs dequantise their slab
         math_us += DEQUANT_OPS * tiles * k_dim * n_dim / (hw.fp32_flops * hw.compute_efficiency) * 1e6
     return experts * hw.moe_expert_us, math_us
 
@@ -169,14 +158,6 @@ def launch_gap_us(kernel: Kernel, hw: HardwareProfile) -> float:
 def prefetch_target(kernel: Kernel) -> int:
     """The weight bytes the kernel may load before its inputs are ready: its declared prefetch, at most its weights."""
     return min(kernel.prefetch_bytes, kernel.weight_bytes)
-
-
-def achievable_bandwidth(nbytes: float, family: str, hw: HardwareProfile) -> float:
-    """BW_achieved(S) = S / (t_fixed + S / (eta BW)) in B/s for a streaming kernel of `family`: small
-    kernels never reach peak."""
-    stream = hw.hbm_efficiency * hw.hbm_bandwidth
-    seconds = _fixed(family, "", hw) * 1e-6 + nbytes / stream
-    return nbytes / seconds if seconds > 0 else 0.0
 
 
 def stream_bandwidth(kernel: Kernel, hw: HardwareProfile) -> float:

@@ -33,9 +33,9 @@ from simulator.hardware import HardwareProfile
 from simulator.routing import UNIFORM, RoutingStats
 from simulator.plans import specialized, standard
 from simulator.plans.builders import BUILDERS
-from simulator.plans.common import layer_signature
 from simulator.cost.head import draft_head_plan, head_plan
 from simulator.plans.kernel import DecodeShape, Plan
+from simulator.state import block_boundary, blocks_before
 
 
 
@@ -145,6 +145,15 @@ def layer_timeline(cfg: ModelConfig, hw: HardwareProfile, variant: str, tp: int,
                    makespan: Makespan = makespan_us) -> Timeline:
     return schedule(build_plan(cfg, variant, tp, shape, layer_type, fusions, arch=standard.arch_of(hw)), hw,
                     makespan.loop)
+
+
+def layer_signature(cfg: ModelConfig, layer: int) -> tuple:
+    """All a plan reads of its layer's index (through `plans.common.Dims`: the layer's type and attention, its
+    AttnRes snapshots and boundary, a GQA layer's window, and whether it is the first GQA layer, whose rotary table
+    gpt-oss's step casts before it): layers with equal signatures build equal plans at every shape and TP (a test
+    builds them), so a caller may build one and reuse it (a drafter's five dense layers, `drafter_plans`)."""
+    return (cfg.layer_type(layer), cfg.attn_kinds[layer], blocks_before(cfg, layer), block_boundary(cfg, layer),
+            cfg.gqa_window(layer), cfg.attn_kinds[layer] == "gqa" and layer == 0)
 
 
 @lru_cache(maxsize=1024)  # the same plan objects for the same drafting: pricings that remember plans hit

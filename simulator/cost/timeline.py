@@ -40,7 +40,6 @@ from simulator.hardware import HardwareProfile
 from simulator.plans.kernel import Kernel, Plan
 
 
-
 @dataclass(frozen=True, slots=True)
 class Span:
     """One kernel placed on the timeline. `cost` is its price alone; the span may be longer (sharing)."""
@@ -123,9 +122,9 @@ def schedule(plan: Plan, hw: HardwareProfile, loop: Loop = simulate) -> Timeline
     costs = [price_kernel(k, hw) for k in plan]
     arrays = plan_arrays(plan, hw)
     start, end, pf_start, pf_end, pf_bytes = loop(*arrays)
-    spans = []
+    spans, pred, deps = [], arrays[0], arrays[1]  # each kernel's same-stream predecessor, other-stream deps (-1: none)
     for i, (k, c) in enumerate(zip(plan, costs)):
-        inputs_end = max([0.0] + [end[j] for j in _inputs(arrays, i)])
+        inputs_end = max([0.0] + [end[j] for j in (pred[i], *deps[i]) if j >= 0])
         prefetched = pf_start[i] >= 0
         spans.append(Span(k.key, _name(k, hw), k.stream, k.kind, float(start[i]), float(end[i]),
                           float(start[i] - inputs_end), float(pf_start[i]) if prefetched else None,
@@ -151,11 +150,6 @@ class Makespan:
 makespan_us = Makespan()  # the plain loop: ~2 ms a layer, no compiler to load
 
 
-def _inputs(arrays: tuple, i: int) -> list[int]:
-    pred, deps = arrays[0], arrays[1]
-    return [int(j) for j in deps[i] if j >= 0] + ([int(pred[i])] if pred[i] >= 0 else [])
-
-
 def floor_us(plan: Plan, hw: HardwareProfile) -> float:
     """Speed-of-light floor of the plan (module docstring): bytes at peak BW plus unhidden alphas."""
     per_us = hw.hbm_bandwidth * 1e-6  # B/µs
@@ -171,5 +165,3 @@ def floor_us(plan: Plan, hw: HardwareProfile) -> float:
 def _floor_bytes(kernel: Kernel) -> int:
     """Bytes no schedule avoids: weights, and all traffic of attention (KV cache, recurrent state)."""
     return kernel.hbm_bytes if kernel.kind == "attention" else kernel.weight_bytes
-
-

@@ -26,8 +26,8 @@ MATMUL_ONLY_KINDS = ("gemm", "gemm_collective", "router")  # kinds whose 2-D wei
 
 
 class FastBackend:
-    """Compiled replacements, packed weights, streamed experts (module docstring): the members of
-    `execute.Backend`, which it does not import (the executor imports this module when asked for it)."""
+    """Compiled replacements, packed weights, streamed experts (module docstring): the members the executor calls
+    (`execute.make_backend`), which imports this module only when asked for it."""
 
     name = "fast"
     replacements = REPLACEMENTS

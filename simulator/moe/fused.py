@@ -37,7 +37,7 @@ def latent_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     width = L + (D if shared else 0)
     latent = act("tail.sum", M, L, window=(1, 0, L))
     normed = act("latent.normed", M, L)
-    on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+    on = dict(**launch.kw,
               source=K3 + "latent_moe_runner.py:LatentMoERunner._shard_up_proj_tail")
     norm_kernel = (
         Kernel(key="latent_norm", name="rmsnorm_latent", kind="pointwise", family="small",
@@ -76,7 +76,7 @@ def classic_tail(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     return [
         Kernel(key="tail_add", name="add_shared_partial", kind="pointwise", family="small", op=pointwise.add,
                reads=(act("moe.partial", M, D),) + shared, writes=(act("moe.sum_partial", M, D),), flops=M * D,
-               pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=K3 + "model.py:KimiMoE.forward",
+               **launch.kw, source=K3 + "model.py:KimiMoE.forward",
                note="routed + shared partial sums before the all-reduce"),
         all_reduce_kernel(d, "moe_all_reduce", "moe.sum_partial", "moe_out", D, launch=launch,
                           note="TP all-reduce of the MoE output"),

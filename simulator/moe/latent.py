@@ -9,8 +9,7 @@
                  multicast store in one launch); at 1-2 tokens the small-batch chain (MoeFront, cluster experts,
                  the polling tail). Each fusion switched off puts back the stock launches it replaced.
 
-The kernels it shares with the other MoE paths (router, top-k, FC1/FC2, the gated MLP, the split router, the
-fused latent tail) are plans/moe_kernels.py's; the launches only this path makes are below, then its plans.
+The launches only this path makes are below, then its plans (the kernels the paths share: plans/moe_kernels.py).
 
 Dimension legend: M tokens, D hidden, P TP degree, L latent, S shared hidden per rank, k active experts.
 """
@@ -80,8 +79,7 @@ def moe_tail(d: Dims, finalize_in: bool, launch: Launch = PLAIN, name: str = "Mo
     a, b = moe.latent_tail_fused(d)
     parts = ([moe.finalize(d)] if finalize_in else []) + [a, b]
     return fuse(parts, "moe_tail", name, "gemm_collective", "gemm", ("moe_out",), source, deps=("shared_down",),
-                pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, fusions=("one_kernel_tail",),
-                replaces=("tail_collective", "tail_up", "tail_copy"),
+                **launch.kw, fusions=("one_kernel_tail",), replaces=("tail_collective", "tail_up", "tail_copy"),
                 note="finalize, AR(latent) + RMSNorm + RS(shared), up-projection shard + shared slice, multicast "
                      "store: one launch; its exchanges are pipelined per K slice (one α)")
 
@@ -92,8 +90,8 @@ def stock_tail(d: Dims, launch: Launch = PLAIN, finalize_in: bool = True) -> lis
     Without `finalize_in` the experts already summed their rows (the specialized moe_finalize)."""
     a, b = moe.latent_tail_fused(d, launch)
     collective = fuse(([moe.finalize(d)] if finalize_in else []) + [a], "tail_collective", "CollectiveKernel",
-                      "collective", "collective",
-                      ("latent.normed", "shared.slice"), moe.TAIL_OP, deps=("shared_down",), floor="reduction",
+                      "collective", "collective", ("latent.normed", "shared.slice"), moe.TAIL_OP,
+                      deps=("shared_down",), floor="reduction",
                       pdl=launch.pdl, fusions=(), note="top-k finalize, latent all-reduce, RMSNorm and shared "
                       "reduce-scatter in one CuTe DSL collective (allreduce_rmsnorm_reduce_scatter)")
     out = act("moe_out", d.M, d.D)
@@ -109,8 +107,8 @@ def small_batch_front(d: Dims, launch: Launch = PLAIN, with_down: bool = True) -
     shared = moe.gated_mlp(d, "shared", d.S_r, "shared expert")
     parts = moe.split_router(d) + (shared if with_down else shared[:2])
     keep = ("latent.z", "topk.idx", "topk.weight", "shared.partial" if with_down else "shared.h")
-    return fuse(parts, "moe_front", f"MoeFrontTP{d.P}", "gemm_collective", "gemm", keep, CHAIN, pdl=launch.pdl,
-                prefetch_bytes=launch.prefetch_bytes, fusions=("split_router", "small_batch_chain"),
+    return fuse(parts, "moe_front", f"MoeFrontTP{d.P}", "gemm_collective", "gemm", keep, CHAIN, **launch.kw,
+                fusions=("split_router", "small_batch_chain"),
                 note="router + latent-down shards multicast, top-k, latent copy and the shared expert: one launch")
 
 
@@ -127,8 +125,7 @@ def shared_push(d: Dims) -> Kernel:
 def experts_group(d: Dims) -> Kernel:
     """ExpertsGroupKernel (9-32 tokens): one CTA builds the (expert, <= 8 tokens) unit table first."""
     return Kernel(key="experts_group", name="ExpertsGroupKernel", kind="pointwise", family="small",
-                  op=pointwise.nothing,
-                  pdl=True, source=SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.group",
+                  op=pointwise.nothing, pdl=True, source=SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.group",
                   note="the persistent experts' unit table (one CTA); moe-sim's grouped ops index experts directly")
 
 
@@ -137,32 +134,24 @@ def shared_merged(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     the shared gate/up + SiTU on the main stream, RouteSitu routes, SharedDown runs beside the experts."""
     front, route = moe.split_router(d, launch)
     merged = fuse([front, moe.gate_up_act(d, "shared", d.S_r)], "shared_merged", "SharedUmma", "gemm", "gemm",
-                  ("router.logits_shard", "latent.z_shard", "shared.h"), moe.FRONT + "route", pdl=launch.pdl,
-                  prefetch_bytes=launch.prefetch_bytes, note="front rows joined to the shared gate/up GEMM (MERGED)")
+                  ("router.logits_shard", "latent.z_shard", "shared.h"), moe.FRONT + "route", **launch.kw,
+                  note="front rows joined to the shared gate/up GEMM (MERGED)")
     down = moe.down_proj(d, "shared", d.S_r, "shared expert down beside the experts (SharedDown)", "aux", launch)
     return [merged, route, cite(down, moe.FRONT + "shared_expert", name="SharedDown", deps=("shared_merged",),
-                                pdl=False, prefetch_bytes=0)]
+                                **PLAIN.kw)]
 
 
 # ===================================================================== the plans
 def standard(d: Dims, c1: Launch, arch: str = "sm100") -> list[Kernel]:
-    """Kimi K3's MoE up to 128 tokens: the shared expert beside routing on the aux stream, W4A8 TRT-LLM-gen
-    experts with their finalize deferred to the tier-0 tail."""
-    shared = shared_launches(moe.gated_mlp(d, "shared", d.S_r, "shared expert (not reduced until the latent tail)",
-                                           "aux", (post_norm_key(d),), PDL))
-    return ([moe.router(d, EARLY if d.single_request else PDL), moe.latent_down(d, (post_norm_key(d),), PDL)] + shared
+    """The stock launches (module docstring): W4A8 experts, their finalize deferred to the tier-0 tail."""
+    return ([moe.router(d, EARLY if d.single_request else PDL), moe.latent_down(d, (post_norm_key(d),), PDL)]
+            + shared_expert(d, PDL, post_norm_key(d), glu=False)
             + [mxfp8_quant(d, ("latent_down",)), moe.topk(d, PDL), topk_indices(d, PDL), moe.fc1(d, launch=PDL),
                moe.fc2(d, launch=PDL)] + stock_tail(d, PDL))
 
 
-def shared_launches(kernels: list[Kernel]) -> list[Kernel]:
-    """The stock shared expert's launches: situ_and_mul is a plain elementwise launch (no PDL)."""
-    return [cite(k, k.source, pdl=False) if k.key.endswith("_act") and k.pdl else k for k in kernels]
-
-
 def specialized(d: Dims, on: frozenset[str], go, x2_from: str) -> list[Kernel]:
-    """PreparedMoE.run (or the small-batch chain): shared expert on the side stream, front, experts, tail.
-    Each fusion switched off puts back the stock launches it replaced (`standard`)."""
+    """PreparedMoE.run (or the small-batch chain): shared expert on the side stream, front, experts, tail."""
     P, M, e = d.P, d.M, go.every
     pad = "unpadded_experts" not in on or P < 16  # at TP8 the 384-row shard has no padding either way
     weighted = "moe_finalize" in on and M >= (5 if P <= 8 else 9)  # experts publish the weighted partial
@@ -182,7 +171,7 @@ def specialized(d: Dims, on: frozenset[str], go, x2_from: str) -> list[Kernel]:
     if split and glu and M >= (41 if P <= 8 else 33):
         ks = shared_merged(d, e)  # the front GEMM's rows join the shared gate/up kernel (MERGED)
     elif split:  # SharedFront.shared_expert launches them beside the front; above 8 tokens without PDL
-        plain = dict(pdl=False, prefetch_bytes=0) if glu else {}
+        plain = PLAIN.kw if glu else {}
         ks = [cite(k, moe.FRONT + "shared_expert", **plain) for k in shared_expert(d, e, x2_from, glu)]
         if P == 8 and 5 <= M <= 8:
             ks.append(shared_push(d))
@@ -208,11 +197,12 @@ def specialized(d: Dims, on: frozenset[str], go, x2_from: str) -> list[Kernel]:
 
 
 def shared_expert(d: Dims, e: Launch, x2_from: str, glu: bool) -> list[Kernel]:
-    """On the MoE aux stream, as stock vLLM runs it (S3): gate/up, SiTU, down; with the GLU epilogue, two."""
+    """On the MoE aux stream after `x2_from`, as stock vLLM runs it (S3): gate/up, SiTU, down (its situ_and_mul a
+    plain elementwise launch, no PDL; under EARLY RouteSitu's SiTU runs with PDL); with the GLU epilogue, two."""
     what = "shared expert (not reduced until the latent tail)"
-    stream, deps = "aux", (x2_from,)
     if not glu:
-        kernels = moe.gated_mlp(d, "shared", d.S_r, what, stream, deps, e)  # RouteSitu's SiTU role runs under PDL
-        return kernels if e is EARLY else shared_launches(kernels)
-    return [moe.gate_up_act(d, "shared", d.S_r, stream, deps, e),
-            moe.down_proj(d, "shared", d.S_r, f"{what} down, row shard; its partial sum is reduced later", stream, e)]
+        kernels = moe.gated_mlp(d, "shared", d.S_r, what, "aux", (x2_from,), e)
+        return kernels if e is EARLY else [cite(k, k.source, pdl=False) if k.key == "shared_act" and k.pdl else k
+                                           for k in kernels]
+    return [moe.gate_up_act(d, "shared", d.S_r, "aux", (x2_from,), e),
+            moe.down_proj(d, "shared", d.S_r, f"{what} down, row shard; its partial sum is reduced later", "aux", e)]

@@ -12,12 +12,11 @@ Under TP every expert is sharded: rank r holds F/P columns of w_gate / w_up and 
 of w_down, so each rank produces a partial y that an all-reduce completes (the GLU is elementwise in
 F, so sharding F is exact).
 
+The GPU runs routed experts as FC1 (gate+up GEMM, activation in its epilogue), FC2 (down GEMM, one output
+row per (token, slot)) and a finalize (weighted sum over slots), or FC2 and the finalize fused in one pass.
+
 Dimension legend: M tokens, Din expert input width (L for latent MoE, D otherwise), F expert hidden,
 k active experts, P TP degree.
-
-The unfused GPU path runs routed experts as FC1 (gate+up GEMM with the activation in its epilogue),
-FC2 (down GEMM, one output row per (token, slot)) and a finalize kernel (weighted sum over slots).
-The fused form does FC2 and the finalize in one pass and never writes the [M, k, Din] slot outputs.
 """
 
 from __future__ import annotations
@@ -29,7 +28,8 @@ import numpy.typing as npt
 
 from simulator.config import ModelConfig
 from simulator.dtypes import Array
-from simulator.ops.collectives import all_reduce_one_shot
+from simulator.ops.collectives import all_gather, all_reduce_one_shot, reduce_scatter
+from simulator.ops.norm import rms_norm
 from simulator.ops.pointwise import sigmoid, sigmoid_exp
 from simulator.ops.replaceable import replaceable
 
@@ -49,11 +49,10 @@ def glu(g: Array, u: Array, cfg: ModelConfig) -> Array:
 
 
 def glu_product(gu: Array, cfg: ModelConfig) -> Array:
-    """`glu` as the kernels run it, on the gate+up product: [..., 2F] = [gate | up] -> [..., F]. The same
-    formula and order of products, with `sigmoid_exp` (NumPy's SIMD exp, not logaddexp's scalar loop) and in
-    place on its temporaries: SiTU on FC1's [16 ranks, 16 rows, 192] float32 at batch 1 ~0.9 -> 0.6 ms, and
-    0.28 ms with `sigmoid_exp` picking its numerator without `np.where`. Within a few ulp of `glu`,
-    which the float64 reference keeps. (A Numba loop was slower: scalar tanhf, ~19 ns.)"""
+    """`glu` as the kernels run it (the activation kernel's op), on the gate+up product: [..., 2F] = [gate | up]
+    -> [..., F]. The same formula and order of products, with `sigmoid_exp` (one SIMD exp, not logaddexp's
+    scalar loop) and in place on its temporaries: ~3x faster than `glu` on FC1's output at batch 1, within a
+    few ulp of it (the float64 reference keeps `glu`)."""
     g, u = np.split(gu, 2, axis=-1)
     if cfg.hidden_act == "swiglu_oai":
         g, u = np.minimum(g, cfg.swiglu_limit), np.clip(u, -cfg.swiglu_limit, cfg.swiglu_limit)
@@ -177,14 +176,6 @@ def expert_fc2_finalize(h: Array, topk_idx: npt.NDArray[np.int64], topk_weight: 
     return out
 
 
-def routed_experts_fused(z: Array, topk_idx: npt.NDArray[np.int64], topk_weight: Array,
-                         expert: ExpertFn, cfg: ModelConfig) -> Array:
-    """The specialized plan's routed experts, FC1 then the fused FC2 + finalize, with expert(e) =
-    (w_gate, w_up, w_down); the same contract as `routed_experts_reference`.   [M, Din] -> [M, Din]"""
-    h = expert_fc1(z, topk_idx, lambda e: expert(e)[:2], cfg=cfg)  # [M, k, F/P]
-    return expert_fc2_finalize(h, topk_idx, topk_weight, lambda e: expert(e)[2:])
-
-
 def _groups(topk_idx: npt.NDArray[np.int64], only: Collection[int] | None = None):
     """(expert, token rows, slot columns) for every expert selected at least once (and in `only`, when
     given), in expert order."""
@@ -199,15 +190,10 @@ def _groups(topk_idx: npt.NDArray[np.int64], only: Collection[int] | None = None
 
 
 # ===================================================================== dense kernels of the plans
-def glu_split(gu: Array, *, cfg: ModelConfig) -> Array:
-    """The activation kernel: [M, 2F] = [gate | up] -> [M, F]."""
-    return glu_product(gu, cfg)
-
-
 def linear_glu(x: Array, w_gate_up: Array, *, cfg: ModelConfig) -> Array:
     """Gate+up GEMM with the activation in its epilogue: [M, D] @ [D, 2F] -> [M, F]; the [M, 2F]
     gate/up output is never written (2 x M x 2F x 2 B saved) and one launch fewer."""
-    return glu_split(x @ w_gate_up, cfg=cfg)
+    return glu_product(x @ w_gate_up, cfg)
 
 
 def glu_flops(M: int, F: int, act: str) -> int:
@@ -228,8 +214,6 @@ def allreduce_rmsnorm_reducescatter(z_parts: list[Array], shared_parts: list[Arr
     """All ranks: AR(routed latent partials) + RMSNorm, RS(shared partials): P x [M, L], P x [M, D]
     -> P x [M, L] normed, P x [M, D/P] shared slice. One collective kernel instead of concat + AR +
     norm: the [M, L + D] concat buffer is never written."""
-    from simulator.ops.collectives import reduce_scatter
-    from simulator.ops.norm import rms_norm
     z = [rms_norm(total, w, eps) for total, w in zip(all_reduce_one_shot(z_parts), norm_w)]
     return z, reduce_scatter(shared_parts)
 
@@ -237,5 +221,4 @@ def allreduce_rmsnorm_reducescatter(z_parts: list[Array], shared_parts: list[Arr
 def linear_add_allgather(xs: list[Array], shared_slices: list[Array], w_up: list[Array]) -> list[Array]:
     """All ranks: u_r = x_r @ W_up[:, D/P slice] + shared slice r, all-gathered (multicast store):
     P x [M, L] -> P x [M, D]. The replicated [L, D] up-projection becomes a 1/P shard per rank."""
-    from simulator.ops.collectives import all_gather
     return all_gather([x @ w + s for x, s, w in zip(xs, shared_slices, w_up)])

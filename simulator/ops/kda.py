@@ -272,29 +272,3 @@ def conv_flops(M: int, C: int, W: int) -> int:
     """Depthwise conv: one multiply-add per tap per channel per token (the SiLU is O(M C))."""
     return 2 * M * C * W
 
-
-# ============================================================================ demo
-def _demo_inputs(rng: np.random.Generator, B: int, T: int, N: int, H: int, W: int) -> tuple[Array, ...]:
-    """O(1) activations, conv taps ~ 1/sqrt(W), A_log = log U(1, 16) as in Mamba/KDA init."""
-    C = 3 * N * H
-    return (
-        rng.standard_normal((B, T, C)), rng.standard_normal((C, W)) / np.sqrt(W),
-        rng.standard_normal((B, C, W - 1)), rng.standard_normal((B, T, N * H)),
-        0.1 * rng.standard_normal(N * H), np.log(rng.uniform(1, 16, N)),
-        rng.standard_normal((B, T, N)), rng.standard_normal((B, T, N * H)),
-        1 + 0.1 * rng.standard_normal(H), rng.standard_normal((B, N, H, H)) / np.sqrt(H),
-    )
-
-
-if __name__ == "__main__":
-    B, T, N, H, W = 2, 4, 4, 8, 4  # tiny-k3 at TP4, verifying 3 draft tokens
-    inputs = _demo_inputs(np.random.default_rng(0), B, T, N, H, W)
-    kw = dict(lower_bound=-5.0, eps=1e-5)
-    ref = kda_decode_reference(*inputs, **kw)
-    print(f"KDA decode  B={B} T={T} N={N} H={H} W={W}")
-    print("  out", ref[0].shape, " state", ref[1].shape, " hist", ref[2].shape)
-    for name, fn in (("fused", kda_decode_fused), ("chain", kda_chain)):
-        for dt in (np.float64, np.float32):
-            got = fn(*(a.astype(dt) for a in inputs), **kw)
-            err = max(float(np.abs(g - r).max()) for g, r in zip(got, ref))
-            print(f"  {name:5s} {np.dtype(dt).name:7s} max |err| vs float64 reference = {err:.2e}")

@@ -37,7 +37,9 @@ import numpy as np
 
 from simulator.config import RopeScaling
 from simulator.dtypes import Array
+from simulator.ops.linear import linear
 from simulator.ops.norm import rms_norm
+from simulator.ops.pointwise import sigmoid
 
 KV_TILE = 64  # cache positions per tile of the fused kernel (FlashMLA's page/block size)
 
@@ -229,6 +231,11 @@ def _flash_decode(q_lat: Array, q_pe: Array, cache: Array, length: int, scale: f
 # The plans hold activations as [M, ...] rows (M = B T) and every sequence has `context` cached tokens
 # before the step (lengths = context); these entry points take exactly a kernel's declared tensors.
 
+def linear_heads(x: Array, w: Array, *, heads: int) -> Array:
+    """q_b: a column-sharded projection whose output is per head.   [M, K] @ [K, Nh Dh] -> [M, Nh, Dh]"""
+    return linear(x, w).reshape(x.shape[0], heads, -1)
+
+
 def mla_absorb_step(q: Array, w_uk: Array, *, nope_dim: int) -> Array:
     """q [M, N, Dn+R], w_uk [L, N Dn] (column shard) -> q_lat [M, N, L]."""
     M, N, _ = q.shape
@@ -265,30 +272,18 @@ def mla_uv_step(o_lat: Array, w_uv: Array) -> Array:
     return mla_uv(o_lat[None], w)[0].reshape(M, -1)
 
 
+def sigmoid_gate(o: Array, g: Array) -> Array:
+    """The output gate, o * sigmoid(g) (no norm).   [M, n], [M, n] -> [M, n]"""
+    return o * sigmoid(g)
+
+
+def sigmoid_gate_flops(M: int, n: int) -> int:
+    """Per element: sigmoid (exp, add, divide: counted 3) and the multiply (1)."""
+    return 4 * M * n
+
+
 def mla_decode_flops(M: int, N: int, S: int, L: int, R: int) -> int:
     """Per token, head and cached slot: the score q_lat . c_kv + q_pe . k_pe (2 (L + R)) and the
     value accumulation p c_kv (2 L)."""
     return 2 * M * N * S * (2 * L + R)
 
-
-# ============================================================================ demo
-if __name__ == "__main__":
-    rng = np.random.default_rng(0)
-    B, T, N, Dn, R, Dv, L, Rq, S = 2, 4, 4, 8, 4, 8, 16, 32, 150  # tiny-k3 at TP4, 3 draft tokens
-    lengths = np.array([100, 37])
-    c_q = rng.standard_normal((B, T, Rq))
-    c_kv, k_pe = rng.standard_normal((B, S, L)), rng.standard_normal((B, S, R))
-    w_qb = rng.standard_normal((Rq, N * (Dn + R))) / np.sqrt(Rq)
-    w_uk, w_uv = rng.standard_normal((N, Dn, L)) / np.sqrt(L), rng.standard_normal((N, L, Dv)) / np.sqrt(L)
-    scale = (Dn + R) ** -0.5
-    oracle = mla_attention_reference(c_q, c_kv, k_pe, w_qb, w_uk, w_uv, lengths, scale)
-    q = (c_q @ w_qb).reshape(B, T, N, Dn + R)  # [B, T, N, Dn+R]
-    q_lat, q_pe = mla_absorb_q(q[..., :Dn], w_uk), q[..., Dn:]  # [B, T, N, L], [B, T, N, R]
-    cache = np.concatenate([c_kv, k_pe], axis=-1)  # [B, S, L+R]
-    print(f"MLA decode (NoPE)  B={B} T={T} N={N} Dn={Dn} R={R} Dv={Dv} L={L} S={S} lengths={lengths}")
-    print("  q_lat", q_lat.shape, " cache", cache.shape, " o", oracle.shape)
-    for name, fn in (("reference", mla_decode_reference), ("fused", mla_decode_fused)):
-        for dt in (np.float64, np.float32):
-            o = fn(q_lat.astype(dt), q_pe.astype(dt), cache.astype(dt), lengths, scale, w_uv.astype(dt))
-            err = float(np.abs(o - oracle).max())
-            print(f"  absorbed {name:9s} {np.dtype(dt).name:7s} max |err| vs non-absorbed fp64 = {err:.2e}")

@@ -12,8 +12,8 @@ the MLP the layer input is a softmax mix over the sources (snapshots..., prefix)
 Dimension legend: M tokens, D hidden, S sources (<= 9 for Kimi K3).
 
 What differs from a plain pre-norm residual: the mix reads S sources instead of one; at a block
-boundary the prefix is pushed as a snapshot and reset to zero. With `attn_res_block == 0` (DeepSeek)
-there are no snapshots and the mix over the single source is the identity, i.e. a plain residual.
+boundary the prefix is pushed as a snapshot and reset to zero. A model without it (DeepSeek-V3) runs the
+plain residual of ops/residual.py.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""Elementwise pieces every op family shares: the one sigmoid, the output gate, adds and concats.
+"""Elementwise pieces every op family shares: the one sigmoid, adds and concats.
 
     sigmoid(x) = 1 / (1 + e^-x) = exp(-log(1 + e^-x))         no overflow for large |x|, full relative
                                                                precision for very negative x
     sigmoid_exp(x) = 1 / (1 + e^-x), x >= 0; e^x / (1 + e^x)   the same function from one e^-|x|: the
                                                                kernels' form (the expert activation)
-    gate(o, g) = o * sigmoid(g)                                MLA's output gate (no norm)
 
 Dimension legend: M tokens, n any width.
 """
@@ -28,16 +27,6 @@ def sigmoid_exp(x: Array) -> Array:
     max(t, [x >= 0]) is 1 for x >= 0 and t (NaN too) below."""
     t = np.exp(-np.abs(x))
     return np.maximum(t, (x >= 0).astype(t.dtype)) / (1 + t)
-
-
-def sigmoid_gate(o: Array, g: Array) -> Array:
-    """o * sigmoid(g).   [M, n], [M, n] -> [M, n]"""
-    return o * sigmoid(g)
-
-
-def sigmoid_gate_flops(M: int, n: int) -> int:
-    """Per element: sigmoid (exp, add, divide: counted 3) and the multiply (1)."""
-    return 4 * M * n
 
 
 def add(*xs: Array) -> Array:

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from simulator.config import ModelConfig
 from simulator.dtypes import Array
+from simulator.ops.collectives import all_gather
 from simulator.ops.pointwise import sigmoid
 from simulator.ops.replaceable import replaceable
 
@@ -122,7 +123,6 @@ def allgather_topk(logit_shards: list[Array], z_shards: list[Array], biases: lis
                    cfg: ModelConfig) -> tuple[list[Array], ...]:
     """All ranks: gather the [M, E/P] logit and [M, L/P] latent shards, then `route_fused` on the full
     logits on every rank (identical inputs, identical choice).  -> z, idx, weight, margin (P x each)"""
-    from simulator.ops.collectives import all_gather
     logits, latent = all_gather(logit_shards), all_gather(z_shards)  # P x [M, E], P x [M, L]
     routed = [route_fused(lg, bias, cfg) for lg, bias in zip(logits, biases)]
     return latent, [r.topk_idx for r in routed], [r.topk_weight for r in routed], [r.margin for r in routed]

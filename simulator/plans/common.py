@@ -1,10 +1,9 @@
 """Pieces both plans share: per-rank dimensions, tensor declarations, launch flags, and the
 residual-stream, o_proj and all-reduce kernels both plans launch (each attention kind's own: simulator/attention).
 
-A kernel factory returns a `Kernel` bound to its op: the tensors it declares (from the dims, so
-traffic is derived) are exactly the arguments the executor hands that op. Every attribute, stream,
-dependencies, PDL and prefetch included, is set here where the kernel is built; the plans
-(standard.py, specialized.py) read top to bottom as the launches they make.
+A kernel factory returns a `Kernel` bound to its op (kernel.py), its tensors declared from the dims, so traffic
+is derived. Every attribute, stream, dependencies, PDL and prefetch included, is set where the kernel is built;
+the plans (standard.py, specialized.py) read top to bottom as the launches they make.
 
 Dimension legend: M tokens (B sequences x T tokens each), D hidden, P TP degree, n attention output width
 per rank.
@@ -29,7 +28,7 @@ from simulator.state import DecodeShape, block_boundary, blocks_before
 
 @dataclass(frozen=True)
 class Dims:
-    """Every size a plan needs, per rank, derived once from config x TP x decode shape x layer."""
+    """Every size a plan needs, per rank, from config x TP x decode shape x layer (cost.step.layer_signature)."""
 
     cfg: ModelConfig
     tp: int
@@ -123,31 +122,22 @@ def make_dims(cfg: ModelConfig, tp: int, shape: DecodeShape, layer: int | None, 
     return Dims(cfg, tp, shape, index)
 
 
-def layer_signature(cfg: ModelConfig, layer: int) -> tuple:
-    """All a plan reads of its layer's index (through `Dims`: the layer's type and attention, its AttnRes
-    snapshots and boundary, a GQA layer's window, and whether it is the first GQA layer, whose rotary table
-    gpt-oss's step casts before it): layers with equal signatures build equal plans at every shape and TP (a test builds
-    them), so a caller may build one and reuse it (a drafter's five dense layers)."""
-    return (cfg.layer_type(layer), cfg.attn_kinds[layer], blocks_before(cfg, layer), block_boundary(cfg, layer),
-            cfg.gqa_window(layer), cfg.attn_kinds[layer] == "gqa" and layer == 0)
-
-
 # ===================================================================== declarations
 
 class Launch(NamedTuple):
-    """How a kernel is launched: with programmatic dependent launch, and loading its weights before
-    its inputs are ready (prefetch under the predecessor)."""
+    """How a kernel is launched, as the two `Kernel` fields it sets (`**launch.kw`): with programmatic
+    dependent launch, and loading its weights before its inputs are ready (prefetch under the predecessor)."""
 
     pdl: bool = False
-    prefetch: bool = False
+    prefetch_bytes: int = 0  # ALL_WEIGHTS: every weight byte the kernel declares
 
     @property
-    def prefetch_bytes(self) -> int:
-        return ALL_WEIGHTS if self.prefetch else 0
+    def kw(self) -> dict[str, int]:
+        return self._asdict()
 
 
 PLAIN = Launch()
-EARLY = Launch(pdl=True, prefetch=True)
+EARLY = Launch(pdl=True, prefetch_bytes=ALL_WEIGHTS)
 PDL = Launch(pdl=True)  # launched with PDL, its weights loaded after the wait
 
 
@@ -201,8 +191,7 @@ def attn_res_pre(d: Dims, launch: Launch = PLAIN, source: str = ATTN_RES_STOCK) 
         reads=(act("prefix", M, D), act("delta", M, D), blocks(d, nb)),
         weights=(weight("attn_res_norm", D), weight("attn_res_proj", D), weight("input_norm", D)),
         writes=(act("prefix", M, D), act("x", M, D)) + snapshot,
-        flops=M * D + norm.attn_res_mix_flops(nb + 1, M, D) + norm.rms_norm_flops(M, D),
-        pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=source,
+        flops=M * D + norm.attn_res_mix_flops(nb + 1, M, D) + norm.rms_norm_flops(M, D), **launch.kw, source=source,
         note="prefix += previous MLP output, [block snapshot], softmax mix over sources, input RMSNorm; "
              "fused in stock vLLM (V-ATTNRES, PR #57464 folds the MLP add in)")
 
@@ -218,8 +207,8 @@ def add_norm(d: Dims, key: str, launch: Launch = PLAIN) -> Kernel:
         key=key, name="fused_add_rms_norm", kind="pointwise", family="small", floor="reduction",
         op=res.add_rms_norm if pre else res.add_rms_norm_post, consts=(("eps", d.cfg.rms_norm_eps),) + store,
         reads=(act("prefix", M, D), act(added, M, D)), weights=(weight(key, D),),
-        writes=(act("prefix", M, D), act(out, M, D)), flops=M * D + norm.rms_norm_flops(M, D),
-        pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=RMS_NORM,
+        writes=(act("prefix", M, D), act(out, M, D)), flops=M * D + norm.rms_norm_flops(M, D), **launch.kw,
+        source=RMS_NORM,
         note=f"residual add + {'input' if pre else 'post-attention'} RMSNorm in one kernel "
              "(vLLM fused_add_rms_norm, csrc/layernorm_kernels.cu)")
 
@@ -272,9 +261,9 @@ def all_reduce_kernel(d: Dims, key: str, src: str, dst: str, width: int, note: s
                       source: str = FLASHINFER_ALL_REDUCE) -> Kernel:
     """A standalone TP all-reduce of [M, width] bf16, in the run's reduction order."""
     t = act(src, d.M, width)
-    return Kernel(key=key, name="allreduce", kind="collective", family="collective",
-                  scope="ranks", op=coll_ops.all_reduce,
-                  consts=(("algorithm", RunOption("all_reduce")),), reads=(t,), writes=(act(dst, d.M, width),),
+    return Kernel(key=key, name="allreduce", kind="collective", family="collective", scope="ranks",
+                  op=coll_ops.all_reduce, consts=(("algorithm", RunOption("all_reduce")),), reads=(t,),
+                  writes=(act(dst, d.M, width),),
                   collective=Collective("all_reduce", t.nbytes, d.P, algorithms=FLASHINFER_AR), pdl=launch.pdl,
                   note=note, source=source)
 
@@ -286,8 +275,7 @@ def o_proj(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, n = d.M, d.D, d.attn_width
     return Kernel(key="o_proj", name="cutlass_gemm_o_proj", kind="gemm", family="gemm", op=lin.linear,
                   reads=(act("attn.core", M, n),), weights=(o_proj_weight(d),) + o_proj_bias(d),
-                  writes=(act("attn.partial", M, D),),
-                  flops=lin.gemm_flops(M, n, D), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=LLG,
+                  writes=(act("attn.partial", M, D),), flops=lin.gemm_flops(M, n, D), **launch.kw, source=LLG,
                   note="row-parallel o_proj; its partial sum still needs the all-reduce")
 
 
@@ -304,8 +292,7 @@ def attn_res_post(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   floor="reduction", op=norm.attn_res_post,
                   consts=(("eps", d.cfg.rms_norm_eps), ("store", RunOption("store_bf16"))),
                   reads=(reads[0], act("attn.out", d.M, d.D), reads[1]), writes=writes, weights=weights,
-                  flops=attn_res_post_flops(d), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
-                  source=ATTN_RES_STOCK,
+                  flops=attn_res_post_flops(d), **launch.kw, source=ATTN_RES_STOCK,
                   note="prefix += attention output, softmax mix, post-attention RMSNorm (V-ATTNRES)")
 
 
@@ -327,13 +314,12 @@ def oproj_allreduce_norm(d: Dims, launch: Launch = PLAIN) -> Kernel:
         name, op = "fused_oproj_allreduce_rmsnorm", res.oproj_allreduce_add_norm
     payload = act("attn.partial", M, D)
     return Kernel(
-        key="oproj_ar_norm", name=name, kind="gemm_collective", family="gemm",
-        scope="ranks",
+        key="oproj_ar_norm", name=name, kind="gemm_collective", family="gemm", scope="ranks",
         op=op, consts=(("eps", d.cfg.rms_norm_eps), ("store", RunOption("store_bf16"))),
         reads=(act("attn.core", M, n),) + reads, writes=writes, weights=(o_proj_weight(d),) + weights,
         flops=lin.gemm_flops(M, n, D) + flops,
         collective=Collective("all_reduce", payload.nbytes, d.P, in_kernel=True), fusions=("oproj_allreduce_norm",),
-        replaces=("o_proj", "attn_all_reduce", post_norm_key(d)), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+        replaces=("o_proj", "attn_all_reduce", post_norm_key(d)), **launch.kw,
         source=SD + "cutedsl/oproj/prepared.py:PreparedOproj.run",
         note="GEMM epilogue pushes bf16 partials to peers (one-shot, Lamport flags), reduces in FP32, "
              "adds to the AttnRes prefix, mixes and normalises; the [M, D] partial and reduced outputs "

@@ -18,9 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
-from simulator.plans.kernel import Collective, Kernel, Tensor
+from simulator.plans.kernel import Collective, Kernel, Tensor, take_window
 
 
 @dataclass(frozen=True)
@@ -35,13 +33,6 @@ class Part:
     ranks: bool  # a collective: called once with lists over ranks
     diagnostics: int
     routed: bool  # a routed-expert op: continues its output over the executor's expert chunks
-
-
-def _take(value: Any, window: tuple[int, int, int] | None) -> Any:
-    if window is None:
-        return value
-    axis, lo, hi = window
-    return np.take(value, np.arange(lo, hi), axis=axis)
 
 
 class Chain:
@@ -82,8 +73,8 @@ class Chain:
         if name not in inner:
             return outer[(name, window)]
         if self.ranks:
-            return [_take(v, window) for v in inner[name]]
-        return _take(inner[name], window)
+            return [take_window(v, window) for v in inner[name]]
+        return take_window(inner[name], window)
 
     def _call(self, part: Part, a: list[Any], kw: dict[str, Any]) -> tuple[Any, ...]:
         def tup(r: Any) -> tuple[Any, ...]:

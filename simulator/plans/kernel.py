@@ -7,16 +7,8 @@ order: `reads` (activations and state), then `weights` (from the one weight spec
 in order (plus any declared `diagnostics`). The executor passes exactly these tensors, checks their
 shape and dtype, and fails on anything undeclared, so the bytes the cost model charges are, by
 construction, the tensors the numbers used. Kernel count (`len(plan)`), numbers and microseconds
-come from one object.
-
-A per-rank kernel (`scope="rank"`) is called once per rank with that rank's tensors; a collective
-(`scope="ranks"`) is called once with every argument as the list over ranks and returns, per output,
-the list over ranks: its effect over all ranks is explicit and bound the same way.
-
-Padding and packing are properties of a declared tensor, not tensors of their own: a padded tensor's
-`shape` is what it occupies (an expert shard padded to 256 rows) and `unpadded` what the op receives;
-`parts` are the spec weights packed into one buffer and how each is sharded; MXFP4 scales come with
-the dtype.
+come from one object. A collective (`scope="ranks"`) is bound the same way, over the lists of every rank's
+tensors; padding and packing are properties of a declared tensor (`Tensor`), not tensors of their own.
 
 Dimension legend: M decode tokens in the step (= batch x tokens per sequence), D hidden, P TP degree.
 """
@@ -27,6 +19,8 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Literal
+
+import numpy as np
 
 from simulator.config import ATTENTION_KINDS
 from simulator.state import DecodeShape  # noqa: F401  (re-exported: plans are built for a shape)
@@ -87,6 +81,14 @@ class Tensor:
         if self.dtype == "mxfp4":
             return self.numel // 2 + math.ceil(self.numel / 32)
         return int(self.numel * DTYPE_BYTES[self.dtype])
+
+
+def take_window(value: Any, window: tuple[int, int, int] | None) -> Any:
+    """The slice of `value` a tensor's `window` (axis, lo, hi) names (a copy), or all of it without one."""
+    if window is None:
+        return value
+    axis, lo, hi = window
+    return np.take(value, np.arange(lo, hi), axis=axis)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +236,4 @@ class Plan:
 
     @property
     def streams(self) -> tuple[str, ...]:
-        seen: dict[str, None] = {}
-        for k in self.kernels:
-            seen.setdefault(k.stream, None)
-        return tuple(seen)
+        return tuple(dict.fromkeys(k.stream for k in self.kernels))

@@ -70,24 +70,14 @@ def _expert_bias(d: Dims, down: bool) -> tuple[Tensor, ...]:
     return (packed((("expert_bias.gate", "col"), ("expert_bias.up", "col")), E, 2 * d.F_r, dtype="fp32"),)
 
 
-def _router_weights(d: Dims) -> tuple[Tensor, ...]:
-    """The router's weight, and its logit bias where the model has one (gpt-oss)."""
-    E = d.cfg.num_experts
-    return (weight("router.w", d.D, E),) + ((weight("router.logit_bias", E, dtype="fp32"),)
-                                            if d.cfg.router_logit_bias else ())
-
-
-# ---------------------------------------------------------------------------------------
-# router and latent down-projection
-# ---------------------------------------------------------------------------------------
-
+# ===================================================================== router and latent down-projection
 @context_free
 def router(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, D, E = d.M, d.D, d.cfg.num_experts
+    bias = (weight("router.logit_bias", E, dtype="fp32"),) if d.cfg.router_logit_bias else ()  # gpt-oss
     return Kernel(key="router", name="router_gemm_bf16_fp32", kind="gemm", family="gemm", op=lin.linear,
-                  reads=(act("x2", M, D),), weights=_router_weights(d),
-                  writes=(act("router.logits", M, E, dtype="fp32"),), flops=lin.gemm_flops(M, D, E),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  reads=(act("x2", M, D),), weights=(weight("router.w", D, E),) + bias,
+                  writes=(act("router.logits", M, E, dtype="fp32"),), flops=lin.gemm_flops(M, D, E), **launch.kw,
                   source=FUSED_MOE + "router/gate_linear.py:GateLinear",
                   note="replicated router GEMM with FP32 logits (V-MODEL GateLinear; PR #53524)")
 
@@ -97,8 +87,7 @@ def latent_down(d: Dims, deps: tuple[str, ...], launch: Launch = PLAIN) -> Kerne
     M, D, L = d.M, d.D, d.L
     return Kernel(key="latent_down", name="gemm_routed_expert_down_proj", kind="gemm", family="gemm", op=lin.linear,
                   stream="aux", deps=deps, reads=(act("x2", M, D),), weights=(weight("latent.w_down", D, L),),
-                  writes=(act("latent.z", M, L),), flops=lin.gemm_flops(M, D, L),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  writes=(act("latent.z", M, L),), flops=lin.gemm_flops(M, D, L), **launch.kw,
                   source=K3 + "model.py:KimiMoE._maybe_overlap_router_and_down_proj",
                   note="replicated routed_expert_down_proj on an aux stream beside the router (V-MODEL, <= 256 tokens)")
 
@@ -111,8 +100,7 @@ def topk(d: Dims, launch: Launch = PLAIN) -> Kernel:
                   reads=(act("router.logits", M, E, dtype="fp32"),),
                   weights=(weight("router.bias", E, dtype="fp32"),) if cfg.selection_bias else (),
                   writes=(act("topk.idx", M, k, dtype="int32"), act("topk.weight", M, k, dtype="fp32")),
-                  diagnostics=("margin",), flops=route_flops(M, E), math="fp32",
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=TRTLLM_MOE,
+                  diagnostics=("margin",), flops=route_flops(M, E), math="fp32", **launch.kw, source=TRTLLM_MOE,
                   note="sigmoid + selection bias + top-k + renormalise (TRT-LLM-gen routingMainKernel)")
 
 
@@ -131,29 +119,24 @@ def split_router(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
                op=lin.linear_split,
                consts=(("widths", (E // P, L // P)),), reads=(act("x2", M, D),), weights=(w,), writes=shards,
                flops=lin.gemm_flops(M, D, (E + L) // P), fusions=("split_router",), replaces=("router", "latent_down"),
-               pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=FRONT + "route",
+               **launch.kw, source=FRONT + "route",
                note="router logits and latent down-projection, both column-sharded over ranks "
                     "(local-inference-lab vllm #343; TokenSpeed #1038 packs them into one projection)"),
         Kernel(key="router_gather_topk", name="allgather_sigmoid_bias_topk", kind="collective", family="collective",
-               floor="topk", scope="ranks",
-               op=allgather_topk, consts=(("cfg", cfg),), reads=shards,
+               floor="topk", scope="ranks", op=allgather_topk, consts=(("cfg", cfg),), reads=shards,
                weights=(weight("router.bias", E, dtype="fp32"),),
                writes=(act("latent.z", M, L), act("topk.idx", M, k, dtype="int32"),
                        act("topk.weight", M, k, dtype="fp32")),
                diagnostics=("margin",), flops=route_flops(M, E), math="fp32",
                collective=Collective("all_gather", sum(t.nbytes for t in shards), P, in_kernel=True),
-               fusions=("split_router",), replaces=("topk", "topk_indices", "mxfp8_quant"), pdl=launch.pdl,
-               prefetch_bytes=launch.prefetch_bytes,
+               fusions=("split_router",), replaces=("topk", "topk_indices", "mxfp8_quant"), **launch.kw,
                source=FRONT + "route",
                note="one collective kernel: all-gather the logit and latent shards, exact top-k on the full "
                     "logits (b12x issue #225: top-16 kernel 6.2-7.0 us)"),
     ]
 
 
-# ---------------------------------------------------------------------------------------
-# gated MLP: the shared expert and the dense FFN of layer 0
-# ---------------------------------------------------------------------------------------
-
+# ======================================== gated MLP: the shared expert and the dense FFN of layer 0
 def _gate_up(prefix: str, D: int, F: int) -> Tensor:
     return packed(((f"{prefix}.w_gate", "col"), (f"{prefix}.w_up", "col")), D, 2 * F)
 
@@ -163,15 +146,15 @@ def gated_mlp(d: Dims, prefix: str, F: int, what: str, stream: str = "main", dep
               launch: Launch = PLAIN) -> list[Kernel]:
     """gate+up GEMM (column shard) -> activation-and-multiply kernel -> down GEMM (row shard, partial sum)."""
     M, D, cfg = d.M, d.D, d.cfg
-    on = dict(stream=stream, pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes)
+    on = dict(stream=stream, **launch.kw)
     return [
         Kernel(key=f"{prefix}_gate_up", name=f"gemm_{prefix}_gate_up", kind="gemm", family="gemm", op=lin.linear,
                reads=(act("x2", M, D),), weights=(_gate_up(prefix, D, F),), writes=(act(f"{prefix}.gu", M, 2 * F),),
                flops=lin.gemm_flops(M, D, 2 * F), deps=deps, **on, note=f"{what} gate+up, column shard",
                source=SHARED["gate_up"] if prefix == "shared" else SHARED["down"]),
-        Kernel(key=f"{prefix}_act", name=f"{cfg.hidden_act}_and_mul", kind="pointwise", family="small", op=ex.glu_split,
-               consts=(("cfg", cfg),), reads=(act(f"{prefix}.gu", M, 2 * F),), writes=(act(f"{prefix}.h", M, F),),
-               flops=ex.glu_flops(M, F, cfg.hidden_act), **on, source=SHARED["act"],
+        Kernel(key=f"{prefix}_act", name=f"{cfg.hidden_act}_and_mul", kind="pointwise", family="small",
+               op=ex.glu_product, consts=(("cfg", cfg),), reads=(act(f"{prefix}.gu", M, 2 * F),),
+               writes=(act(f"{prefix}.h", M, F),), flops=ex.glu_flops(M, F, cfg.hidden_act), **on, source=SHARED["act"],
                note="activation and multiply, a separate elementwise kernel"),
         down_proj(d, prefix, F, f"{what} down, row shard; its partial sum is reduced later", stream, launch),
     ]
@@ -183,11 +166,10 @@ def gate_up_act(d: Dims, prefix: str, F: int, stream: str = "main", deps: tuple[
     """The gate+up GEMM with the activation in its epilogue (glu_epilogue): 2 kernels -> 1."""
     M, D, cfg = d.M, d.D, d.cfg
     return Kernel(key=f"{prefix}_gate_up_act", name=f"skinny_gemm_{prefix}_gate_up_{cfg.hidden_act}", kind="gemm",
-                  family="gemm",
-                  op=ex.linear_glu, consts=(("cfg", cfg),), reads=(act("x2", M, D),), weights=(_gate_up(prefix, D, F),),
-                  writes=(act(f"{prefix}.h", M, F),), stream=stream, deps=deps,
+                  family="gemm", op=ex.linear_glu, consts=(("cfg", cfg),), reads=(act("x2", M, D),),
+                  weights=(_gate_up(prefix, D, F),), writes=(act(f"{prefix}.h", M, F),), stream=stream, deps=deps,
                   flops=lin.gemm_flops(M, D, 2 * F) + ex.glu_flops(M, F, cfg.hidden_act), fusions=("glu_epilogue",),
-                  replaces=(f"{prefix}_gate_up", f"{prefix}_act"), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  replaces=(f"{prefix}_gate_up", f"{prefix}_act"), **launch.kw,
                   source=FRONT + "shared_expert" if prefix == "shared" else SHARED["down"],
                   note="activation in the GEMM epilogue: the [M, 2S/P] gate/up output is never written"
                   if prefix == "shared" else "activation in the GEMM epilogue")
@@ -196,32 +178,25 @@ def gate_up_act(d: Dims, prefix: str, F: int, stream: str = "main", deps: tuple[
 @context_free
 def down_proj(d: Dims, prefix: str, F: int, note: str, stream: str = "main", launch: Launch = PLAIN) -> Kernel:
     M, D = d.M, d.D
-    return Kernel(key=f"{prefix}_down", name=f"gemm_{prefix}_down", kind="gemm", family="gemm",
-                  op=lin.linear, stream=stream,
-                  reads=(act(f"{prefix}.h", M, F),), weights=(weight(f"{prefix}.w_down", F, D, shard="row"),),
-                  writes=(act(f"{prefix}.partial", M, D),), flops=lin.gemm_flops(M, F, D),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, note=note, source=SHARED["down"])
+    return Kernel(key=f"{prefix}_down", name=f"gemm_{prefix}_down", kind="gemm", family="gemm", op=lin.linear,
+                  stream=stream, reads=(act(f"{prefix}.h", M, F),),
+                  weights=(weight(f"{prefix}.w_down", F, D, shard="row"),), writes=(act(f"{prefix}.partial", M, D),),
+                  flops=lin.gemm_flops(M, F, D), **launch.kw, note=note, source=SHARED["down"])
 
 
-# ---------------------------------------------------------------------------------------
-# routed experts
-# ---------------------------------------------------------------------------------------
-
+# ===================================================================== routed experts
 @context_free
 def fc1(d: Dims, pad: bool = True, deps: tuple[str, ...] = (), fusions: tuple[str, ...] = (),
         launch: Launch = PLAIN) -> Kernel:
     cfg, M, L, F, k = d.cfg, d.M, d.L, d.F_r, d.cfg.top_k
     Fp, U = expert_shard(d, pad), expected_experts(d)
     src = "latent.z" if cfg.latent_dim else "x2"
-    return Kernel(key="fc1", name="moe_fc1_gate_up_act", kind="moe", family="moe",
-                  op=ex.expert_fc1, consts=(("cfg", cfg),),
-                  deps=deps, reads=(act(src, M, L), act("topk.idx", M, k, dtype="int32")),
+    return Kernel(key="fc1", name="moe_fc1_gate_up_act", kind="moe", family="moe", op=ex.expert_fc1,
+                  consts=(("cfg", cfg),), deps=deps, reads=(act(src, M, L), act("topk.idx", M, k, dtype="int32")),
                   weights=(_experts(d, ("w_gate", "w_up"), pad),) + _expert_bias(d, False),
                   writes=(act("moe.h", M, k, F),),
                   flops=lin.gemm_flops(M * k, L, 2 * F) + ex.glu_flops(M * k, F, cfg.hidden_act), math=expert_math(d),
-                  group_rows=M * k, group_tokens=M, fusions=fusions, pdl=launch.pdl,
-                  prefetch_bytes=launch.prefetch_bytes,
-                  source=TRTLLM_MOE,
+                  group_rows=M * k, group_tokens=M, fusions=fusions, **launch.kw, source=TRTLLM_MOE,
                   note=f"grouped GEMM over the U(M) = {U} touched experts' TP shards ({Fp} intermediate rows per rank"
                        + (", padded by the stock loader" if Fp != F else "") + "), activation in the epilogue")
 
@@ -233,19 +208,16 @@ def fc2(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
                   reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32")),
                   weights=(_experts(d, ("w_down",), pad),) + _expert_bias(d, True), writes=(act("moe.slots", M, k, L),),
                   flops=lin.gemm_flops(M * k, F, L), math=expert_math(d), group_rows=M * k, group_tokens=M,
-                  pdl=launch.pdl,
-                  prefetch_bytes=launch.prefetch_bytes, source=TRTLLM_MOE,
+                  **launch.kw, source=TRTLLM_MOE,
                   note="grouped down GEMM, one output row per (token, slot); intermediate padded like FC1")
 
 
 @context_free
 def finalize(d: Dims, launch: Launch = PLAIN) -> Kernel:
     M, L, k = d.M, d.L, d.cfg.top_k
-    return Kernel(key="finalize", name="moe_finalize", kind="pointwise", family="small",
-                  floor="finalize", op=ex.expert_finalize,
-                  reads=(act("moe.slots", M, k, L), act("topk.weight", M, k, dtype="fp32")),
-                  writes=(act("moe.partial", M, L),), flops=ex.finalize_flops(M, k, L),
-                  pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=TRTLLM_MOE,
+    return Kernel(key="finalize", name="moe_finalize", kind="pointwise", family="small", floor="finalize",
+                  op=ex.expert_finalize, reads=(act("moe.slots", M, k, L), act("topk.weight", M, k, dtype="fp32")),
+                  writes=(act("moe.partial", M, L),), flops=ex.finalize_flops(M, k, L), **launch.kw, source=TRTLLM_MOE,
                   note="unpermute + routing-weighted sum over the k slots (not deferred; PR #53152 defers it)")
 
 
@@ -259,16 +231,13 @@ def fc2_finalize(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
                   weights=(_experts(d, ("w_down",), pad),) + _expert_bias(d, True), writes=(act("moe.partial", M, L),),
                   flops=lin.gemm_flops(M * k, F, L) + ex.finalize_flops(M, k, L), math=expert_math(d),
                   group_rows=M * k, group_tokens=M, fusions=("moe_finalize",) + (() if pad else ("unpadded_experts",)),
-                  replaces=("fc2", "finalize"), pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes,
+                  replaces=("fc2", "finalize"), **launch.kw,
                   source=SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.run",
-                  note="routing weight and scatter-add in the FC2 epilogue: "
-                       "the [M, k, L] slot outputs are never written")
+                  note="routing weight and scatter-add in the FC2 epilogue: the [M, k, L] slot outputs are never "
+                       "written")
 
 
-# ---------------------------------------------------------------------------------------
-# the fused latent tail (the unfused tails: simulator/moe/fused.py)
-# ---------------------------------------------------------------------------------------
-
+# ======================================== the fused latent tail (the unfused tails: simulator/moe/fused.py)
 @context_free
 def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     """(a) AR(latent partial) + RMSNorm + RS(shared partial); (b) u_r = normed @ W_up[:, D/P slice] +
@@ -277,20 +246,19 @@ def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     cfg, M, D, L, P = d.cfg, d.M, d.D, d.L, d.P
     # RS of [M, D] moves (P-1)/P of it, the same bytes as a one-shot AR of [M, D/P]: priced as one AR.
     ar_bytes = act("moe.partial", M, L).nbytes + act("shared.partial", M, D // P).nbytes
-    on = dict(pdl=launch.pdl, prefetch_bytes=launch.prefetch_bytes, source=TAIL_OP)
+    on = dict(**launch.kw, source=TAIL_OP)
     return [
         Kernel(key="tail_ar_norm_rs", name="latent_tail_allreduce_rmsnorm_reducescatter", kind="collective",
-               family="collective",
-               floor="reduction",
-               scope="ranks", op=ex.allreduce_rmsnorm_reducescatter, consts=(("eps", cfg.rms_norm_eps),),
+               family="collective", floor="reduction", scope="ranks", op=ex.allreduce_rmsnorm_reducescatter,
+               consts=(("eps", cfg.rms_norm_eps),),
                reads=(act("moe.partial", M, L), act("shared.partial", M, D)), weights=(weight("latent.norm", L),),
                writes=(act("latent.normed", M, L), act("shared.slice", M, D // P)), flops=norm.rms_norm_flops(M, L),
                collective=Collective("all_reduce", ar_bytes, P, in_kernel=True), fusions=("latent_tail",),
                deps=("shared_down",), replaces=("tail_concat", "moe_all_reduce", "latent_norm"), **on,
                note="one collective kernel: AR(latent) + RMSNorm + RS(shared) (V-TAIL tier 0 kernel a)"),
         Kernel(key="tail_up_add_gather", name="latent_up_shard_add_allgather", kind="gemm_collective", family="gemm",
-               scope="ranks",
-               op=ex.linear_add_allgather, reads=(act("latent.normed", M, L), act("shared.slice", M, D // P)),
+               scope="ranks", op=ex.linear_add_allgather,
+               reads=(act("latent.normed", M, L), act("shared.slice", M, D // P)),
                weights=(weight("latent.w_up", L, D // P, shard="col"),), writes=(act("moe_out", M, D),),
                flops=lin.gemm_flops(M, L, D // P),
                collective=Collective("all_gather", act("u", M, D // P).nbytes, P, in_kernel=True),
@@ -300,10 +268,7 @@ def latent_tail_fused(d: Dims, launch: Launch = PLAIN) -> list[Kernel]:
     ]
 
 
-# ---------------------------------------------------------------------------------------
-# the L2 prefetch launches of vLLM 0.33.0's specialized path (docs/vllm-k3-source.md)
-# ---------------------------------------------------------------------------------------
-
+# ======================================== the L2 prefetch launches of the specialized path (docs/vllm-k3-source.md)
 @context_free
 def l2_prefetch(d: Dims, point: str, after: str) -> Kernel:
     """An L2Prefetch launch on the prefetch stream, forked after `after` (no PDL). moe-sim keeps its launch but

@@ -3,13 +3,11 @@
 Read from the released vLLM 0.33.0 (docs/vllm-k3-source.md, docs/vllm_k3_map.toml); each kernel's
 `source` names the function that launches it. Each fusion is a named switch; turning one off puts back
 the standard kernels it replaced (called by name from the kernel modules), so a user can ablate one at
-a time, and with none the plan is the standard plan. Every kernel's stream, dependencies, PDL and prefetch
-are set in the call that builds it. The fusions (`FUSIONS`, in ablation order):
+a time, and with none the plan is the standard plan. The fusions (`FUSIONS`, in ablation order):
 
 {fusions}
 
-The plan follows vLLM 0.33.0's specialized decode (docs/vllm-k3-source.md; each kernel's `source`), at
-1 x 8 tokens (each fusion's count is the plan with only it switched off; tests/test_plans.py builds them):
+At 1 x 8 tokens (each fusion's count is the plan with only it switched off; tests/test_plans.py builds them):
 KDA + MoE at TP16: 22 standard kernels -> 13 (fused_kda -3, oproj_allreduce_norm -2, split_router -3,
 kda_fb_in_kernel -1, persistent_experts -1, one_kernel_tail -2, l2_prefetch +2): 8 main, 3 shared-expert
 launches on the aux stream, 2 L2 prefetches; at 1 x 1 the small-batch chain: 8. The source serves 1-8, 16, 32 and 64
@@ -95,7 +93,7 @@ def launches(d: Dims, on: frozenset[str]) -> Launches:
     wait; the C=1 pipeline's early weights)."""
     pdl = "pdl_prefetch" in on
     return Launches(every=EARLY if pdl else std.PDL, c1=EARLY if pdl or d.single_request else PLAIN,
-                    experts=Launch(pdl=True, prefetch=False))
+                    experts=std.PDL)
 
 
 def serves(shape: DecodeShape) -> bool:
@@ -142,7 +140,7 @@ def oproj(d: Dims, on: frozenset[str], go: Launches) -> list[Kernel]:
     if d.P >= 16 and d.M <= 8 and (d.attn == "kda" or d.M >= 5):
         return [c.oproj_allreduce_norm(d, go.every)]
     producer = fuse([c.o_proj(d), c.attn_all_reduce(d)], "oproj_producer", "OprojProducer", "gemm_collective", "gemm",
-                    ("attn.out",), OPROJ, pdl=go.every.pdl, prefetch_bytes=go.every.prefetch_bytes,
+                    ("attn.out",), OPROJ, **go.every.kw,
                     fusions=("oproj_allreduce_norm",), note="o_proj and the one-shot push of its partial (P10)")
     return [producer, cite(c.residual_post(d, go.every), OPROJ, key="oproj_consumer", name="OprojConsumer",
                            fusions=("oproj_allreduce_norm",))]

@@ -3,23 +3,18 @@
 Read from the released vLLM 0.33.0 (docs/vllm-k3-source.md, the map `docs/vllm_k3_map.toml`), top to
 bottom as the launches one rank makes; each kernel's `source` names the function that launches it.
 
-Layer type -> launches (TP16, 1 x 8 tokens: the published trace; 1 x 1: the published step):
-    KDA + MoE   = 9 attention-side (+1 copy at one token) + 13 MoE = 22 (23)
-                  (the fused KDA decode kernel needs 12/24/48/96 local heads and one token per
-                  sequence; at TP16 = 6 heads vLLM falls back to a 3-kernel chain; at TP8 with <= 2
-                  tokens the projection splits over the attention aux stream)
+Layer type -> launches (TP16, 1 x 8 tokens: the published trace; 1 x 1: the published step), the attention's
+and the MoE's as their registry entries launch them (simulator/attention/kda.py, mla.py; simulator/moe/latent.py):
+    KDA + MoE   = 9 attention-side (+1 copy at one token: at TP16 = 6 local heads the fallback chain) + 13 MoE
+                = 22 (23)
     MLA + MoE   = 13 + 13 = 26
-The MoE (Kimi K3's latent path, simulator/moe/latent.py): router (main), latent down-projection and the shared
-expert on the MoE aux stream, the latent quantised to MXFP8, two routing launches, FC1, FC2 (finalize
-deferred), and the tier-0 latent-MoE tail (collective, up-projection shard, Lamport copy) up to 128 tokens.
 
 Most stock launches use programmatic dependent launch at every batch (CuTe skinny GEMMs, dsv3 fused-A,
 the AttnRes Triton kernel, FlashInfer AR, the tail kernels); the single-request (C=1: batch 1, one
 token) pipeline also loads the weights (and KDA state) of the KDA kernels, o_proj and the router before
 the dependency wait: vLLM PR #53525 and PR #53524. `c1` below is that launch.
 
-Dimension legend: M tokens, D hidden, P TP degree, C KDA channels per rank, L latent, F expert hidden,
-S shared hidden.
+Dimension legend: M tokens, D hidden, P TP degree.
 """
 
 from __future__ import annotations
