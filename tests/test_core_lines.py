@@ -59,3 +59,9 @@ def test_exit_1_over_the_limit_and_0_within(capsys):
     assert core_lines.main(["--limit", str(total - 1)]) == 1
     assert f"{total:,} against a limit of {total - 1:,}: OVER" in capsys.readouterr().out
     assert core_lines.main(["--bogus"]) == 2
+
+
+def test_the_readers_path_is_within_the_limit(capsys):
+    """Issue 32's target: the shared core + the registries + the largest attention kind and MoE path a
+    newcomer reads stay within core_lines.LIMIT physical lines (the script exits 1 past it)."""
+    assert core_lines.main([]) == 0, capsys.readouterr().out[-300:]
