@@ -434,7 +434,7 @@ def kernel_row(p: Any, torch: Any, wheel) -> dict:
     column)."""
     from harness import kernel_names, time_cold
     from points import _plan
-    from simulator.cost.measured import ATTN_RES_STAND_IN, _small, normalise
+    from simulator.cost.measured import ATTN_RES_STAND_IN, point_kernel
     plan = _plan(p.model, "standard", p.tp, p.M // p.T, p.T, 512, p.layer)
     key = next(k.key for k in plan if ATTN_RES_STAND_IN.get(k.key, k.key) == p.plan_key)  # DSV3's norms
 
@@ -442,7 +442,7 @@ def kernel_row(p: Any, torch: Any, wheel) -> dict:
         layers = [Layer(torch, wheel, wheel.extra, plan, p.model, seed=1000 + i, keys=(key,)) for i in range(slots)]
         return [lambda seq=layer.launches[key]: [c() for c in seq] for layer in layers]
 
-    res, calls = time_cold(torch, make_calls, _small(normalise(p.row())).hbm_bytes, max_slots=64)
+    res, calls = time_cold(torch, make_calls, point_kernel(p.row()).hbm_bytes, max_slots=64)
     res["kernel_names"] = kernel_names(torch, calls[0])
     return res
 
