@@ -210,11 +210,42 @@ def _triton_moe_weights(torch, p: Any, e: int):
 
 
 def _triton_moe_setup(torch, wheel, p: Any):
+    """(E, top-k, tile config, its source); a point whose variant is "stages=S" (points.tile_probe_points) runs
+    vLLM's pick with num_stages forced to S."""
     from fam_moe import model_dims
     e, top_k = model_dims(p.model)
     inter, hidden = (p.N // 2, p.K) if p.plan_key == "fc1" else (p.K, p.N)
     cfg, source = triton_moe_config(wheel, p.M, e, inter, hidden, top_k, TRITON_MOE_BLOCK[p.impl])
+    if p.variant.startswith("stages="):
+        cfg, source = {**cfg, "num_stages": int(p.variant.split("=")[1])}, f"{source} with {p.variant}"
     return e, top_k, cfg, source
+
+
+def occupancy(torch, compiled) -> dict:
+    """What the compiled Triton program holds and how many the driver lets one SM run at once
+    (cuOccupancyMaxActiveBlocksPerMultiprocessor at its shared memory): the facts behind the rounds of the
+    Triton MoE law (simulator/cost/engine_tiles.py)."""
+    import ctypes
+    shared = int(compiled.metadata.shared)
+    threads = 32 * int(compiled.metadata.num_warps)
+    blocks = ctypes.c_int(0)
+    cuda = ctypes.CDLL("libcuda.so.1")
+    rc = cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), ctypes.c_void_p(compiled.function),
+                                                          ctypes.c_int(threads), ctypes.c_size_t(shared))
+    return {"shared_bytes": shared, "regs": int(compiled.n_regs), "spills": int(compiled.n_spills),
+            "resident": blocks.value if rc == 0 else ""}
+
+
+def triton_moe_tile(p: Any, torch: Any, wheel) -> dict:
+    """One launch of the point's kernel, untimed: its tile config and occupancy (production.py --tiles-only)."""
+    e, top_k, cfg, source = _triton_moe_setup(torch, wheel, p)
+    w, w_scale = _triton_moe_weights(torch, p, e)
+    ids = _routing(torch, p.M, p.U, np.arange(e), seed=0, top_k=top_k)
+    weights = torch.rand(p.M, top_k, device="cuda", dtype=torch.float32)
+    compiled = _triton_moe_call(torch, wheel, p, w, w_scale, ids, weights, cfg, e, top_k)[0]()
+    torch.cuda.synchronize()
+    return {"median_us": "", "tile_config": f"{source}: " + ",".join(f"{k}={v}" for k, v in cfg.items()),
+            "block_m": cfg["BLOCK_SIZE_M"], **occupancy(torch, compiled)}
 
 
 def triton_moe(p: Any, torch: Any, wheel) -> dict:
@@ -232,7 +263,7 @@ def triton_moe(p: Any, torch: Any, wheel) -> dict:
     res["kernel_names"] = kernel_names(torch, calls[0])
     res["tile_config"] = f"{source}: " + ",".join(f"{k}={v}" for k, v in cfg.items())
     res["block_m"] = cfg["BLOCK_SIZE_M"]
-    return res
+    return {**res, **occupancy(torch, calls[0]())}
 
 
 def check_triton_moe(torch, wheel, impl: str, key: str, m: int) -> float:

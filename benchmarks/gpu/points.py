@@ -340,6 +340,24 @@ def production_points() -> list[Point]:
     return _unique(pts)
 
 
+TILE_PROBE = {"vllm_triton_moe_fp8": ("deepseek-v3", "mla", "fp8", (16, 24, 48), (2, 3, 4)),
+              "vllm_triton_moe_bf16": ("kimi-k3", "kda", "bf16", (16, 48), (2, 3, 5))}
+
+
+def tile_probe_points() -> list[Point]:
+    """The Triton MoE's tile, probed (moe_probe.csv: priced by the laws, never fitted): vLLM's own picks at batch
+    sizes the grid skips, and the M = 32 launches with num_stages forced off vLLM's pick (variant "stages=S"),
+    which change only the programs an SM holds (simulator/cost/engine_tiles.py)."""
+    pts = []
+    for impl, (model, layer, fmt, ms, stages) in TILE_PROBE.items():
+        L, F = _expert_dims(model, 8)
+        for m, variant in [(m, "") for m in ms] + [(32, f"stages={s}") for s in stages]:
+            u = _expected_u(model, m)
+            pts += [Point("moe", impl, "fc1", model, layer, 8, M=m, K=L, N=2 * F, U=u, fmt=fmt, variant=variant),
+                    Point("moe", impl, "fc2", model, layer, 8, M=m, K=F, N=L, U=u, fmt=fmt, variant=variant)]
+    return pts
+
+
 def replay_small_points() -> list[Point]:
     """REPLAY_SMALL's kernels at the standard plans' shapes: Kimi K3 TP8 and TP16 (KDA layer), DeepSeek-V3 TP8
     (MLA layer), M over PROD_M as one token per sequence; the KDA verify's conv and gated norm (plans with

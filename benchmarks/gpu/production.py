@@ -30,20 +30,28 @@ from harness import say_no_gpu, warm_up  # noqa: E402
 from rows import ENV_FIELDS, write_row  # noqa: E402
 
 FAMILIES = ("moe", "mla", "kda", "small", "gemm")
-EXTRA = ("package", "kernel", "stands_in_for", "kernel_names", "block_m", "tile_config", "point_s", "cold", "flush_us")
+EXTRA = ("package", "kernel", "stands_in_for", "kernel_names", "block_m", "tile_config", "point_s", "cold", "flush_us",
+         "shared_bytes", "regs", "spills", "resident")
 
 
-def chosen(family: str, impls: list[str] | None, probe: bool) -> list:
-    todo = [p for p in pts.production_points() if p.family == family and (not impls or p.impl in impls)]
+def chosen(family: str, impls: list[str] | None, probe: bool, points: str = "grid") -> list:
+    """The points of a run: the production grid, the Triton MoE tile probe (points.tile_probe_points), or
+    ("tiles") every Triton MoE point of both, for their tiles and occupancy only."""
+    every = {"grid": pts.production_points, "tile_probe": pts.tile_probe_points,
+             "tiles": lambda: [p for p in pts.production_points() + pts.tile_probe_points()
+                               if p.impl.startswith("vllm_triton_moe")]}[points]()
+    todo = [p for p in every if p.family == family and (not impls or p.impl in impls)]
     if probe:
         todo = list({(p.impl, p.plan_key, p.T): p for p in reversed(todo)}.values())[::-1]  # first of each kind
     return todo
 
 
-def measure(p):
+def measure(p, points: str = "grid"):
     """What measures a point: the replay's own launches for its small kernels with no other row
-    (points.REPLAY_SMALL, layer_replay.kernel_row), else fam_production."""
+    (points.REPLAY_SMALL, layer_replay.kernel_row), one untimed launch for the tiles, else fam_production."""
     import fam_production as fp
+    if points == "tiles":
+        return fp.triton_moe_tile
     if pts.REPLAY_SMALL.get(p.plan_key) == p.impl:
         import layer_replay
         return layer_replay.kernel_row
@@ -57,24 +65,27 @@ def record_run(out: Path, family: str, doc: dict) -> None:
     path.write_text(json.dumps(runs, indent=2))
 
 
+OUTPUT = {"grid": "{family}.csv", "tile_probe": "{family}_probe.csv", "tiles": "{family}_tiles.csv"}
+
+
 def run_family(family: str, wheel, torch, out: Path, env: dict, probe: bool, budget_s: float,
-               impls: list[str] | None) -> dict:
+               impls: list[str] | None, points: str = "grid") -> dict:
     import fam_production as fp
     t0 = time.time()
     doc = {"probe": probe, "package": wheel.version, "gpu": env.get("gpu", ""), "checks": []}
-    for label, err, bound in fp.checks(torch, wheel, family):
+    for label, err, bound in (fp.checks(torch, wheel, family) if points != "tiles" else ()):
         ok = fp.within(err, bound)
         doc["checks"].append({"check": label, "error": err, "bound": bound, "ok": ok})
         print(f"{'ok  ' if ok else 'FAIL'} {family} check {label}: error {err:.3g} (bound {bound:g})", flush=True)
     warm_up(torch)
     done = failed = 0
-    for i, p in enumerate(todo := chosen(family, impls, probe)):
+    for i, p in enumerate(todo := chosen(family, impls, probe, points)):
         if time.time() - t0 > budget_s:
             print(f"budget of {budget_s:.0f} s spent: stopping before point {i} of {len(todo)}", flush=True)
             break
         t1 = time.time()
         try:
-            res = {"status": "ok", **measure(p)(p, torch, wheel)}
+            res = {"status": "ok", **measure(p, points)(p, torch, wheel)}
             done += 1
         except Exception as exc:  # one bad point must not cost the rest of the run
             traceback.print_exc()
@@ -86,7 +97,7 @@ def run_family(family: str, wheel, torch, out: Path, env: dict, probe: bool, bud
         row = {**p.row(), **{k: env.get(k, "") for k in ENV_FIELDS}, **res, "package": package, "kernel": kernel,
                "stands_in_for": standin, "kernel_names": ";".join(n[:80] for n in names)[:400],
                "launches": len(names) or "", "point_s": round(time.time() - t1, 2)}
-        write_row(out / f"{family}.csv", row, EXTRA)
+        write_row(out / OUTPUT[points].format(family=family), row, EXTRA)
         print(f"[{time.time() - t0:6.1f}s] {p.id}: {res.get('median_us', '-')} us {res['status']}", flush=True)
     doc.update(wall_s=round(time.time() - t0, 1), points_ok=done, points_failed=failed, points_planned=len(todo))
     return doc
@@ -100,6 +111,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--probe", action="store_true", help="checks and one point per implementation")
     ap.add_argument("--budget-s", type=float, default=240.0, help="stop starting new points after this long")
+    ap.add_argument("--points", choices=tuple(OUTPUT), default="grid",
+                    help="grid: the production grid; tile_probe: the Triton MoE tile probe (-> <family>_probe.csv); "
+                         "tiles: every Triton MoE point's tile and occupancy, untimed (-> <family>_tiles.csv)")
     args = ap.parse_args()
     if say_no_gpu("moe-sim production kernels", "nothing measured (run it on a machine with an NVIDIA GPU)"):
         return 0
@@ -118,8 +132,8 @@ def main() -> int:
     doc = json.loads(env_path.read_text()) if env_path.exists() else {}
     doc["production"] = {**env, "package": wheel.version}
     env_path.write_text(json.dumps(doc, indent=2))
-    run = run_family(args.family, wheel, torch, args.out, env, args.probe, args.budget_s, args.impl)
-    record_run(args.out, args.family, run)
+    run = run_family(args.family, wheel, torch, args.out, env, args.probe, args.budget_s, args.impl, args.points)
+    record_run(args.out, args.family + ("" if args.points == "grid" else f"_{args.points}"), run)
     print(json.dumps({args.family: {k: v for k, v in run.items() if k != "checks"}}), flush=True)
     return 0
 
