@@ -340,18 +340,21 @@ def production_points() -> list[Point]:
     return _unique(pts)
 
 
-TILE_PROBE = {"vllm_triton_moe_fp8": ("deepseek-v3", "mla", "fp8", (16, 24, 48), (2, 3, 4)),
-              "vllm_triton_moe_bf16": ("kimi-k3", "kda", "bf16", (16, 48), (2, 3, 5))}
+# impl -> (model, layer, format, batch sizes at vLLM's pick, M = 32's forced stage counts, batch sizes at 5 stages)
+TILE_PROBE = {"vllm_triton_moe_fp8": ("deepseek-v3", "mla", "fp8", (16, 24, 48), (2, 3, 4), (16, 48, 64)),
+              "vllm_triton_moe_bf16": ("kimi-k3", "kda", "bf16", (16, 48), (2, 3, 5), ())}
 
 
 def tile_probe_points() -> list[Point]:
     """The Triton MoE's tile, probed (moe_probe.csv: priced by the laws, never fitted): vLLM's own picks at batch
-    sizes the grid skips, and the M = 32 launches with num_stages forced off vLLM's pick (variant "stages=S"),
-    which change only the programs an SM holds (simulator/cost/engine_tiles.py)."""
+    sizes the grid skips, and launches with num_stages forced off vLLM's pick (variant "stages=S": M = 32 at
+    several, other batch sizes at five), which change only the programs an SM holds (simulator/cost/engine_tiles.py).
+    Appended to the grid's moe.csv once measured: the rows that pin the law's round-trip term."""
     pts = []
-    for impl, (model, layer, fmt, ms, stages) in TILE_PROBE.items():
+    for impl, (model, layer, fmt, ms, stages, five) in TILE_PROBE.items():
         L, F = _expert_dims(model, 8)
-        for m, variant in [(m, "") for m in ms] + [(32, f"stages={s}") for s in stages]:
+        for m, variant in [(m, "") for m in ms] + [(32, f"stages={s}") for s in stages] + [(m, "stages=5")
+                                                                                          for m in five]:
             u = _expected_u(model, m)
             pts += [Point("moe", impl, "fc1", model, layer, 8, M=m, K=L, N=2 * F, U=u, fmt=fmt, variant=variant),
                     Point("moe", impl, "fc2", model, layer, 8, M=m, K=F, N=L, U=u, fmt=fmt, variant=variant)]

@@ -48,12 +48,23 @@ class Tile:
     stages: int
 
     def shared_bytes(self, a_bytes: int, b_bytes: int) -> int:
-        """Shared memory of the pipeline's buffers: stages x (an A tile + a B tile)."""
+        """Shared memory of the pipeline's buffers, at most: stages x (an A tile + a B tile). What Triton 3.6
+        compiles is stages - 1 of them for 7 of the 13 tiles measured and one more for the other 6 (the block-FP8
+        128-wide tiles also 512 bytes beside): the measured count wins where there is one (`resident`)."""
         return self.stages * self.block_k * (self.block_m * a_bytes + self.block_n * b_bytes)
 
-    def resident(self, a_bytes: int, b_bytes: int) -> int:
-        """Programs one SM90 SM holds at once, as shared memory, threads and the block limit allow."""
-        smem = SM90_SHARED_BYTES // (self.shared_bytes(a_bytes, b_bytes) + SM90_BLOCK_RESERVED_BYTES)
+    def key(self, fp8_block: bool) -> str:
+        return f"{'fp8_block' if fp8_block else 'bf16'}:{self.block_m},{self.block_n},{self.block_k},{self.warps}," \
+               f"{self.stages}"
+
+    def resident(self, fp8_block: bool) -> int:
+        """Programs one SM holds at once: as measured on H200 for the compiled tile (the tables' [resident]),
+        else as SM90's shared memory (at `shared_bytes`), threads and block limit allow."""
+        held = _tables()[1].get(self.key(fp8_block))
+        if held is not None:
+            return held
+        width = 1 if fp8_block else 2
+        smem = SM90_SHARED_BYTES // (self.shared_bytes(width, width) + SM90_BLOCK_RESERVED_BYTES)
         return max(1, min(smem, SM90_THREADS // (32 * self.warps), SM90_BLOCKS))
 
     def in_flight(self, k: int) -> int:
@@ -69,9 +80,11 @@ class Tile:
 
 
 @functools.cache
-def _tables() -> dict[str, dict[int, Tile]]:
-    raw = tomllib.loads(TABLES.read_text())["tables"]
-    return {key: {int(m): Tile(*cfg) for m, cfg in rows.items()} for key, rows in raw.items()}
+def _tables() -> tuple[dict[str, dict[int, Tile]], dict[str, int]]:
+    """(vLLM's tuned tables, the programs per SM measured for each compiled tile)."""
+    raw = tomllib.loads(TABLES.read_text())
+    tables = {key: {int(m): Tile(*cfg) for m, cfg in rows.items()} for key, rows in raw["tables"].items()}
+    return tables, {key: v[0] for key, v in raw.get("resident", {}).items()}
 
 
 def default_tile(m: int, fp8_block: bool) -> Tile:
@@ -88,7 +101,7 @@ def vllm_fused_moe_tile(m: int, experts: int, intermediate: int, fp8_block: bool
     experts of per-rank intermediate size `intermediate`; the block-FP8 kernel clamps BLOCK_K to the 128-wide
     scale block."""
     key = f"E={experts},N={intermediate},{'fp8_block' if fp8_block else 'bf16'}"
-    table = _tables().get(key)
+    table = _tables()[0].get(key)
     if table is None:
         tile, source = default_tile(m, fp8_block), "default"
     else:

@@ -17,6 +17,8 @@ calls `features` on it, exactly as pricing calls it on a plan's kernel. Family b
               output is split and its partial sums reduced by a second launch, `splits_k`; a narrow output
               left unsplit runs K in series on few CTAs). Short K (<= 1024) and long K fit apart.
   moe         t0 + max(bytes c_b, padded flops c_f) + U c_U           (padded: whole BLOCK_M-row tiles)
+  moe Triton  t0 + max(bytes c_b, rounds c_L)     (vLLM's fused_moe: its programs' memory round trips, at the tile
+              vLLM picks and the programs an SM holds of it, triton_moe_rounds and engine_tiles)
   moe W4A16   t0 + bytes c_b + tiles K N c_dq + rows K ceil(N / BLOCK_N) c_a + U c_U   (a tile dequantises its
               slab; each N-program re-reads the routed rows). fc1 and fc2 fit apart (fc2's K is short).
   small       t0[kernel] + bytes c_b + (launches - 1) c_launch + sources c_src + steps c_step
@@ -62,6 +64,7 @@ from typing import Mapping
 
 import numpy as np
 
+from simulator.cost import engine_tiles
 from simulator.hardware.kernel_sets import ROLES, KernelSet
 from simulator.plans.kernel import Kernel
 
@@ -86,7 +89,8 @@ MIN_SPLIT_DEPTH = 512
 # that M k SPARSITY <= E (then each row reads its expert's weights on its own, no sorting)
 ALIGNS = {"vllm_marlin_moe": "always", "vllm_triton_moe_bf16": "dense", "vllm_triton_moe_fp8": "dense"}
 ALIGN_LAUNCHES = 2
-SPARSITY = 4  # vLLM's SPARSITY_FACTOR
+SPARSITY = engine_tiles.SPARSITY
+TRITON_MOE = {"vllm_triton_moe_bf16": False, "vllm_triton_moe_fp8": True}  # vLLM's Triton fused_moe -> block FP8
 # a routing launched from triton_kernels (gpt-oss's matmul_ogs path) sorts with launches of its own, which its
 # plans declare as kernels (moe/ogs.py): no alignment is added to it
 OWN_SORT = "vllm/third_party/triton_kernels/"
@@ -180,7 +184,7 @@ def moe_shape(kernel: Kernel) -> tuple[int, int, int, int, int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def expected_tiles(tokens: int, rows: int, experts: int) -> tuple[float, int]:
+def expected_tiles(tokens: int, rows: int, experts: int, block: int = 0) -> tuple[float, int]:
     """(expected BLOCK_M-row tiles, BLOCK_M) of a grouped GEMM whose `tokens` x top-k = `rows` routed rows
     touch `experts` = U experts.
 
@@ -194,7 +198,7 @@ def expected_tiles(tokens: int, rows: int, experts: int) -> tuple[float, int]:
     u = max(int(experts), 1)
     m = max(int(tokens), 1)
     mean = max(rows / u, 1.0)
-    block = 64 if mean > 16 else 16
+    block = block or (64 if mean > 16 else 16)
     if mean >= m or m == 1:  # every token routes to every touched expert: no spread
         return float(u * math.ceil(min(mean, m) / block)), block
     lo, hi = 0.0, 1.0  # conditional mean m q / (1 - (1 - q)^m) rises from 1 to m with q
@@ -218,6 +222,25 @@ def moe_tiles(kernel: Kernel) -> tuple[float, int]:
     """(expected row tiles, BLOCK_M) of the grouped GEMM (expected_tiles)."""
     tokens, rows, experts, _, _ = moe_shape(kernel)
     return expected_tiles(tokens, rows, experts)
+
+
+def triton_moe_rounds(kernel: Kernel, impl: str, sms: int, tile: "engine_tiles.Tile | None" = None) -> float:
+    """Memory round trips of vLLM's Triton fused_moe at its tile (engine_tiles): each program loads its K
+    loop `in_flight` steps at a time, its SM holds `resident` programs, so the grid runs programs x windows per
+    program / (SMs x resident) windows one after another. Programs: one per BLOCK_M-row tile of an expert and
+    BLOCK_N columns (one per routed row where the rows are too sparse to align, M k SPARSITY <= E). `tile`: the
+    one a measurement launched (its CSV row's tile_config); by default the one vLLM picks for H200."""
+    tokens, rows, experts, k, n = moe_shape(kernel)
+    fp8 = TRITON_MOE[impl]
+    if tile is None:
+        inter = n // 2 if kernel.key == "fc1" else k
+        tile = engine_tiles.vllm_fused_moe_tile(tokens, kernel.group_experts, inter, fp8)[0]
+    if rows * engine_tiles.SPARSITY <= kernel.group_experts:
+        blocks = float(rows)
+    else:
+        blocks = expected_tiles(tokens, rows, experts, tile.block_m)[0]
+    windows = -(-(-(-k // tile.block_k)) // tile.in_flight(k))
+    return blocks * -(-n // tile.block_n) * windows / (sms * tile.resident(fp8))
 
 
 def kda_shape(kernel: Kernel) -> tuple[int, int, int, int, int]:
@@ -280,9 +303,10 @@ def sequence_steps(kernel: Kernel, sms: int) -> int:
 
 
 def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float,
-             impls: Mapping[str, tuple[str, ...]] = {}) -> dict[str, float]:
+             impls: Mapping[str, tuple[str, ...]] = {}, tile: "engine_tiles.Tile | None" = None) -> dict[str, float]:
     """Named regressors of the law of `law.family` for `kernel`: each multiplies one constant (module docstring).
-    `impls`: the implementation set's role -> implementations (what the engine launches around a kernel)."""
+    `impls`: the implementation set's role -> implementations (what the engine launches around a kernel);
+    `tile`: the tile a measured Triton MoE launch ran with (default: the engine's pick)."""
     fam = law.family
     if fam == "collective":
         c = kernel.collective
@@ -325,6 +349,9 @@ def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float,
             del f["flops"]
             f["dequant"] = tiles * k * n / 1e6
             f["a_rereads"] = rows * k * 2 * -(-n // W4A16_BLOCK_N[block]) / 1e6
+        elif law.impl in TRITON_MOE:  # HBM against the round trips of the programs' loads (engine_tiles)
+            del f["flops"], f["experts"]
+            f["rounds"] = triton_moe_rounds(kernel, law.impl, sms, tile)
         else:
             f["flops"] = 2.0 * tiles * block * k * n
     if fam == "small":  # each kernel its own floor, one bandwidth for all
