@@ -33,6 +33,7 @@ import numpy as np
 
 from simulator.cost import laws
 from simulator.cost.laws import LawKey
+from simulator.cost.engine_tiles import Tile
 from simulator.hardware.kernel_sets import (DATASHEET, Fit, KernelSet, dump_sets, evaluate, laws_path, load_sets,
                                             parse_set, roof_of)
 from simulator.cost.measured import normalise, point_kernel, price_row
@@ -120,7 +121,8 @@ def row_law(row: Mapping[str, Any], hw: HardwareProfile,
     """(group, regressors) of a measured row: the kernel it measured, through the laws pricing reads, with the
     implementations `impls` of the set the row belongs to (what the engine launches around the kernel)."""
     key, kernel = law_key(row), point_kernel(row)
-    return key.group(kernel), laws.features(kernel, key, hw.sm_count, hw.l2_bytes, impls)
+    tile = Tile.parse(row["tile_config"]) if row.get("tile_config") and row["impl"] in laws.TRITON_MOE else None
+    return key.group(kernel), laws.features(kernel, key, hw.sm_count, hw.l2_bytes, impls, tile)
 
 
 def _nnls(A: np.ndarray, b: np.ndarray, lower: np.ndarray | None = None) -> np.ndarray:

@@ -29,6 +29,7 @@ LAW_FAMILIES = ("ceiling", "gemm", "moe", "small", "kda", "mla", "collective")
 
 # Roofs: a law whose features include both sides of a pair takes the slower side, not their sum.
 ROOFS = ((("bytes",), ("flops",)),  # a kernel's streaming against its math
+         (("bytes",), ("rounds",)),  # ... or against the round trips of the loads its programs keep in flight
          # KDA: own work against HBM
          (("serial", "state_bytes", "token_state_bytes"), ("drain_bytes", "drain_state_bytes")),
          (("tile_steps",), ("cache_bytes",)))  # MLA: the grid's tile steps against streaming the cache

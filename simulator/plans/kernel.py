@@ -135,6 +135,7 @@ class Kernel:
     group_rows: int = 0  # a grouped GEMM's input rows (tokens x top-k), shared by the experts in `weights[0]`
     floor: Literal["", "reduction", "topk", "finalize", "attention"] = ""  # latency-floor family ("" streams)
     group_tokens: int = 0  # the tokens those rows come from (how rows spread over experts; 0: one row each)
+    group_experts: int = 0  # the E experts those rows choose among (the engine's tile tables are keyed by it)
     fusions: tuple[str, ...] = ()  # named fusions of the specialized plan this kernel embodies
     replaces: tuple[str, ...] = ()  # keys of the standard-plan kernels this fused kernel replaces
     note: str = ""  # source or reasoning (docs/kernels.md is generated from these)
@@ -173,7 +174,7 @@ class Kernel:
                            self.deps, self.collective, self.prefetch_bytes, self.pdl, self.ctas, self.ctas_per_sm,
                            self.serial_steps, self.group_rows, self.floor, self.group_tokens, self.fusions,
                            self.replaces, self.scope, self.weight_bytes, self.read_bytes, self.write_bytes,
-                           self.traffic_bytes,
+                           self.traffic_bytes, self.group_experts,
                            tuple(t.window for t in self.reads), tuple(t.window for t in self.writes)))
             object.__setattr__(self, "_hash", cached)
         return cached

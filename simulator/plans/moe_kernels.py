@@ -196,7 +196,8 @@ def fc1(d: Dims, pad: bool = True, deps: tuple[str, ...] = (), fusions: tuple[st
                   weights=(_experts(d, ("w_gate", "w_up"), pad),) + _expert_bias(d, False),
                   writes=(act("moe.h", M, k, F),),
                   flops=lin.gemm_flops(M * k, L, 2 * F) + ex.glu_flops(M * k, F, cfg.hidden_act), math=expert_math(d),
-                  group_rows=M * k, group_tokens=M, fusions=fusions, **launch.kw, source=TRTLLM_MOE,
+                  group_rows=M * k, group_tokens=M, group_experts=cfg.num_experts, fusions=fusions, **launch.kw,
+                  source=TRTLLM_MOE,
                   note=f"grouped GEMM over the U(M) = {U} touched experts' TP shards ({Fp} intermediate rows per rank"
                        + (", padded by the stock loader" if Fp != F else "") + "), activation in the epilogue")
 
@@ -208,7 +209,7 @@ def fc2(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
                   reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32")),
                   weights=(_experts(d, ("w_down",), pad),) + _expert_bias(d, True), writes=(act("moe.slots", M, k, L),),
                   flops=lin.gemm_flops(M * k, F, L), math=expert_math(d), group_rows=M * k, group_tokens=M,
-                  **launch.kw, source=TRTLLM_MOE,
+                  group_experts=d.cfg.num_experts, **launch.kw, source=TRTLLM_MOE,
                   note="grouped down GEMM, one output row per (token, slot); intermediate padded like FC1")
 
 
@@ -231,7 +232,7 @@ def fc2_finalize(d: Dims, pad: bool = True, launch: Launch = PLAIN) -> Kernel:
                   weights=(_experts(d, ("w_down",), pad),) + _expert_bias(d, True), writes=(act("moe.partial", M, L),),
                   flops=lin.gemm_flops(M * k, F, L) + ex.finalize_flops(M, k, L), math=expert_math(d),
                   group_rows=M * k, group_tokens=M, fusions=("moe_finalize",) + (() if pad else ("unpadded_experts",)),
-                  replaces=("fc2", "finalize"), **launch.kw,
+                  replaces=("fc2", "finalize"), group_experts=d.cfg.num_experts, **launch.kw,
                   source=SD + "cutedsl/moe/experts_runtime.py:PersistentExperts.run",
                   note="routing weight and scatter-add in the FC2 epilogue: the [M, k, L] slot outputs are never "
                        "written")
