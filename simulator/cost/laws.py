@@ -94,6 +94,11 @@ TRITON_MOE = {"vllm_triton_moe_bf16": False, "vllm_triton_moe_fp8": True}  # vLL
 # a routing launched from triton_kernels (gpt-oss's matmul_ogs path) sorts with launches of its own, which its
 # plans declare as kernels (moe/ogs.py): no alignment is added to it
 OWN_SORT = "vllm/third_party/triton_kernels/"
+# small-kernel implementations (a set's "small" role) whose AttnRes programs' chain of source reads hides their
+# streaming until the bytes outrun it: vLLM's _attn_res_kernel, flat from M = 1 to 64 while its bytes grow 47-fold
+# (calibration/h200/production/small.csv); the GPU suite's kernel runs in waves of one 16-warp program per SM
+# instead (8.4 -> 17.9 µs from M = 64 to 256, calibration/h200/small.csv), its chain and its stream adding up
+CHAIN_HIDES_STREAM = {"vllm"}
 SEQUENCE_BLOCK = 256  # features per program of vLLM's causal_conv1d_update (its BLOCK_N; grid batch x dim / 256)
 COLLECTIVE_ALGORITHM = {"nccl_all_reduce": "ring", "symm_one_shot": "one_shot", "symm_two_shot": "two_shot",
                         "nccl_reduce_scatter": "reduce_scatter", "nccl_all_gather": "all_gather"}
@@ -356,9 +361,12 @@ def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float,
             f["flops"] = 2.0 * tiles * block * k * n
     if fam == "small":  # each kernel its own floor, one bandwidth for all
         launches, experts, rows = routing(kernel, impls)
+        sources = attn_res_sources(kernel)
         f = {f"t0_{law.role}": 1.0, "bytes": f["bytes"], "extra_launches": float(launches - 1),
-             "experts": experts / 1000.0, "aligned_rows": rows / 1000.0, "sources": float(attn_res_sources(kernel)),
+             "experts": experts / 1000.0, "aligned_rows": rows / 1000.0, "sources": float(sources),
              "token_steps": float(sequence_steps(kernel, sms))}
+        if sources and CHAIN_HIDES_STREAM & set(impls.get("small", ())):  # its sources' chain of reads, or streaming
+            f["chain_t0"], f["stream_t0"], f["stream_bytes"] = f.pop(f"t0_{law.role}"), 1.0, f.pop("bytes")
     return f
 
 

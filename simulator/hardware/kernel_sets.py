@@ -32,7 +32,8 @@ ROOFS = ((("bytes",), ("flops",)),  # a kernel's streaming against its math
          (("bytes",), ("rounds",)),  # ... or against the round trips of the loads its programs keep in flight
          # KDA: own work against HBM
          (("serial", "state_bytes", "token_state_bytes"), ("drain_bytes", "drain_state_bytes")),
-         (("tile_steps",), ("cache_bytes",)))  # MLA: the grid's tile steps against streaming the cache
+         (("tile_steps",), ("cache_bytes",)),  # MLA: the grid's tile steps against streaming the cache
+         (("chain_t0", "sources"), ("stream_t0", "stream_bytes")))  # AttnRes: its chain of source reads, streaming
 
 
 # Terms every law of a family carries beside its own (cost/laws.py features): a table fitted before a term existed
