@@ -70,7 +70,8 @@ def test_k3_top_k_costs_at_least_twice_deepseek_v3s(vllm, m):
 
 def test_attn_res_pays_per_source(vllm):
     """Kimi K3's AttnRes mixes 5 sources (4 block snapshots and the prefix); the one-source call standing in for
-    DeepSeek-V3's add + norm mixes 1: at M = 1 the five-source launch costs more by more than its bytes say."""
+    DeepSeek-V3's add + norm mixes 1: at M = 1 both are bound by their chain of source reads (their bytes stream
+    under it, laws.CHAIN_HIDES_STREAM), so the five-source launch costs its four extra sources more."""
     from simulator.cost.measured import attn_res_stand_in
     k3 = _plan("kimi-k3", "standard", 8, 1, 1, 512, "kda").kernel("attn_res_pre")
     one = attn_res_stand_in("deepseek-v3", 8, 1, 1, "mla", "attn_res_pre")
@@ -78,7 +79,7 @@ def test_attn_res_pays_per_source(vllm):
     fit = vllm.kernel_set.fit("small")
     per_source = dict(zip(fit.names, fit.regimes[0]))["sources"]
     assert 0.2 < per_source < 2.0  # µs per source read: about one dependent DRAM round trip
-    assert _us(k3, vllm) - _us(one, vllm) > 4 * per_source
+    assert _us(k3, vllm) - _us(one, vllm) == pytest.approx(4 * per_source)
 
 
 def test_only_the_conv_walks_tokens_in_order():
@@ -111,3 +112,19 @@ def test_a_small_law_without_a_new_term_is_one_sentence_and_exit_2(tmp_path, mon
     result = runner.invoke(app, ["step", "--hardware", "h200", "--tp", "8", "--no-interval"])
     assert result.exit_code == 2 and "lacks the term(s) sources" in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_vllms_attn_res_streams_under_its_chain_and_the_suites_adds_them(vllm):
+    """The law form follows the set's AttnRes kernel (laws.CHAIN_HIDES_STREAM): vLLM's is the larger of its chain
+    of source reads and its stream, flat in M until the bytes outrun the chain (its rows: 7.4-8.0 µs from M = 1 to
+    64, 22 µs at 512); the GPU suite's adds the two (8.4 µs at M = 1, 17.9 at 256)."""
+    suite = load_hardware("h200", "gpu-suite")
+    ks = {m: _plan("kimi-k3", "standard", 8, m, 1, 512, "kda").kernel("attn_res_pre") for m in (1, 64, 512)}
+    key = laws.LawKey("small", "vllm", "attn_res_pre")
+    with_chain = laws.features(ks[1], key, 132, 50e6, {"small": ("vllm",)})
+    additive = laws.features(ks[1], key, 132, 50e6, {"small": ("triton",)})
+    assert {"chain_t0", "stream_t0", "stream_bytes"} <= set(with_chain) and "t0_attn_res_pre" not in with_chain
+    assert {"t0_attn_res_pre", "bytes"} <= set(additive) and "chain_t0" not in additive
+    assert _us(ks[64], vllm) == pytest.approx(_us(ks[1], vllm))  # the 47-fold bytes hide under the chain
+    assert _us(ks[512], vllm) > 2 * _us(ks[1], vllm)  # ... until they outrun it
+    assert _us(ks[64], suite) > _us(ks[1], suite)

@@ -233,3 +233,18 @@ def test_replay_and_prediction_scripts_without_a_gpu_say_so(tmp_path):
     r = subprocess.run([sys.executable, str(GPU / "layer_replay.py"), "--wheel-dir", str(tmp_path), "--layer",
                         "kda", "--out", str(tmp_path / "out")], capture_output=True, text=True)
     assert r.returncode == 0 and "nothing replayed" in r.stdout and not (tmp_path / "out").exists()
+
+
+def test_round5_registered_outcome_after_the_tile_and_attn_res_laws():
+    """L1 (calibration/h200/README.md, round 5), registered before the run with the laws refit on the kernel rows
+    (the tile probe's among them) and no layer fitted: 12 of 12 within 10 %, median |error| <= 4 %, mla-b8t4
+    (its M = 32 down projection at five stages) within 8 %."""
+    table = layer_table.table(LAYERS_DIR / "predictions_round5_launched.csv", LAYERS_DIR / "round5", "")
+    committed = {r["replay"]: r for r in read_rows(LAYERS_DIR / "round5" / "comparison.csv")}
+    assert len(table) == 12
+    for r in table:
+        assert r["matched"] == r["plan_kernels"] and r["unmatched_measured"] == r["unmatched_plan"] == 0
+        assert float(committed[r["replay"]]["error_pct"]) == pytest.approx(r["error_pct"], abs=0.01)
+    assert max(abs(r["error_pct"]) for r in table) < 10
+    assert statistics.median(abs(r["error_pct"]) for r in table) <= 4
+    assert abs(next(r["error_pct"] for r in table if r["replay"] == "mla-b8t4")) <= 8

@@ -6,6 +6,7 @@ here needs no GPU and no vLLM: the points, the join to the predictions, validate
 measuring scripts' answers to bad input, and the host-side rules copied from vLLM's call sites.
 """
 
+import statistics
 import subprocess
 import sys
 import zipfile
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 
 from simulator.cli import app
 from simulator.cost.measured import price_row
+from simulator.cost.validate import read_measurements, validate
 from simulator.hardware import load_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +50,7 @@ def test_production_points_cover_the_grid_and_name_known_kernels():
 
 def test_every_measured_row_was_predicted_before_and_names_its_package():
     predicted = {r["id"] for r in read_rows(DATA / "predictions.csv")}
-    assert predicted == {p.id for p in pts.production_points()}
+    assert predicted == {p.id for p in pts.production_points() + pts.tile_probe_points()}
     measured = [r for name in FAMILY_CSVS + SIDE_CSVS for r in read_rows(DATA / f"{name}.csv")]
     assert len(measured) == len(predicted) and all(r["status"] == "ok" for r in measured)
     assert {r["id"] for r in measured} <= predicted
@@ -210,3 +212,63 @@ def test_cold_rows_reproduce_on_a_fresh_machine():
     assert len(again) == len(here)
     assert sorted(abs(x) for x in again)[len(again) // 2] <= 0.02
     assert sum(abs(x) <= 0.10 for x in again) >= 0.95 * len(again)
+
+
+def test_the_production_set_meets_the_one_model_targets_held_back():
+    """Issue 30's done-when: validate on the production set, every family at most 8 % median and 25 % worst on
+    the held-back half, the small and KDA rows read as the median of their three fresh-machine runs."""
+    doc = validate(DATA, load_hardware("h200", "vllm"))
+    assert set(doc["by_family"]) == set(FAMILY_CSVS) | {"collective"}
+    for fam, got in doc["by_family"].items():
+        assert got["median_abs_pct_error"] <= 8.0 and got["worst_abs_pct_error"] <= 25.0, (fam, got)
+    runs = {p["id"]: p for p in doc["points"]}
+    assert len(runs) == doc["measured_points"]
+
+
+def test_repeated_rows_read_the_median_of_their_runs():
+    """[repeats] in kernel_set.toml: each small and KDA row measured on three fresh H200s is read as the median of
+    the three (declared before the third run); other families read their one run."""
+    rows = {r["id"]: r for r in read_measurements(DATA)}
+    runs = {}
+    for path in (DATA / "small.csv", DATA / "cold" / "repeat" / "small.csv", DATA / "round5" / "small.csv"):
+        for r in read_rows(path):
+            runs.setdefault(r["id"], []).append(float(r["median_us"]))
+    small = [r for r in rows.values() if r["family"] == "small"]
+    assert small and all(r["runs"] == 3 for r in small)
+    for r in small:
+        assert r["measured_us"] == pytest.approx(statistics.median(runs[r["id"]]))
+    assert all(r["runs"] == 1 for r in rows.values() if r["family"] in ("moe", "gemm", "mla"))
+    situ = rows["small/triton_situ_mul/shared_act/model=kimi-k3/layer=kda/tp=8/M=4/N=768/B=4"]
+    assert runs[situ["id"]][0] < 0.8 * situ["measured_us"]  # the in-place run was the outlier (L2, round 5)
+
+
+def test_third_run_reproduces_the_small_and_kda_rows():
+    """L2 (round 5): the third fresh machine agrees with the first, median |change| <= 3 %, at least 90 % within
+    10 %; the SiTU-and-mul row that missed by 30 % lands within 10 % of the repeat."""
+    first = {r["id"]: float(r["median_us"]) for name in ("small", "kda") for r in read_rows(DATA / f"{name}.csv")}
+    repeat = {r["id"]: float(r["median_us"]) for r in read_rows(DATA / "cold" / "repeat" / "small.csv")}
+    third = {r["id"]: float(r["median_us"]) for name in ("small", "kda")
+             for r in read_rows(DATA / "round5" / f"{name}.csv")}
+    change = [third[i] / first[i] - 1 for i in first if i in third]
+    assert len(change) == len(first)
+    assert statistics.median(abs(x) for x in change) <= 0.03
+    assert sum(abs(x) <= 0.10 for x in change) >= 0.90 * len(change)
+    situ = "small/triton_situ_mul/shared_act/model=kimi-k3/layer=kda/tp=8/M=4/N=768/B=4"
+    assert abs(third[situ] / repeat[situ] - 1) <= 0.10
+
+
+@pytest.mark.parametrize("repeats, says", [
+    ('small = ["nothing.csv"]', "must name a family"),
+    ('nonsense = ["round5/small.csv"]', "must name a family"),
+    ('small = "round5/small.csv"', "must be a table of family"),
+])
+def test_a_bad_repeat_is_one_sentence(tmp_path, repeats, says):
+    folder = tmp_path / "production"
+    folder.mkdir()
+    (tmp_path / "collective.csv").write_text((DATA.parent / "collective.csv").read_text())
+    (folder / "small.csv").write_text((DATA / "small.csv").read_text())
+    meta = (DATA / "kernel_set.toml").read_text()
+    meta = meta[:meta.index("[repeats]")] + "[repeats]\n" + repeats + "\n"
+    (folder / "kernel_set.toml").write_text(meta)
+    r = CliRunner().invoke(app, ["validate", "--measurements", str(folder)])
+    assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output[-400:]

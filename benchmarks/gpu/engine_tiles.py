@@ -56,8 +56,10 @@ def occupancy(path: Path) -> dict[str, list[int]]:
 
 def render(found: dict[str, dict[int, list[int]]], version: str, held: dict[str, list[int]] | None = None,
            held_from: str = "") -> str:
-    lines = [f"# vLLM {version}'s tuned Triton fused_moe tiles on NVIDIA H200 (model_executor/layers/fused_moe/configs/",
-             "# E=<experts>,N=<per-rank intermediate>,device_name=NVIDIA_H200[,dtype=fp8_w8a8,block_shape=[128,128]].json),",
+    lines = [f"# vLLM {version}'s tuned Triton fused_moe tiles on NVIDIA H200 "
+             "(model_executor/layers/fused_moe/configs/",
+             "# E=<experts>,N=<per-rank intermediate>,device_name=NVIDIA_H200"
+             "[,dtype=fp8_w8a8,block_shape=[128,128]].json),",
              "# the BF16 and block-FP8 tables only. Written by benchmarks/gpu/engine_tiles.py; do not edit.",
              "# Each row: M = [BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, num_warps, num_stages]",
              f'source = "vllm=={version} vllm/model_executor/layers/fused_moe/configs/"', ""]

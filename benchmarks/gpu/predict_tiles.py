@@ -64,8 +64,9 @@ def main() -> int:
     for p in pts.tile_probe_points():
         row = {**normalise(p.row()), "tile_config": probe_tile(p)}
         group, feats = row_law(row, hw, impls)
-        out.append({"id": p.id, "tile_config": row["tile_config"], "model_us": round(fits[group].predict(feats), 3),
-                    "rounds": round(feats["rounds"], 3), "bytes": int(feats["bytes"]), "model_commit": simulator_commit()})
+        out.append({"id": p.id, "tile_config": row["tile_config"],
+                    "model_us": round(fits[group].predict(feats), 3), "rounds": round(feats["rounds"], 3),
+                    "bytes": int(feats["bytes"]), "model_commit": simulator_commit()})
         print(f"{p.id}: {out[-1]['model_us']} us ({out[-1]['rounds']} rounds)")
     write_rows(args.out, out, list(out[0]))
     return 0

@@ -64,7 +64,7 @@ from typing import Mapping
 
 import numpy as np
 
-from simulator.cost import engine_tiles
+import simulator.cost.engine_tiles as engine_tiles
 from simulator.hardware.kernel_sets import ROLES, KernelSet
 from simulator.plans.kernel import Kernel
 

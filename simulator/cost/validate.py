@@ -50,7 +50,8 @@ FAMILIES = ("ceiling",) + KERNEL_FAMILIES  # the plans' kernel families, and the
 
 def read_measurements(folder: str | Path) -> list[dict[str, Any]]:
     """Every ok row of every family CSV (<family>.csv) in `folder`, typed, and the rows its kernel_set.toml
-    borrows (borrowed_csvs)."""
+    borrows (borrowed_csvs); a row that kernel_set.toml's [repeats] measured again on other machines reads the
+    median of all its runs (`runs` says how many)."""
     root = Path(folder)
     if not root.is_dir():
         raise UserError(f"--measurements {folder}: not a folder of measurement CSVs.")
@@ -67,9 +68,34 @@ def read_measurements(folder: str | Path) -> list[dict[str, Any]]:
                 row["measured_us"] = float(raw["median_us"])
                 row["source_file"] = path.name
                 rows.append(row)
+    again = repeated_runs(root)
+    for row in rows:
+        runs = [row["measured_us"]] + again.get((row["family"], row["id"]), [])
+        row["measured_us"], row["runs"] = statistics.median(runs), len(runs)
     if not rows:
         raise UserError(f"--measurements {folder}: no measured rows (CSV files from benchmarks/gpu/suite.py).")
     return rows
+
+
+def repeated_runs(root: Path) -> dict[tuple[str, str], list[float]]:
+    """(family, id) -> µs of the same rows measured again on other fresh machines: kernel_set.toml's [repeats]
+    table, family = ["path/of/repeat.csv", ...] relative to the folder (the same points, the same code)."""
+    repeats = _set_meta(root).get("repeats", {})
+    at = f"{root / SET_FILE}"
+    if not isinstance(repeats, dict) or not all(isinstance(v, list) for v in repeats.values()):
+        raise UserError(f"{at}: [repeats] must be a table of family = [\"path/to/repeat.csv\", ...].")
+    out: dict[tuple[str, str], list[float]] = {}
+    for family, paths in repeats.items():
+        for rel in paths:
+            path = root / rel if isinstance(rel, str) else None
+            if family not in FAMILIES or path is None or path.suffix != ".csv" or not path.is_file():
+                raise UserError(f"{at}: repeats.{family} must name a family ({', '.join(FAMILIES)}) and existing "
+                                f".csv files relative to {root}.")
+            with path.open(newline="") as f:
+                for raw in csv.DictReader(f):
+                    if raw.get("status", "ok") == "ok" and raw.get("median_us") and raw.get("family") == family:
+                        out.setdefault((family, raw["id"]), []).append(float(raw["median_us"]))
+    return out
 
 
 def borrowed_csvs(root: Path) -> list[tuple[Path, set[str]]]:
@@ -215,8 +241,11 @@ def _fit_roofs(X: np.ndarray, t: np.ndarray, names: tuple[str, ...], lower: np.n
     a = [names.index(n) for n in roof[0] if n in names]
     b = [names.index(n) for n in roof[1] if n in names]
     ratio = (X[:, b].sum(axis=1) + 1e-30) / (X[:, a].sum(axis=1) + 1e-30)
+    # candidate splits from the points the roof applies to (a group's other kernels have neither side)
+    both = ratio[(X[:, a].sum(axis=1) > 0) & (X[:, b].sum(axis=1) > 0)]
+    cuts = list(np.quantile(both, np.linspace(0.1, 0.9, 9))) if both.size else []
     best, best_err = np.zeros(len(names)), math.inf
-    for cut in [-math.inf, math.inf] + list(np.quantile(ratio, (0.2, 0.4, 0.6, 0.8))) + [0.005, 0.01, 0.02, 0.05]:
+    for cut in [-math.inf, math.inf] + cuts + [0.005, 0.01, 0.02, 0.05]:
         on_a = ratio <= cut
         for _ in range(12):
             Xs = X.copy()
