@@ -286,6 +286,10 @@ PRODUCTION_IMPLS = {
     "fla_gated_rms_norm": (VLLM, "FLA Triton rms_norm_gated, sigmoid gate (third_party/.../kda.py)", ""),
     "triton_situ_mul": ("moe-sim", "the GPU suite's Triton SiTU-and-mul (fam_small.situ_mul)",
                         "stand-in for _C::silu_and_mul / situ_and_mul (not carried)"),
+    "vllm_fa3": (VLLM, "_vllm_fa3_C::fwd (FlashAttention 3, paged bf16 KV, sinks, num_splits 32)", ""),
+    "vllm_triton_unified": (VLLM, "Triton kernel_unified_attention_2d / _3d + reduce_segments "
+                                  "(v1/attention/ops/triton_unified_attention.py)",
+                            "stand-in for FlashAttention 3 in the gpt-oss layer replays"),
     "torch_cat": ("torch", "torch.cat", ""),
     "torch_add": ("torch", "torch.add", ""),
     "torch_fp8_copy": ("torch", "one copy to FP8 of the query rows and the new cache row",
@@ -359,6 +363,19 @@ def tile_probe_points() -> list[Point]:
             pts += [Point("moe", impl, "fc1", model, layer, 8, M=m, K=L, N=2 * F, U=u, fmt=fmt, variant=variant),
                     Point("moe", impl, "fc2", model, layer, 8, M=m, K=F, N=L, U=u, fmt=fmt, variant=variant)]
     return pts
+
+
+GQA_BATCH = (1, 4, 8, 16, 32, 64)
+GQA_CONTEXT = {"full": (512, 1720, 8192, 32768), "sliding": (1720, 8192)}  # cached positions before the step
+
+
+def gqa_points() -> list[Point]:
+    """gpt-oss-20b's paged GQA decode (gqa_rows.py) at TP1 and one TP2 rank, one token per sequence, its sliding
+    (128-position window) and full layers: FlashAttention 3, what vLLM runs on Hopper, and the Triton unified
+    attention the layer replays stood in with. S: positions cached before the step."""
+    return [Point("gqa", impl, "gqa_decode", "gpt-oss-20b", "gqa", tp, M=b, B=b, S=s, variant=kind)
+            for impl in ("vllm_fa3", "vllm_triton_unified") for tp in (1, 2) for kind, ctxs in GQA_CONTEXT.items()
+            for s in ctxs for b in GQA_BATCH]
 
 
 def replay_small_points() -> list[Point]:

@@ -42,7 +42,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "calibration" / "h200" / "predictions.csv")
     ap.add_argument("--set", choices=("suite", "production"), default="suite",
                     help="the points to price: the suite's (points.all_points) or the production kernels' "
-                         "(points.production_points, measured by production.py)")
+                         "(points.production_points and tile_probe_points, measured by production.py; "
+                         "points.gqa_points, by gqa_rows.py)")
     ap.add_argument("--add-new", action="store_true",
                     help="keep every row already in --out (its predictions were registered before their run) "
                          "and price only the points it lacks")
@@ -54,7 +55,8 @@ def main() -> int:
         with args.out.open(newline="") as f:
             kept = {r["id"]: r for r in csv.DictReader(f)}
     rows = []
-    for p in (pts.production_points() if args.set == "production" else pts.all_points()):
+    production = pts.production_points() + pts.tile_probe_points() + pts.gqa_points()
+    for p in (production if args.set == "production" else pts.all_points()):
         if p.id in kept:
             rows.append(kept[p.id])
             continue

@@ -70,7 +70,7 @@ def point_kernel(row: Mapping[str, Any]) -> Kernel:
     """The kernel the cost model prices for one measured point (module docstring)."""
     r = normalise(row)
     builder = {"ceiling": _ceiling, "gemm": _gemm, "moe": _moe, "small": _small, "kda": _kda, "mla": _mla,
-               "collective": _collective}
+               "gqa": _gqa, "collective": _collective}
     if r["family"] not in builder:
         raise ValueError(f"no kernel for family {r['family']!r}")
     return replace(builder[r["family"]](r), pdl=False, prefetch_bytes=0)
@@ -165,6 +165,20 @@ def _mla(r: dict) -> Kernel:
     kernel = _plan(r["model"], "standard", r["tp"], r["B"], r["T"], r["S"] - r["T"], "mla").kernel("mla_decode")
     reads = tuple(Tensor(t.name, t.shape, r["fmt"]) if t.name in ("mla.cache", "mla.qcat") else t for t in kernel.reads)
     return replace(kernel, reads=reads)
+
+
+def _gqa(r: dict) -> Kernel:
+    """The plan's paged GQA decode at B sequences of S cached positions before this step (T tokens each), on the
+    model's first layer with the row's window: variant "sliding" or "full" (gpt-oss alternates them)."""
+    from simulator.config import load_model
+    from simulator.plans import standard
+    cfg = load_model(r["model"])
+    layers = [i for i in range(cfg.num_layers) if cfg.layer_type(i) == "gqa"
+              and bool(cfg.gqa_window(i)) == (r["variant"] == "sliding")]
+    if not layers:
+        raise ValueError(f"{r['model']} has no {r['variant'] or 'full'} GQA layer")
+    plan = standard.build(cfg, r["tp"], DecodeShape(r["B"], r["T"], r["S"]), "gqa", layers[0], arch="sm90")
+    return plan.kernel("gqa_decode")
 
 
 COLLECTIVE_OP = {"nccl_all_reduce": "all_reduce", "symm_one_shot": "all_reduce", "symm_two_shot": "all_reduce",
