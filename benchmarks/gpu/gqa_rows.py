@@ -102,7 +102,7 @@ def inputs(torch, g: dict, slots: int, seed: int = 0) -> dict:
     return {"kc": kc, "vc": vc, "tables": tables, "lens": torch.full((b,), n, device="cuda", dtype=torch.int32),
             "q": (torch.randn(b, g["nq"], g["h"], device="cuda", generator=gen) / 4).to(torch.bfloat16),
             "out": torch.empty(b, g["nq"], g["h"], device="cuda", dtype=torch.bfloat16),
-            "sinks": torch.randn(g["nq"], device="cuda", generator=gen, dtype=torch.float32),
+            "sinks": torch.randn(g["nq"], device="cuda", generator=gen).to(torch.bfloat16),  # the model's sinks
             "cu": torch.arange(b + 1, device="cuda", dtype=torch.int32), "n": n}
 
 
@@ -161,9 +161,10 @@ def reference(torch, x: dict, g: dict, table) -> Any:
         rep = g["nq"] // g["nkv"]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         s = torch.einsum("hd,nhd->hn", x["q"][i].float(), k) * g["scale"]
-        m = torch.maximum(s.max(-1).values, x["sinks"])
+        sinks = x["sinks"].float()
+        m = torch.maximum(s.max(-1).values, sinks)
         p_ = torch.exp(s - m[:, None])
-        denom = p_.sum(-1) + torch.exp(x["sinks"] - m)
+        denom = p_.sum(-1) + torch.exp(sinks - m)
         outs.append(torch.einsum("hn,nhd->hd", p_, v) / denom[:, None])
     return torch.stack(outs)
 
@@ -200,6 +201,7 @@ def main() -> int:
     ap.add_argument("--replay-carry", type=Path, help="gptoss_replay.py's carry (the Triton unified attention)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting new points after this long")
+    ap.add_argument("--impl", action="append", help="only these implementations (repeatable)")
     args = ap.parse_args()
     if args.unpack_fa3:
         try:
@@ -233,8 +235,8 @@ def main() -> int:
         if any(c["check"].startswith(impl) and not c["rel_err"] < 2e-2 for c in doc["checks"]):
             kernels.pop(key, None)
     warm_up(torch)
-    todo = [p for p in pts.gqa_points() if (p.impl == "vllm_fa3" and "fa3" in kernels)
-            or (p.impl == "vllm_triton_unified" and "triton" in kernels)]
+    todo = [p for p in pts.gqa_points() if ((p.impl == "vllm_fa3" and "fa3" in kernels)
+            or (p.impl == "vllm_triton_unified" and "triton" in kernels)) and (not args.impl or p.impl in args.impl)]
     done = 0
     for p in todo:
         if time.time() - t0 > args.budget_s:
