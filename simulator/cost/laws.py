@@ -74,6 +74,8 @@ MLA_TILE = 64  # cache slots per tile of a split-KV decode kernel
 # calibration/h200/production/mla.csv step at 64 rows: 48 -> 96 rows doubles the time, 24 -> 48 does not)
 MLA_ROWS = {"flashmla_fp8": 64, "flashmla_bf16": 64}
 GQA_TILE = 16  # cache positions per tile of a GQA decode program (vLLM / aiter unified attention: the block size)
+FA3_BLOCK_N = 128  # key positions per block of FlashAttention 3's Hopper decode at head dim 64 (causal / local)
+FA3_MAX_SPLITS = 32  # vLLM's flash_attn_max_num_splits_for_cuda_graph (config/attention.py)
 SHORT_K = 1024  # reduction depth at or below which a GEMM tile runs <= 8 K-steps of 128
 W4A16_BLOCK_N = {16: 32, 64: 64}  # the suite's W4A16 tile config: BLOCK_M -> BLOCK_N (fam_moe.TILE_CONFIG)
 NARROW_N = 1024  # output width at or below which few CTAs share the N dimension: each runs K in series
@@ -151,6 +153,32 @@ def gqa_grid(kernel: Kernel) -> tuple[int, int, int, int]:
     seen = kernel.flops // (4 * m * nq * h)
     tiles = -(-(-(-seen // GQA_TILE)) // segments)
     return programs, tiles, segments, GQA_TILE * 2 * h * pool.nbytes // pool.numel
+
+
+def fa3_splits(mblocks: int, n_blocks: int, sms: int, max_splits: int = FA3_MAX_SPLITS) -> int:
+    """KV splits FlashAttention 3 runs a decode in (its num_splits heuristic, hopper/heuristics.h in
+    Dao-AILab/flash-attention, under vLLM's cap): none when the (sequence, key/value head) blocks nearly fill the
+    SMs or the sequence has at most 4 key blocks; else the fewest splits whose last wave is at least 85 % as full
+    as the best count's."""
+    if mblocks >= 0.8 * sms or n_blocks <= 4:
+        return 1
+    cap = min(max_splits, sms, n_blocks)
+    eff = [(mblocks * s / sms) / math.ceil(mblocks * s / sms) for s in range(1, cap + 1)]
+    return next(s for s, e in enumerate(eff, 1) if e >= 0.85 * max(eff))
+
+
+def fa3_grid(kernel: Kernel, sms: int) -> tuple[int, int, int]:
+    """(programs, key blocks per program, splits) of FlashAttention 3's paged decode of one token per sequence:
+    a program per sequence x key/value head x split (the group's query heads packed into one block of rows),
+    walking its split's FA3_BLOCK_N-position key blocks (a sliding window spans at most W / N + 1 of them)."""
+    pool, table = kernel.reads[1], kernel.reads[3]
+    nkv, b = pool.shape[2], table.shape[0]
+    q = kernel.reads[0]
+    seen = kernel.flops // (4 * q.shape[0] * q.shape[1] * q.shape[2])
+    window = dict(kernel.consts).get("window") or 0
+    n_blocks = min(-(-seen // FA3_BLOCK_N), -(-window // FA3_BLOCK_N) + 1) if window else -(-seen // FA3_BLOCK_N)
+    splits = fa3_splits(b * nkv, n_blocks, sms)
+    return b * nkv * splits, -(-n_blocks // splits), splits
 
 
 def gqa_chain_us(kernel: Kernel, sms: int, cta_bandwidth: float) -> float:
@@ -332,6 +360,11 @@ def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float,
         return {"t0": 1.0, "tile_steps": float(-(-programs // sms) * -(-chunk // MLA_TILE)), "splits": float(splits),
                 "cache_bytes": float(kernel.hbm_bytes * passes)}
     if fam == "gqa":
+        if law.impl == "vllm_fa3":  # one CTA per SM; its split scheduler and combine launch every time (in t0)
+            programs, tiles, _ = fa3_grid(kernel, sms)
+            waves = -(-programs // sms)
+            return {"t0": 1.0, "waves": float(waves), "tile_steps": float(waves * tiles),
+                    "cache_bytes": float(kernel.hbm_bytes)}
         programs, tiles, segments, _ = gqa_grid(kernel)
         waves = -(-programs // (sms * kernel.ctas_per_sm))
         return {"t0": 1.0, "tile_steps": float(waves * tiles), "segments": float(segments),
