@@ -176,7 +176,10 @@ def fa3_grid(kernel: Kernel, sms: int) -> tuple[int, int, int]:
     q = kernel.reads[0]
     seen = kernel.flops // (4 * q.shape[0] * q.shape[1] * q.shape[2])
     window = dict(kernel.consts).get("window") or 0
-    n_blocks = min(-(-seen // FA3_BLOCK_N), -(-window // FA3_BLOCK_N) + 1) if window else -(-seen // FA3_BLOCK_N)
+    if window:  # a window not aligned to the key blocks straddles one more, where the sequence is that long
+        n_blocks = min(-(-table.shape[1] * pool.shape[1] // FA3_BLOCK_N), -(-window // FA3_BLOCK_N) + 1)
+    else:
+        n_blocks = -(-seen // FA3_BLOCK_N)
     splits = fa3_splits(b * nkv, n_blocks, sms)
     return b * nkv * splits, -(-n_blocks // splits), splits
 
@@ -363,7 +366,8 @@ def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float,
         if law.impl == "vllm_fa3":  # one CTA per SM; its split scheduler and combine launch every time (in t0)
             programs, tiles, _ = fa3_grid(kernel, sms)
             waves = -(-programs // sms)
-            return {"t0": 1.0, "waves": float(waves), "tile_steps": float(waves * tiles),
+            local = 1.0 if dict(kernel.consts).get("window") else 0.0  # FA3's windowed (local) kernel instance
+            return {"t0": 1.0, "local": local, "waves": float(waves), "tile_steps": float(waves * tiles),
                     "cache_bytes": float(kernel.hbm_bytes)}
         programs, tiles, segments, _ = gqa_grid(kernel)
         waves = -(-programs // (sms * kernel.ctas_per_sm))
