@@ -157,7 +157,7 @@ class Kernels:
         self.routing, self.ogs, self.swiglu, self.tensor, self.numerics, self.layout = (
             routing, ogs, swiglu, tensor, numerics, layout)
         self.version = f"vllm=={VERSION}"
-        self.fa3 = None  # FlashAttention 3's ops (gqa_rows.load_fa3) when --fa3 names the carried library
+        self.fa3 = None  # FlashAttention 3's ops (fa3.load_fa3) when --fa3 names the carried library
 
 
 # ================================================================ MXFP4 experts as vLLM's TRITON backend holds them
@@ -331,14 +331,14 @@ class GptOssLayer(Layer):
         kc, vc, table, lens, _ = self._cache()
         q = self.act("q", m, h, dh)
         out = self.act("attn.core", m, h * dh).view(m, h, dh)
-        if self.kt.fa3 is not None:  # what vLLM's FLASH_ATTN backend runs on Hopper (gqa_rows.fa3_call)
-            import gqa_rows
+        if self.kt.fa3 is not None:  # what vLLM's FLASH_ATTN backend runs on Hopper (fa3.fa3_call)
+            import fa3
             consts = dict(k.consts)
             x = {"q": q, "kc": kc, "vc": vc, "out": out, "cu": torch.arange(b + 1, device="cuda", dtype=torch.int32),
                  "lens": lens, "n": self.plan.shape.context + 1,
                  "sinks": torch.randn(h, device="cuda", generator=self.gen).to(torch.bfloat16)}
             g = {"window": consts.get("window") or 0, "scale": consts["scale"]}
-            return [gqa_rows.fa3_call(self.kt.fa3, x, g, table)]
+            return [fa3.fa3_call(self.kt.fa3, x, g, table)]
         sinks = torch.randn(h, device="cuda", dtype=torch.float32, generator=self.gen)
         cu = torch.arange(b + 1, device="cuda", dtype=torch.int32)
         consts = dict(k.consts)
@@ -454,7 +454,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, action="append", help="only these batches (repeatable)")
     ap.add_argument("--layer-index", type=int, action="append", help="only these layer indexes (repeatable)")
     ap.add_argument("--split-kv-all", action="store_true", help="the decode's split-KV path at every batch")
-    ap.add_argument("--fa3", type=Path, help="decode with FlashAttention 3 from this folder (gqa_rows.py's carry) "
+    ap.add_argument("--fa3", type=Path, help="decode with FlashAttention 3 from this folder (fa3.py's carry) "
                                              "instead of the Triton stand-in")
     ap.add_argument("--kernel-rows", action="store_true", help="also time matmul_ogs fc1 / fc2 alone per batch")
     ap.add_argument("--no-replays", action="store_true", help="only the kernel rows")
@@ -480,8 +480,8 @@ def main() -> int:
         print(f"--carry {args.carry}: cannot load vLLM's kernels ({exc}).", file=sys.stderr)
         return 2
     if args.fa3:
-        import gqa_rows
-        kernels.fa3 = gqa_rows.load_fa3(args.fa3, torch)
+        import fa3
+        kernels.fa3 = fa3.load_fa3(args.fa3, torch)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "env_gptoss.json").write_text(json.dumps({**environment(torch), "package": kernels.version,
                                                           "attn_res": kernels.attn_res is not None,

@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
-import shutil
 import sys
-import tempfile
 import time
 import traceback
 import zipfile
@@ -41,36 +39,13 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
 
 import points as pts  # noqa: E402
+from fa3 import FA3_XZ, fa3_call, load_fa3, unpack_fa3  # noqa: E402
 from rows import ENV_FIELDS, write_row  # noqa: E402
 
-FA3_MEMBER = "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"
-FA3_XZ = "_vllm_fa3_C.abi3.so.xz"
 BLOCK = 16  # positions per cache block (vLLM's default for FLASH_ATTN and the Triton backend)
-FA3_SPLITS = 32  # vLLM's flash_attn_max_num_splits_for_cuda_graph (config/attention.py)
 TRITON_SEGMENTS, TRITON_SEQ_3D = 16, 16  # the Triton backend's softmax segments and its 3D-below threshold
 MAX_SLOTS = 64
 EXTRA = ("package", "kernel", "stands_in_for", "kernel_names", "point_s", "cold", "flush_us")
-
-
-def unpack_fa3(wheel: Path, out: Path) -> Path:
-    """The FA3 library from the vLLM wheel, xz-compressed into out (what a GPU call carries)."""
-    with zipfile.ZipFile(wheel) as z:
-        if FA3_MEMBER not in z.namelist():
-            raise ValueError(f"{wheel}: no member {FA3_MEMBER} (is this the vLLM 0.33.0 wheel?)")
-        out.mkdir(parents=True, exist_ok=True)
-        dest = out / FA3_XZ
-        with z.open(FA3_MEMBER) as src, lzma.open(dest, "wb", preset=6) as dst:
-            shutil.copyfileobj(src, dst)
-    return dest
-
-
-def load_fa3(folder: Path, torch) -> Any:
-    """torch.ops._vllm_fa3_C after unpacking the carried library into a temporary folder."""
-    lib = Path(tempfile.mkdtemp()) / FA3_XZ.removesuffix(".xz")
-    with lzma.open(folder / FA3_XZ) as src, lib.open("wb") as dst:
-        shutil.copyfileobj(src, dst)
-    torch.ops.load_library(str(lib))
-    return torch.ops._vllm_fa3_C
 
 
 def geometry(p: Any) -> dict:
@@ -104,13 +79,6 @@ def inputs(torch, g: dict, slots: int, seed: int = 0) -> dict:
             "out": torch.empty(b, g["nq"], g["h"], device="cuda", dtype=torch.bfloat16),
             "sinks": torch.randn(g["nq"], device="cuda", generator=gen).to(torch.bfloat16),  # the model's sinks
             "cu": torch.arange(b + 1, device="cuda", dtype=torch.int32), "n": n}
-
-
-def fa3_call(fa3, x: dict, g: dict, table):
-    left = g["window"] - 1 if g["window"] else -1
-    return lambda: fa3.fwd(x["q"], x["kc"], x["vc"], None, None, None, x["out"], x["cu"], None, None, None, x["lens"],
-                           1, x["n"], table, None, None, None, None, None, None, None, None, g["scale"], True, left,
-                           0 if g["window"] else -1, 0.0, True, None, FA3_SPLITS, None, 0, x["sinks"], 1, 0, None)
 
 
 def triton_call(attention, torch, x: dict, g: dict, table):
