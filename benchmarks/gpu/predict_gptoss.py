@@ -7,7 +7,8 @@ matmul_ogs MoE of simulator/moe/ogs.py), one rank's shapes at TP1 and TP2, batch
 sequence, context 1,720 and 8,192, a sliding-window layer (index 0) and a full-attention layer (index 1). The
 price is predict_layers': the plan restricted to its non-collective kernels (at TP2 the all-reduces are left
 out and named), scheduled on the H200 profile, makespan = first kernel start to last kernel end; once with the
-profile's default kernel set (`vllm`) and once with `datasheet`. No GPU needed.
+profile's default kernel set (`vllm`) and once with `datasheet`. No GPU needed. --as-launched: the `vllm` set
+with its PDL off, as the replay launches its cuBLAS GEMMs (predict_layers.py says why).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
 
-from predict_layers import makespan  # noqa: E402
+from predict_layers import as_launched, makespan  # noqa: E402
 from rows import simulator_commit, write_rows  # noqa: E402
 
 MODEL, LAYER, HARDWARE = "gpt-oss-20b", "gqa", "h200"
@@ -68,12 +69,17 @@ def predict(tp: int, batch: int, context: int, layer_index: int, hw) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="the predictions CSV to write")
+    ap.add_argument("--as-launched", action="store_true",
+                    help="price the replay's cuBLAS GEMMs as they launch, without PDL (predict_layers.as_launched): "
+                         "no weight prefetch under the kernel before; the vllm set only")
     args = ap.parse_args()
     from simulator.hardware import load_hardware
     commit = simulator_commit()
     rows = []
-    for kernels in KERNEL_SETS:
+    for kernels in KERNEL_SETS[:1] if args.as_launched else KERNEL_SETS:
         hw = load_hardware(HARDWARE, kernels)
+        if args.as_launched:
+            hw = as_launched(hw)
         rows += [predict(*c, hw) | {"simulator_commit": commit}
                  for c in configurations()]
     write_rows(args.out, rows, FIELDS)
