@@ -89,3 +89,27 @@ def test_gptoss_layers_with_fa3_registered_outcome():
     assert statistics.median(errors) <= 10 and sum(e <= 25 for e in errors) >= 24
     decode = [r["gqa_error_pct"] for r in vllm]
     assert all(-10 < e < 30 for e in decode) and statistics.median(decode) > 5
+
+
+def test_gptoss_layers_priced_as_launched_registered_outcome():
+    """F3 and F4 (calibration/h200/README.md), registered before a repeat on a fresh machine: priced as the replay
+    launches its cuBLAS GEMMs (no PDL), 31 of 32 within 25 %, median |error| <= 8 %, every batch-1 replay within
+    30 %; the makespans reproduce the run before within 5 %."""
+    folder = DATA / "gptoss" / "fa3" / "repeat"
+    table = layer_table.table(folder / "predictions_launched.csv", folder, "", gptoss_table.compare)
+    committed = {r["replay"]: r for r in read_rows(folder / "comparison.csv")}
+    assert len(table) == 32
+    import predict_gptoss
+    import predict_layers
+    hw = predict_layers.as_launched(load_hardware("h200", "vllm"))  # the registered prices are the PDL-off ones
+    for r in read_rows(folder / "predictions_launched.csv")[:4]:
+        args = (int(r["tp"]), int(r["batch"]), int(r["context"]), int(r["layer_index"]))
+        assert predict_gptoss.predict(*args, hw)["makespan_us"] == pytest.approx(float(r["makespan_us"]), abs=0.01)
+    for r in table:
+        assert r["matched"] == r["plan_kernels"] and r["unmatched_measured"] == 0
+        assert float(committed[r["replay"]]["error_pct"]) == pytest.approx(r["error_pct"], abs=0.01)
+    errors = {r["replay"]: abs(r["error_pct"]) for r in table}
+    assert sum(e <= 25 for e in errors.values()) >= 30 and statistics.median(errors.values()) <= 8
+    assert all(e <= 30 for k, e in errors.items() if "-b1-" in k)
+    before = {r["replay"]: float(r["measured_us"]) for r in read_rows(DATA / "gptoss" / "fa3" / "comparison.csv")}
+    assert all(abs(r["measured_us"] / before[r["replay"]] - 1) < 0.05 for r in table)
