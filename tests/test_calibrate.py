@@ -77,7 +77,7 @@ def test_calibrate_cli_json_and_bad_hardware():
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     assert {c["name"] for c in doc["constants"]} == set(cal.fitted_names(load_hardware("gb300")))
-    assert len(doc["fitted_figures"]) == 4 and len(doc["unfitted_figures"]) == 2 and doc["degrees_of_freedom"] == 1
+    assert len(doc["fitted_figures"]) == 4 and len(doc["unfitted_figures"]) == 3 and doc["degrees_of_freedom"] == 1
     assert all(c["range"][0] <= c["fitted"] <= c["range"][1] for c in doc["constants"])
     bad = runner.invoke(app, ["calibrate", "--hardware", "h200"])
     assert bad.exit_code == 2 and "no constant fitted to the published figures" in bad.output
@@ -116,3 +116,15 @@ def test_the_trace_can_be_read_as_requests_of_one_token():
     assert trace[0]["model_now"] != default["fitted_figures"][0]["model_now"]
     bad = runner.invoke(app, ["calibrate", "--trace-batch", "0"])
     assert bad.exit_code == 2 and "at least one sequence" in bad.output and "Traceback" not in bad.output
+
+
+def test_the_stock_path_got_faster_and_the_model_prices_the_newest():
+    """The unfitted standard-path figures at TP8, batch 1 are dated: July's 111 tok/s (9.0 ms), vLLM main of
+    2026-08-24 at 8.469 ms (vLLM PRs #53525 / #53526). The model prices 0.33.0's October path: faster than both,
+    within 10 % of August, the newer figure closer than the older."""
+    doc = json.loads(runner.invoke(app, ["calibrate", "--json"]).output)
+    figs = {f["figure"]: f for f in doc["unfitted_figures"]}
+    july, august = figs["July standard vLLM, TP8, batch 1"], figs["August standard vLLM main, TP8, batch 1"]
+    assert 1000.0 / july["published"] > august["published"] > august["model_now"]  # 9.0 ms > 8.47 ms > the model
+    assert -10 < august["error_now_pct"] < 0 < july["error_now_pct"]
+    assert abs(august["error_now_pct"]) < abs(july["error_now_pct"])

@@ -64,6 +64,9 @@ CHECKS = (
            "BLOG-D0, vLLM day-0 Kimi K3 post 2026-07-27 (docs/sources.md §K2); older software"),
     Figure("July standard vLLM, TP16, batch 1", "tokens_per_s", "standard", 16, 1, 1, 512, None, 118.0,
            "BLOG-D0 (docs/sources.md §K2); older software than the October 7.38 ms"),
+    Figure("August standard vLLM main, TP8, batch 1", "step_ms", "standard", 8, 1, 1, 384, None, 8.469,
+           "vLLM PR #53526, 2026-08-24 (docs/sources.md §K2): mean TPOT before its change, main at 2ec6f0d71e, "
+           "TP8, concurrency 1, prompt 128, output 512 (mean context 384), FP8 KV cache, no speculation, GB300"),
 )
 
 
