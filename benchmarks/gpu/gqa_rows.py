@@ -40,7 +40,6 @@ sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
 
 import points as pts  # noqa: E402
 from fa3 import FA3_XZ, fa3_call, load_fa3, unpack_fa3  # noqa: E402
-from rows import ENV_FIELDS, write_row  # noqa: E402
 
 BLOCK = 16  # positions per cache block (vLLM's default for FLASH_ATTN and the Triton backend)
 TRITON_SEGMENTS, TRITON_SEQ_3D = 16, 16  # the Triton backend's softmax segments and its 3D-below threshold
@@ -182,6 +181,7 @@ def main() -> int:
         print("--out is needed to measure.", file=sys.stderr)
         return 2
     from harness import environment, say_no_gpu, warm_up
+    from production import time_points
     if say_no_gpu("gqa_rows", "nothing measured (run it on a machine with an NVIDIA GPU)"):
         return 0
     import torch
@@ -205,26 +205,8 @@ def main() -> int:
     warm_up(torch)
     todo = [p for p in pts.gqa_points() if ((p.impl == "vllm_fa3" and "fa3" in kernels)
             or (p.impl == "vllm_triton_unified" and "triton" in kernels)) and (not args.impl or p.impl in args.impl)]
-    done = 0
-    for p in todo:
-        if time.time() - t0 > args.budget_s:
-            print(f"budget of {args.budget_s:.0f} s spent: stopping", flush=True)
-            break
-        t1 = time.time()
-        try:
-            res = {"status": "ok", **measure(kernels, torch, p)}
-            done += 1
-        except Exception as exc:  # one bad point must not cost the rest of the run
-            traceback.print_exc()
-            res = {"status": f"error: {type(exc).__name__}: {exc}"[:300]}
-            torch.cuda.empty_cache()
-        package, kernel, standin = pts.PRODUCTION_IMPLS[p.impl]
-        names = res.pop("kernel_names", [])
-        row = {**p.row(), **{k: env.get(k, "") for k in ENV_FIELDS}, **res, "package": package, "kernel": kernel,
-               "stands_in_for": standin, "kernel_names": ";".join(n[:80] for n in names)[:400],
-               "launches": len(names) or "", "point_s": round(time.time() - t1, 2)}
-        write_row(args.out / "gqa.csv", row, EXTRA)
-        print(f"[{time.time() - t0:6.1f}s] {p.id}: {res.get('median_us', '-')} us {res['status']}", flush=True)
+    done, _ = time_points(todo, lambda p: measure(kernels, torch, p), torch, args.out / "gqa.csv", env, EXTRA, t0,
+                          args.budget_s)
     doc.update(wall_s=round(time.time() - t0, 1), points_ok=done, points_planned=len(todo), gpu=env.get("gpu", ""))
     (args.out / "runs.json").write_text(json.dumps({"gqa": doc}, indent=2))
     return 0

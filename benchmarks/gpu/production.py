@@ -78,14 +78,27 @@ def run_family(family: str, wheel, torch, out: Path, env: dict, probe: bool, bud
         doc["checks"].append({"check": label, "error": err, "bound": bound, "ok": ok})
         print(f"{'ok  ' if ok else 'FAIL'} {family} check {label}: error {err:.3g} (bound {bound:g})", flush=True)
     warm_up(torch)
+    todo = chosen(family, impls, probe, points)
+    done, failed = time_points(todo, lambda p: measure(p, points)(p, torch, wheel), torch,
+                               out / OUTPUT[points].format(family=family), env, EXTRA, t0, budget_s)
+    doc.update(wall_s=round(time.time() - t0, 1), points_ok=done, points_failed=failed, points_planned=len(todo))
+    return doc
+
+
+def time_points(todo: list, measure_one, torch, path: Path, env: dict, extra: tuple[str, ...], t0: float,
+                budget_s: float) -> tuple[int, int]:
+    """(points measured, points failed) of measuring each point with measure_one(p) -> its result: one row each,
+    appended to `path` as it finishes (a run cut short keeps what it measured), the production kernel named from
+    points.PRODUCTION_IMPLS; no point is started once budget_s has passed since t0. Every production script's loop
+    (this one's, gqa_rows.py's)."""
     done = failed = 0
-    for i, p in enumerate(todo := chosen(family, impls, probe, points)):
+    for i, p in enumerate(todo):
         if time.time() - t0 > budget_s:
             print(f"budget of {budget_s:.0f} s spent: stopping before point {i} of {len(todo)}", flush=True)
             break
         t1 = time.time()
         try:
-            res = {"status": "ok", **measure(p, points)(p, torch, wheel)}
+            res = {"status": "ok", **measure_one(p)}
             done += 1
         except Exception as exc:  # one bad point must not cost the rest of the run
             traceback.print_exc()
@@ -97,10 +110,9 @@ def run_family(family: str, wheel, torch, out: Path, env: dict, probe: bool, bud
         row = {**p.row(), **{k: env.get(k, "") for k in ENV_FIELDS}, **res, "package": package, "kernel": kernel,
                "stands_in_for": standin, "kernel_names": ";".join(n[:80] for n in names)[:400],
                "launches": len(names) or "", "point_s": round(time.time() - t1, 2)}
-        write_row(out / OUTPUT[points].format(family=family), row, EXTRA)
+        write_row(path, row, extra)
         print(f"[{time.time() - t0:6.1f}s] {p.id}: {res.get('median_us', '-')} us {res['status']}", flush=True)
-    doc.update(wall_s=round(time.time() - t0, 1), points_ok=done, points_failed=failed, points_planned=len(todo))
-    return doc
+    return done, failed
 
 
 def main() -> int:

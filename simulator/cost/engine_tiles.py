@@ -67,9 +67,11 @@ class Tile:
         smem = SM90_SHARED_BYTES // (self.shared_bytes(width, width) + SM90_BLOCK_RESERVED_BYTES)
         return max(1, min(smem, SM90_THREADS // (32 * self.warps), SM90_BLOCKS))
 
-    def in_flight(self, k: int) -> int:
-        """K steps one program keeps loading at once: its pipeline depth, or its whole K loop when shorter."""
-        return max(1, min(self.stages - 1, -(-k // self.block_k)))
+    def windows(self, k: int) -> int:
+        """Memory round trips one program's K loop takes: its K steps, num_stages - 1 in flight at a time (all
+        at once where the loop is shorter)."""
+        steps = -(-k // self.block_k)
+        return -(-steps // max(1, min(self.stages - 1, steps)))
 
     @classmethod
     def parse(cls, text: str) -> "Tile":

@@ -141,17 +141,23 @@ def mla_splits(batch: int, cached: int, sms: int, tile: int = MLA_TILE) -> tuple
     return -(-cached // chunk), chunk
 
 
+def gqa_positions(kernel: Kernel) -> int:
+    """Positions each sequence of a paged GQA decode reads, S (its window on a sliding layer), from its FLOPs,
+    4 M Nq S H over its query [M, Nq, H] (read 0)."""
+    m, nq, h = kernel.reads[0].shape
+    return kernel.flops // (4 * m * nq * h)
+
+
 def gqa_grid(kernel: Kernel) -> tuple[int, int, int, int]:
     """(programs, tiles per program, segments, bytes of one tile) of a paged GQA decode: its query [M, Nq, H], its
     pools [NB, BS, Nkv, H] and table [B, blocks] are reads 0, 1 and 3; `ctas` its programs, B x Nkv x segments;
-    the positions each sequence reads, S (its window on a sliding layer), from its FLOPs, 4 M Nq S H."""
-    q, pool, table = kernel.reads[0], kernel.reads[1], kernel.reads[3]
-    m, nq, h = q.shape
+    the positions each sequence reads, `gqa_positions`."""
+    pool, table = kernel.reads[1], kernel.reads[3]
+    h = kernel.reads[0].shape[2]
     nkv, b = pool.shape[2], table.shape[0]
     programs = kernel.ctas or b * nkv
     segments = max(1, programs // (b * nkv))
-    seen = kernel.flops // (4 * m * nq * h)
-    tiles = -(-(-(-seen // GQA_TILE)) // segments)
+    tiles = -(-(-(-gqa_positions(kernel) // GQA_TILE)) // segments)
     return programs, tiles, segments, GQA_TILE * 2 * h * pool.nbytes // pool.numel
 
 
@@ -173,13 +179,11 @@ def fa3_grid(kernel: Kernel, sms: int) -> tuple[int, int, int]:
     walking its split's FA3_BLOCK_N-position key blocks (a sliding window spans at most W / N + 1 of them)."""
     pool, table = kernel.reads[1], kernel.reads[3]
     nkv, b = pool.shape[2], table.shape[0]
-    q = kernel.reads[0]
-    seen = kernel.flops // (4 * q.shape[0] * q.shape[1] * q.shape[2])
     window = dict(kernel.consts).get("window") or 0
     if window:  # a window not aligned to the key blocks straddles one more, where the sequence is that long
         n_blocks = min(-(-table.shape[1] * pool.shape[1] // FA3_BLOCK_N), -(-window // FA3_BLOCK_N) + 1)
     else:
-        n_blocks = -(-seen // FA3_BLOCK_N)
+        n_blocks = -(-gqa_positions(kernel) // FA3_BLOCK_N)
     splits = fa3_splits(b * nkv, n_blocks, sms)
     return b * nkv * splits, -(-n_blocks // splits), splits
 
@@ -262,7 +266,7 @@ def moe_tiles(kernel: Kernel) -> tuple[float, int]:
 
 def triton_moe_rounds(kernel: Kernel, impl: str, sms: int, tile: "engine_tiles.Tile | None" = None) -> float:
     """Memory round trips of vLLM's Triton fused_moe at its tile (engine_tiles): each program loads its K
-    loop `in_flight` steps at a time, its SM holds `resident` programs, so the grid runs programs x windows per
+    loop in `windows` of steps, its SM holds `resident` programs, so the grid runs programs x windows per
     program / (SMs x resident) windows one after another. Programs: one per BLOCK_M-row tile of an expert and
     BLOCK_N columns (one per routed row where the rows are too sparse to align, M k SPARSITY <= E). `tile`: the
     one a measurement launched (its CSV row's tile_config); by default the one vLLM picks for H200."""
@@ -275,8 +279,7 @@ def triton_moe_rounds(kernel: Kernel, impl: str, sms: int, tile: "engine_tiles.T
         blocks = float(rows)
     else:
         blocks = expected_tiles(tokens, rows, experts, tile.block_m)[0]
-    windows = -(-(-(-k // tile.block_k)) // tile.in_flight(k))
-    return blocks * -(-n // tile.block_n) * windows / (sms * tile.resident(fp8))
+    return blocks * -(-n // tile.block_n) * tile.windows(k) / (sms * tile.resident(fp8))
 
 
 def kda_shape(kernel: Kernel) -> tuple[int, int, int, int, int]:
