@@ -181,7 +181,7 @@ def main() -> int:
         print("--out is needed to measure.", file=sys.stderr)
         return 2
     from harness import environment, say_no_gpu, warm_up
-    from production import time_points
+    from rows import time_points
     if say_no_gpu("gqa_rows", "nothing measured (run it on a machine with an NVIDIA GPU)"):
         return 0
     import torch

@@ -19,7 +19,6 @@ import argparse
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -27,7 +26,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
 
 import points as pts  # noqa: E402
 from harness import say_no_gpu, warm_up  # noqa: E402
-from rows import ENV_FIELDS, write_row  # noqa: E402
+from rows import time_points  # noqa: E402
 
 FAMILIES = ("moe", "mla", "kda", "small", "gemm")
 EXTRA = ("package", "kernel", "stands_in_for", "kernel_names", "block_m", "tile_config", "point_s", "cold", "flush_us",
@@ -83,36 +82,6 @@ def run_family(family: str, wheel, torch, out: Path, env: dict, probe: bool, bud
                                out / OUTPUT[points].format(family=family), env, EXTRA, t0, budget_s)
     doc.update(wall_s=round(time.time() - t0, 1), points_ok=done, points_failed=failed, points_planned=len(todo))
     return doc
-
-
-def time_points(todo: list, measure_one, torch, path: Path, env: dict, extra: tuple[str, ...], t0: float,
-                budget_s: float) -> tuple[int, int]:
-    """(points measured, points failed) of measuring each point with measure_one(p) -> its result: one row each,
-    appended to `path` as it finishes (a run cut short keeps what it measured), the production kernel named from
-    points.PRODUCTION_IMPLS; no point is started once budget_s has passed since t0. Every production script's loop
-    (this one's, gqa_rows.py's)."""
-    done = failed = 0
-    for i, p in enumerate(todo):
-        if time.time() - t0 > budget_s:
-            print(f"budget of {budget_s:.0f} s spent: stopping before point {i} of {len(todo)}", flush=True)
-            break
-        t1 = time.time()
-        try:
-            res = {"status": "ok", **measure_one(p)}
-            done += 1
-        except Exception as exc:  # one bad point must not cost the rest of the run
-            traceback.print_exc()
-            res = {"status": f"error: {type(exc).__name__}: {exc}"[:300]}
-            failed += 1
-            torch.cuda.empty_cache()
-        package, kernel, standin = pts.PRODUCTION_IMPLS[p.impl]
-        names = res.pop("kernel_names", [])
-        row = {**p.row(), **{k: env.get(k, "") for k in ENV_FIELDS}, **res, "package": package, "kernel": kernel,
-               "stands_in_for": standin, "kernel_names": ";".join(n[:80] for n in names)[:400],
-               "launches": len(names) or "", "point_s": round(time.time() - t1, 2)}
-        write_row(path, row, extra)
-        print(f"[{time.time() - t0:6.1f}s] {p.id}: {res.get('median_us', '-')} us {res['status']}", flush=True)
-    return done, failed
 
 
 def main() -> int:

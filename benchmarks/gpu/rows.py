@@ -1,7 +1,8 @@
 """The suite's CSV rows: the columns every measurement file shares and the appending writer.
 
 Shared by suite.py (single-GPU families), fam_collective.py (rank 0 of the collectives run) and
-production.py (the production kernels), so none of them imports another's driver. One row per point:
+production.py and gqa_rows.py (the production kernels, through `time_points`, their one point loop), so none of
+them imports another's driver. One row per point:
 the point's fields (points.FIELDS, `id` first), the environment, the timing results, then any extra
 columns a measurement set adds (production rows name their package and the kernels they launched).
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import csv
 import subprocess
+import time
+import traceback
 from pathlib import Path
 
 import points as pts
@@ -65,3 +68,33 @@ def measured_ids(folder: Path) -> set[str]:
             if "median_us" in (rows.fieldnames or ()):
                 ids |= {r["id"] for r in rows if r.get("status", "ok") == "ok"}
     return ids
+
+
+def time_points(todo: list, measure_one, torch, path: Path, env: dict, extra: tuple[str, ...], t0: float,
+                budget_s: float) -> tuple[int, int]:
+    """(points measured, points failed) of measuring each point with measure_one(p) -> its result: one row each,
+    appended to `path` as it finishes (a run cut short keeps what it measured), the production kernel named from
+    points.PRODUCTION_IMPLS; no point is started once budget_s has passed since t0. Every production script's loop
+    (production.py's, gqa_rows.py's)."""
+    done = failed = 0
+    for i, p in enumerate(todo):
+        if time.time() - t0 > budget_s:
+            print(f"budget of {budget_s:.0f} s spent: stopping before point {i} of {len(todo)}", flush=True)
+            break
+        t1 = time.time()
+        try:
+            res = {"status": "ok", **measure_one(p)}
+            done += 1
+        except Exception as exc:  # one bad point must not cost the rest of the run
+            traceback.print_exc()
+            res = {"status": f"error: {type(exc).__name__}: {exc}"[:300]}
+            failed += 1
+            torch.cuda.empty_cache()
+        package, kernel, standin = pts.PRODUCTION_IMPLS[p.impl]
+        names = res.pop("kernel_names", [])
+        row = {**p.row(), **{k: env.get(k, "") for k in ENV_FIELDS}, **res, "package": package, "kernel": kernel,
+               "stands_in_for": standin, "kernel_names": ";".join(n[:80] for n in names)[:400],
+               "launches": len(names) or "", "point_s": round(time.time() - t1, 2)}
+        write_row(path, row, extra)
+        print(f"[{time.time() - t0:6.1f}s] {p.id}: {res.get('median_us', '-')} us {res['status']}", flush=True)
+    return done, failed
