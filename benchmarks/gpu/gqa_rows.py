@@ -55,7 +55,7 @@ def geometry(p: Any) -> dict:
     q, pool = kernel.reads[0], kernel.reads[1]
     consts = dict(kernel.consts)
     return {"nq": q.shape[1], "nkv": pool.shape[2], "h": q.shape[2], "window": consts.get("window") or 0,
-            "scale": consts["scale"], "b": p.B, "ctx": p.S}
+            "scale": consts["scale"], "b": p.B, "ctx": p.S, "sinks": bool(kernel.weights)}  # sinks: gpt-oss's
 
 
 def inputs(torch, g: dict, slots: int, seed: int = 0) -> dict:
@@ -76,7 +76,8 @@ def inputs(torch, g: dict, slots: int, seed: int = 0) -> dict:
     return {"kc": kc, "vc": vc, "tables": tables, "lens": torch.full((b,), n, device="cuda", dtype=torch.int32),
             "q": (torch.randn(b, g["nq"], g["h"], device="cuda", generator=gen) / 4).to(torch.bfloat16),
             "out": torch.empty(b, g["nq"], g["h"], device="cuda", dtype=torch.bfloat16),
-            "sinks": torch.randn(g["nq"], device="cuda", generator=gen).to(torch.bfloat16),  # the model's sinks
+            "sinks": (torch.randn(g["nq"], device="cuda", generator=gen).to(torch.bfloat16)  # the model's sinks
+                      if g.get("sinks", True) else None),
             "cu": torch.arange(b + 1, device="cuda", dtype=torch.int32), "n": n}
 
 
@@ -128,21 +129,29 @@ def reference(torch, x: dict, g: dict, table) -> Any:
         rep = g["nq"] // g["nkv"]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         s = torch.einsum("hd,nhd->hn", x["q"][i].float(), k) * g["scale"]
-        sinks = x["sinks"].float()
-        m = torch.maximum(s.max(-1).values, sinks)
-        p_ = torch.exp(s - m[:, None])
-        denom = p_.sum(-1) + torch.exp(sinks - m)
+        if x["sinks"] is None:
+            m = s.max(-1).values
+            p_ = torch.exp(s - m[:, None])
+            denom = p_.sum(-1)
+        else:
+            sinks = x["sinks"].float()
+            m = torch.maximum(s.max(-1).values, sinks)
+            p_ = torch.exp(s - m[:, None])
+            denom = p_.sum(-1) + torch.exp(sinks - m)
         outs.append(torch.einsum("hn,nhd->hd", p_, v) / denom[:, None])
     return torch.stack(outs)
 
 
 def checks(kernels: dict, torch) -> list[tuple[str, float]]:
     """(label, relative error) of each implementation on small shapes: 3 sequences, 8 query and 2 key/value
-    heads of 64, 300 positions, full and with a 128-position window."""
+    heads of 64, 300 positions, full and with a 128-position window, with sinks; FA3 also at head dim 128
+    without sinks (Qwen3-MoE's and Mixtral's decode)."""
     out = []
     for impl in (["vllm_fa3"] if "fa3" in kernels else []) + (["vllm_triton_unified"] if "triton" in kernels else []):
-        for window in (0, 128):
-            g = {"nq": 8, "nkv": 2, "h": 64, "window": window, "scale": 64 ** -0.5, "b": 3, "ctx": 299}
+        for window, h, sinks in ((0, 64, True), (128, 64, True), (0, 128, False)):
+            if impl != "vllm_fa3" and not sinks:
+                continue
+            g = {"nq": 8, "nkv": 2, "h": h, "window": window, "scale": h ** -0.5, "b": 3, "ctx": 299, "sinks": sinks}
             x = inputs(torch, g, 1, seed=5)
             call = (fa3_call(kernels["fa3"], x, g, x["tables"][0]) if impl == "vllm_fa3"
                     else triton_call(kernels["triton"], torch, x, g, x["tables"][0]))
@@ -151,13 +160,14 @@ def checks(kernels: dict, torch) -> list[tuple[str, float]]:
                 torch.cuda.synchronize()
             except Exception as exc:  # a call that does not run loses its implementation, not the run
                 traceback.print_exc()
-                out.append((f"{impl} window={window}: {type(exc).__name__}: {exc}"[:300], float("inf")))
+                out.append((f"{impl} window={window} head_dim={h}: {type(exc).__name__}: {exc}"[:300], float("inf")))
                 kernels.pop("fa3" if impl == "vllm_fa3" else "triton", None)
                 break
             want = reference(torch, x, g, x["tables"][0])
             err = float((x["out"].float() - want).norm() / want.norm())
-            out.append((f"{impl} window={window}", err))
-            print(f"{'ok  ' if err < 2e-2 else 'FAIL'} check {impl} window {window}: rel err {err:.2e}", flush=True)
+            label = f"{impl} window={window}" + ("" if sinks else f" head_dim={h} no sinks")
+            out.append((label, err))
+            print(f"{'ok  ' if err < 2e-2 else 'FAIL'} check {label}: rel err {err:.2e}", flush=True)
     return out
 
 
@@ -169,6 +179,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting new points after this long")
     ap.add_argument("--impl", action="append", help="only these implementations (repeatable)")
+    ap.add_argument("--points", choices=("grid", "others"), default="grid",
+                    help="grid: gpt-oss-20b's decode (points.gqa_points); others: Qwen3-MoE's and Mixtral's "
+                         "(points.other_model_points: head dim 128, no sinks, no window)")
     args = ap.parse_args()
     if args.unpack_fa3:
         try:
@@ -203,7 +216,8 @@ def main() -> int:
         if any(c["check"].startswith(impl) and not c["rel_err"] < 2e-2 for c in doc["checks"]):
             kernels.pop(key, None)
     warm_up(torch)
-    todo = [p for p in pts.gqa_points() if ((p.impl == "vllm_fa3" and "fa3" in kernels)
+    chosen = pts.gqa_points() if args.points == "grid" else [p for p in pts.other_model_points() if p.family == "gqa"]
+    todo = [p for p in chosen if ((p.impl == "vllm_fa3" and "fa3" in kernels)
             or (p.impl == "vllm_triton_unified" and "triton" in kernels)) and (not args.impl or p.impl in args.impl)]
     done, _ = time_points(todo, lambda p: measure(kernels, torch, p), torch, args.out / "gqa.csv", env, EXTRA, t0,
                           args.budget_s)

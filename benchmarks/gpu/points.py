@@ -153,9 +153,16 @@ def _expected_u(model: str, m: int) -> int:
     return max(cfg.top_k, round(expected_unique_experts(m, cfg.num_experts, cfg.top_k)))
 
 
+def _layer_of(model: str) -> str:
+    """The layer type most of a model's layers have: its MoE layers' attention kind."""
+    from simulator.config import load_model
+    from simulator.report.summary import default_layer
+    return default_layer(load_model(model))
+
+
 def _expert_dims(model: str, tp: int) -> tuple[int, int]:
     """(L, F_padded) of one expert's TP shard, read off the standard plan's fc2 weight [U, F, L]."""
-    fc2 = _plan(model, "standard", tp, 1, 1, 512, "kda" if model == "kimi-k3" else "mla").kernel("fc2")
+    fc2 = _plan(model, "standard", tp, 1, 1, 512, _layer_of(model)).kernel("fc2")
     _, f, latent = fc2.weights[0].shape
     return latent, f
 
@@ -376,6 +383,43 @@ def gqa_points() -> list[Point]:
     return [Point("gqa", impl, "gqa_decode", "gpt-oss-20b", "gqa", tp, M=b, B=b, S=s, variant=kind)
             for impl in ("vllm_fa3", "vllm_triton_unified") for tp in (1, 2) for kind, ctxs in GQA_CONTEXT.items()
             for s in ctxs for b in GQA_BATCH]
+
+
+# models the laws were never fitted on, at the TP degrees a deployment of each would use on H200s: the
+# out-of-sample check of the production set's laws (predict.py --set others, before production.py / gqa_rows.py
+# --points others measure them)
+OTHER_MODELS = (("qwen3-moe-30b", 1), ("qwen3-moe-30b", 2), ("qwen3-moe-235b", 4), ("qwen3-moe-235b", 8),
+                ("mixtral-8x7b", 2), ("mixtral-8x7b", 4))
+OTHER_GEMM_M = (1, 8, 64)
+OTHER_MOE_M = (1, 4, 8, 16, 32, 64, 256)
+OTHER_GQA = (("qwen3-moe-30b", 1), ("qwen3-moe-235b", 8), ("mixtral-8x7b", 2))
+OTHER_GQA_B = (1, 8, 32, 64)
+OTHER_GQA_S = (2048, 8192, 32768)
+
+
+def other_model_points() -> list[Point]:
+    """Qwen3-30B-A3B, Qwen3-235B-A22B and Mixtral-8x7B (GQA, bf16 experts) as vLLM 0.33.0 runs them on Hopper:
+    their dense GEMMs (cuBLAS), their experts (Triton fused_moe, vLLM's tuned H200 tile for their E and N) and
+    their decode attention (FlashAttention 3, head dim 128, no sinks, no window). None of these shapes is in the
+    grid the laws were fitted on."""
+    pts, seen = [], set()
+    for model, tp in OTHER_MODELS:
+        layer = _layer_of(model)
+        for k in _plan(model, "standard", tp, 1, 1, 512, layer):
+            if k.family == "gemm" and len(k.weights) == 1 and len(k.weights[0].shape) == 2:
+                K, N = k.weights[0].shape
+                if (model, K, N) not in seen:
+                    seen.add((model, K, N))
+                    pts += [Point("gemm", "torch_matmul", k.key, model, layer, tp, M=m, K=K, N=N) for m in OTHER_GEMM_M]
+        L, F = _expert_dims(model, tp)
+        for m in OTHER_MOE_M:
+            u = _expected_u(model, m)
+            pts += [Point("moe", "vllm_triton_moe_bf16", "fc1", model, layer, tp, M=m, K=L, N=2 * F, U=u),
+                    Point("moe", "vllm_triton_moe_bf16", "fc2", model, layer, tp, M=m, K=F, N=L, U=u)]
+    for model, tp in OTHER_GQA:
+        pts += [Point("gqa", "vllm_fa3", "gqa_decode", model, "gqa", tp, M=b, B=b, S=s, variant="full")
+                for s in OTHER_GQA_S for b in OTHER_GQA_B]
+    return _unique(pts)
 
 
 def replay_small_points() -> list[Point]:

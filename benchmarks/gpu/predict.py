@@ -2,6 +2,7 @@
 
     python benchmarks/gpu/predict.py [--hardware h200] [--out calibration/h200/predictions.csv]
     python benchmarks/gpu/predict.py --set production --out calibration/h200/production/predictions.csv
+    python benchmarks/gpu/predict.py --set others --out calibration/h200/production/others/predictions.csv
 
 Prices each point of points.py with the named hardware profile *as it stands* (no refit) through
 simulator.cost.measured.price_row, the same function `moe-sim validate` uses, and writes one row per
@@ -40,10 +41,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hardware", default="h200")
     ap.add_argument("--out", type=Path, default=ROOT / "calibration" / "h200" / "predictions.csv")
-    ap.add_argument("--set", choices=("suite", "production"), default="suite",
-                    help="the points to price: the suite's (points.all_points) or the production kernels' "
+    ap.add_argument("--set", choices=("suite", "production", "others"), default="suite",
+                    help="the points to price: the suite's (points.all_points), the production kernels' "
                          "(points.production_points and tile_probe_points, measured by production.py; "
-                         "points.gqa_points, by gqa_rows.py)")
+                         "points.gqa_points, by gqa_rows.py), or the production kernels at models the laws were "
+                         "not fitted on (points.other_model_points, production.py / gqa_rows.py --points others)")
     ap.add_argument("--add-new", action="store_true",
                     help="keep every row already in --out (its predictions were registered before their run) "
                          "and price only the points it lacks")
@@ -56,7 +58,8 @@ def main() -> int:
             kept = {r["id"]: r for r in csv.DictReader(f)}
     rows = []
     production = pts.production_points() + pts.tile_probe_points() + pts.gqa_points()
-    for p in (production if args.set == "production" else pts.all_points()):
+    chosen = {"suite": pts.all_points, "production": lambda: production, "others": pts.other_model_points}[args.set]
+    for p in chosen():
         if p.id in kept:
             rows.append(kept[p.id])
             continue

@@ -38,7 +38,10 @@ def chosen(family: str, impls: list[str] | None, probe: bool, points: str = "gri
     ("tiles") every Triton MoE point of both, for their tiles and occupancy only."""
     every = {"grid": pts.production_points, "tile_probe": pts.tile_probe_points,
              "tiles": lambda: [p for p in pts.production_points() + pts.tile_probe_points()
-                               if p.impl.startswith("vllm_triton_moe")]}[points]()
+                               if p.impl.startswith("vllm_triton_moe")],
+             "others": pts.other_model_points,
+             "others_tiles": lambda: [p for p in pts.other_model_points() if p.impl.startswith("vllm_triton_moe")]
+             }[points]()
     todo = [p for p in every if p.family == family and (not impls or p.impl in impls)]
     if probe:
         todo = list({(p.impl, p.plan_key, p.T): p for p in reversed(todo)}.values())[::-1]  # first of each kind
@@ -49,7 +52,7 @@ def measure(p, points: str = "grid"):
     """What measures a point: the replay's own launches for its small kernels with no other row
     (points.REPLAY_SMALL, layer_replay.kernel_row), one untimed launch for the tiles, else fam_production."""
     import fam_production as fp
-    if points == "tiles":
+    if points.endswith("tiles"):
         return fp.triton_moe_tile
     if pts.REPLAY_SMALL.get(p.plan_key) == p.impl:
         import layer_replay
@@ -64,7 +67,8 @@ def record_run(out: Path, family: str, doc: dict) -> None:
     path.write_text(json.dumps(runs, indent=2))
 
 
-OUTPUT = {"grid": "{family}.csv", "tile_probe": "{family}_probe.csv", "tiles": "{family}_tiles.csv"}
+OUTPUT = {"grid": "{family}.csv", "tile_probe": "{family}_probe.csv", "tiles": "{family}_tiles.csv",
+          "others": "{family}.csv", "others_tiles": "{family}_tiles.csv"}
 
 
 def run_family(family: str, wheel, torch, out: Path, env: dict, probe: bool, budget_s: float,
@@ -72,7 +76,7 @@ def run_family(family: str, wheel, torch, out: Path, env: dict, probe: bool, bud
     import fam_production as fp
     t0 = time.time()
     doc = {"probe": probe, "package": wheel.version, "gpu": env.get("gpu", ""), "checks": []}
-    for label, err, bound in (fp.checks(torch, wheel, family) if points != "tiles" else ()):
+    for label, err, bound in (fp.checks(torch, wheel, family) if not points.endswith("tiles") else ()):
         ok = fp.within(err, bound)
         doc["checks"].append({"check": label, "error": err, "bound": bound, "ok": ok})
         print(f"{'ok  ' if ok else 'FAIL'} {family} check {label}: error {err:.3g} (bound {bound:g})", flush=True)
@@ -94,7 +98,9 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=240.0, help="stop starting new points after this long")
     ap.add_argument("--points", choices=tuple(OUTPUT), default="grid",
                     help="grid: the production grid; tile_probe: the Triton MoE tile probe (-> <family>_probe.csv); "
-                         "tiles: every Triton MoE point's tile and occupancy, untimed (-> <family>_tiles.csv)")
+                         "tiles: every Triton MoE point's tile and occupancy, untimed (-> <family>_tiles.csv); "
+                         "others / others_tiles: the same at models the laws were not fitted on "
+                         "(points.other_model_points; give them their own --out)")
     args = ap.parse_args()
     if say_no_gpu("moe-sim production kernels", "nothing measured (run it on a machine with an NVIDIA GPU)"):
         return 0
