@@ -64,24 +64,58 @@ def test_a_shape_without_a_table_takes_the_default_rules_and_the_nearest_m_wins(
     assert source == "E=256,N=256,fp8_block" and tile.stages == 5 and tile.block_n == 128
 
 
-def test_programs_per_sm_are_the_driver_counts_of_the_occupancy_run():
-    """The tiles file's [resident] holds what the occupancy run measured for every compiled tile; the shared-memory
-    formula is only the fallback, and it is an upper bound on what Triton compiled."""
-    measured = {}
-    for r in rows(TILES / "moe_tiles.csv"):
-        tile = et.Tile.parse(r["tile_config"])
-        fp8 = r["impl"].endswith("fp8")
-        measured[tile.key(fp8)] = int(r["resident"])
-        width = 1 if fp8 else 2
-        assert int(r["shared_bytes"]) <= tile.shared_bytes(width, width) + 512
-    assert len(measured) == 13
-    assert {k: v for k, v in et._tables()[1].items()} == measured
+OCCUPANCY = (TILES / "moe_tiles.csv", PRODUCTION / "others" / "moe.csv")  # the grid's and probe's tiles; new models'
+
+
+def compiled_tiles() -> dict[str, dict]:
+    """Every tile an H200 run compiled: key -> its occupancy row (shared bytes, registers, programs per SM)."""
+    out = {}
+    for path in OCCUPANCY:
+        for r in rows(path):
+            if r.get("resident"):
+                fp8 = r["impl"].endswith("fp8")
+                out[et.Tile.parse(r["tile_config"]).key(fp8)] = r
+    return out
+
+
+def test_programs_per_sm_are_the_driver_counts_of_the_occupancy_runs():
+    """The tiles file's [resident] holds what the occupancy runs measured for every compiled tile: the 13 of the
+    grid and probe, the 16 more the Qwen3-MoE / Mixtral run compiled."""
+    measured = {key: int(r["resident"]) for key, r in compiled_tiles().items()}
+    assert len(measured) == 29
+    assert dict(et._tables()[1]) == measured
     for key, held in measured.items():
-        fp8 = key.startswith("fp8")
-        assert et.Tile(*map(int, key.split(":")[1].split(","))).resident(fp8) == held
-    assert et.Tile(16, 128, 128, 4, 5).resident(True) == 2 and et.Tile(16, 128, 128, 4, 3).resident(True) == 4
+        assert et.Tile(*map(int, key.split(":")[1].split(","))).resident(key.startswith("fp8")) == held
+
+
+def test_the_buffer_rule_gives_every_compiled_shared_size():
+    """num_stages buffers for a warp-group MMA (64-row blocks, block-FP8 from 16), num_stages - 1 for mma.sync:
+    every compiled tile's shared memory, within the 512 bytes a block-FP8 128-wide tile keeps beside. Read off the
+    first 13 tiles; the 16 of the new models' run were compiled after it was written."""
+    tiles = compiled_tiles()
+    for key, r in tiles.items():
+        tile, fp8 = et.Tile(*map(int, key.split(":")[1].split(","))), key.startswith("fp8")
+        assert 0 <= int(r["shared_bytes"]) - tile.shared_bytes(fp8) <= 512, key
+    assert {k.startswith("fp8") for k in tiles} == {True, False}
+    assert et.Tile(16, 64, 128, 4, 2).buffers(False) == 1 and et.Tile(64, 128, 64, 8, 3).buffers(False) == 3
+    assert et.Tile(16, 128, 128, 4, 3).buffers(True) == 3 and et.Tile(8, 32, 128, 4, 4).buffers(True) == 3
+
+
+def test_without_a_measured_count_the_rule_gives_the_drivers_where_registers_do_not_cap():
+    """The fallback (shared memory at the buffer rule, threads, blocks) against the driver's count of each
+    compiled tile whose registers (allocated per thread in eights) leave room for more programs than that."""
+    checked = 0
+    for key, r in compiled_tiles().items():
+        tile, fp8 = et.Tile(*map(int, key.split(":")[1].split(","))), key.startswith("fp8")
+        by_regs = 65536 // (-(-int(r["regs"]) // 8) * 8 * 32 * tile.warps)
+        smem = et.SM90_SHARED_BYTES // (tile.shared_bytes(fp8) + et.SM90_BLOCK_RESERVED_BYTES)
+        rule = max(1, min(smem, et.SM90_THREADS // (32 * tile.warps), et.SM90_BLOCKS))
+        assert min(rule, by_regs) == int(r["resident"]), key
+        if by_regs >= rule:
+            checked += 1
+    assert checked >= 20  # 22 of the 29; registers cap the other 7
     # not compiled, so the fallback: threads cap a small 8-warp tile at 8; shared memory a deep 4-stage tile at 2
-    assert et.Tile(16, 16, 32, 8, 2).resident(False) == 8 and et.Tile(64, 128, 64, 4, 4).resident(False) == 2
+    assert et.Tile(16, 16, 32, 8, 2).resident(False) == 8 and et.Tile(64, 128, 64, 4, 5).resident(False) == 1
 
 
 def _probe_kernel(stages: int, key: str = "fc2"):
@@ -130,10 +164,10 @@ def test_round5_tile_probe_registered_outcome():
 
 def test_the_tiles_file_is_what_the_generator_writes(tmp_path):
     """hardware/tiles/h200_vllm_fused_moe.toml is regenerated, never edited: its [resident] section is
-    engine_tiles.py's rendering of the committed occupancy run."""
+    engine_tiles.py's rendering of the committed occupancy runs."""
     import engine_tiles as gen
     text = et.TABLES.read_text()
-    held = gen.occupancy(TILES / "moe_tiles.csv")
+    held = dict(sorted({k: v for path in OCCUPANCY for k, v in gen.occupancy(path).items()}.items()))
     block = text[text.index("# Programs one SM held"):]
-    tail = gen.render({}, "0.33.0", held, "calibration/h200/production/tiles/moe_tiles.csv")
+    tail = gen.render({}, "0.33.0", held, ", ".join(p.relative_to(ROOT).as_posix() for p in OCCUPANCY))
     assert block.strip() == tail[tail.index("# Programs one SM held"):].strip()

@@ -1,7 +1,8 @@
 """Write vLLM's tuned H200 Triton fused_moe tile tables into the package, as data the cost model reads.
 
-    python benchmarks/gpu/engine_tiles.py --configs DIR [--occupancy CSV]
-    # DIR: vllm_wheel.py's unpacked configs/ folder; CSV: production.py --points tiles' moe_tiles.csv
+    python benchmarks/gpu/engine_tiles.py --configs DIR [--occupancy CSV ...]
+    # DIR: vllm_wheel.py's unpacked configs/ folder; CSV: production.py --points tiles' moe_tiles.csv, or any
+    # timed Triton MoE rows (they record the same occupancy columns), e.g. production/others/moe.csv
 
 vLLM picks the tile of its Triton grouped GEMM (fused_moe_kernel) from a tuned JSON file per GPU and expert
 shape (E experts, N = the per-rank intermediate size, dtype, weight-scale block) at the batch size nearest M,
@@ -79,7 +80,8 @@ def render(found: dict[str, dict[int, list[int]]], version: str, held: dict[str,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", type=Path, required=True, help="vllm_wheel.py's unpacked configs/ folder")
-    ap.add_argument("--occupancy", type=Path, help="production.py --points tiles' moe_tiles.csv")
+    ap.add_argument("--occupancy", type=Path, action="append",
+                    help="a CSV with occupancy columns (production.py's Triton MoE rows; repeatable)")
     ap.add_argument("--version", default="0.33.0")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -87,8 +89,9 @@ def main() -> None:
     if not found:
         raise SystemExit(f"{args.configs}: no H200 BF16 or block-FP8 fused_moe table found")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    held = occupancy(args.occupancy) if args.occupancy else None
-    args.out.write_text(render(found, args.version, held, args.occupancy.as_posix() if args.occupancy else ""))
+    held = {k: v for path in args.occupancy or [] for k, v in occupancy(path).items()} or None
+    args.out.write_text(render(found, args.version, dict(sorted(held.items())) if held else None,
+                               ", ".join(p.as_posix() for p in args.occupancy or [])))
     print(f"wrote {args.out}: {len(found)} tables")
 
 

@@ -7,9 +7,14 @@ intermediate>,device_name=NVIDIA_H200[,dtype=...].json) at the table's batch siz
 package data, hardware/tiles/h200_vllm_fused_moe.toml, written from the wheel by benchmarks/gpu/engine_tiles.py;
 the default rules are restated below from that source.
 
-Why the tile matters to time: Triton's software pipeline keeps `num_stages` buffers of one A tile (BLOCK_M x
-BLOCK_K activations) and one B tile (BLOCK_K x BLOCK_N weights) in shared memory, so the tile and its stage count
-fix a program's shared memory, and Hopper's 228 KB per SM caps how many programs an SM runs at once. A program
+Why the tile matters to time: Triton's software pipeline keeps buffers of one A tile (BLOCK_M x BLOCK_K
+activations) and one B tile (BLOCK_K x BLOCK_N weights) in shared memory, so the tile and its stage count fix a
+program's shared memory, and Hopper's 228 KB per SM caps how many programs an SM runs at once. How many buffers:
+`num_stages` where the dot runs as Hopper's warp-group MMA (wgmma: 64-row blocks and up, and block-FP8 from 16
+rows), whose asynchronous MMA still reads the buffer the next load would refill; `num_stages - 1` where it runs as
+mma.sync (BF16 blocks of 16 and 32 rows, FP8 of 8). The rule was read off the 13 tiles the first occupancy run
+compiled and holds for all 16 new ones of the Qwen3-MoE / Mixtral run (calibration/h200/production/others):
+every compiled shared size within the 512 bytes a block-FP8 128-wide tile keeps beside. A program
 keeps at most num_stages - 1 loads in flight, and no more than its K loop has steps. A grouped GEMM at decode
 streams every touched expert's weights once, so it runs at the slower of HBM and of the loads its resident
 programs keep in flight: Little's law, one memory round trip per window of in-flight loads. vLLM's tuned table
@@ -34,6 +39,8 @@ SM90_SHARED_BYTES = 228 * 1024
 SM90_BLOCK_RESERVED_BYTES = 1024
 SM90_THREADS = 2048
 SM90_BLOCKS = 32
+WGMMA_ROWS = 64  # a warp group's MMA spans 64 rows (PTX ISA wgmma.mma_async m64nNk16); smaller BF16 blocks: mma.sync
+WGMMA_FP8_ROWS = 16  # Triton still issues wgmma for FP8 blocks of 16 rows (the occupancy run: full stages there)
 SPARSITY = 4  # vLLM's SPARSITY_FACTOR: at M top_k SPARSITY <= E each routed row is a block of its own
 
 
@@ -47,11 +54,17 @@ class Tile:
     warps: int
     stages: int
 
-    def shared_bytes(self, a_bytes: int, b_bytes: int) -> int:
-        """Shared memory of the pipeline's buffers, at most: stages x (an A tile + a B tile). What Triton 3.6
-        compiles is stages - 1 of them for 7 of the 13 tiles measured and one more for the other 6 (the block-FP8
-        128-wide tiles also 512 bytes beside): the measured count wins where there is one (`resident`)."""
-        return self.stages * self.block_k * (self.block_m * a_bytes + self.block_n * b_bytes)
+    def buffers(self, fp8_block: bool) -> int:
+        """Pipeline buffers Triton 3.6 compiles on SM90 (module docstring): num_stages for a warp-group MMA,
+        num_stages - 1 for mma.sync."""
+        wgmma = self.block_m >= WGMMA_ROWS or (fp8_block and self.block_m >= WGMMA_FP8_ROWS)
+        return self.stages if wgmma else max(1, self.stages - 1)
+
+    def shared_bytes(self, fp8_block: bool) -> int:
+        """Shared memory of the pipeline's buffers: buffers x (an A tile + a B tile), one byte an element for
+        block-FP8 and two for BF16."""
+        width = 1 if fp8_block else 2
+        return self.buffers(fp8_block) * self.block_k * (self.block_m + self.block_n) * width
 
     def key(self, fp8_block: bool) -> str:
         return f"{'fp8_block' if fp8_block else 'bf16'}:{self.block_m},{self.block_n},{self.block_k},{self.warps}," \
@@ -63,8 +76,7 @@ class Tile:
         held = _tables()[1].get(self.key(fp8_block))
         if held is not None:
             return held
-        width = 1 if fp8_block else 2
-        smem = SM90_SHARED_BYTES // (self.shared_bytes(width, width) + SM90_BLOCK_RESERVED_BYTES)
+        smem = SM90_SHARED_BYTES // (self.shared_bytes(fp8_block) + SM90_BLOCK_RESERVED_BYTES)
         return max(1, min(smem, SM90_THREADS // (32 * self.warps), SM90_BLOCKS))
 
     def windows(self, k: int) -> int:

@@ -37,9 +37,13 @@ calls `features` on it, exactly as pricing calls it on a plan's kernel. Family b
               once per 64-row block of tokens x heads))
   gqa         t0 + max(waves x tiles per program c_tile, cache bytes c_b) + segments c_combine   (a paged GQA
               decode: one program per sequence x key/value head x KV segment, each walking its segment's tiles
-              of 16 positions in order; the bytes are the window's on a sliding layer). No GPU has measured
-              it: the datasheet prices the tile chain as `gqa_chain_us` (each program streams at the profile's
-              cta_bandwidth) against the bytes at eta BW, and the combine as its own launch.
+              of 16 positions in order; the bytes are the window's on a sliding layer). Where no GPU measured
+              the implementation, the datasheet prices the tile chain as `gqa_chain_us` (each program streams at
+              the profile's cta_bandwidth) against the bytes at eta BW, and the combine as its own launch.
+  gqa FA3     t0 + local + waves c_w + max(waves x key blocks per program x block bytes c_tb, cache bytes c_b)
+              (FlashAttention 3: a program per sequence x key/value head x split, fa3_grid; each streams its
+              128-position blocks one after another, so the chain is in bytes, fa3_block_bytes, and carries from
+              gpt-oss's head dim 64 to Qwen3-MoE's and Mixtral's 128; `local`: the windowed kernel instance)
   collective  t0 + wire bytes c_w, per algorithm; NCCL's two protocols are two lines, the cheaper wins
 
 t0 holds the launch gap of back-to-back CUDA-graph replay (how the suite measures); pricing takes
@@ -186,6 +190,15 @@ def fa3_grid(kernel: Kernel, sms: int) -> tuple[int, int, int]:
         n_blocks = -(-gqa_positions(kernel) // FA3_BLOCK_N)
     splits = fa3_splits(b * nkv, n_blocks, sms)
     return b * nkv * splits, -(-n_blocks // splits), splits
+
+
+def fa3_block_bytes(kernel: Kernel) -> int:
+    """Bytes of one FA3_BLOCK_N-position key block a program streams: its key/value head's K and V rows. A
+    program walks its blocks one after another, so its time is its blocks' bytes at what one CTA streams: the
+    law's term is in bytes, not steps, and a head dim of 128 (Qwen3-MoE, Mixtral) costs twice gpt-oss's 64
+    (calibration/h200/production/others: 1.9 µs a block against 1.0)."""
+    pool = kernel.reads[1]
+    return 2 * FA3_BLOCK_N * pool.shape[-1] * pool.nbytes // max(1, math.prod(pool.shape))
 
 
 def gqa_chain_us(kernel: Kernel, sms: int, cta_bandwidth: float) -> float:
@@ -370,7 +383,8 @@ def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float,
             programs, tiles, _ = fa3_grid(kernel, sms)
             waves = -(-programs // sms)
             local = 1.0 if dict(kernel.consts).get("window") else 0.0  # FA3's windowed (local) kernel instance
-            return {"t0": 1.0, "local": local, "waves": float(waves), "tile_steps": float(waves * tiles),
+            return {"t0": 1.0, "local": local, "waves": float(waves),
+                    "tile_bytes": float(waves * tiles * fa3_block_bytes(kernel)),
                     "cache_bytes": float(kernel.hbm_bytes)}
         programs, tiles, segments, _ = gqa_grid(kernel)
         waves = -(-programs // (sms * kernel.ctas_per_sm))
