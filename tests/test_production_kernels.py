@@ -39,7 +39,7 @@ GQA_SIDE = ("gqa_triton_unified",)  # the gpt-oss replays' stand-in decode, meas
 def test_production_points_cover_the_grid_and_name_known_kernels():
     points = pts.production_points()
     assert len({p.id for p in points}) == len(points)
-    assert {p.impl for p in points + pts.gqa_points()} == set(pts.PRODUCTION_IMPLS)
+    assert {p.impl for p in points + pts.gqa_points() + pts.linear_points()} == set(pts.PRODUCTION_IMPLS)
     kda = [p for p in points if p.impl == "vllm_fused_recurrent"]
     assert {(p.B, p.T) for p in kda} == {(b, t) for b in pts.PROD_BATCH for t in pts.PROD_TOKENS}
     marlin = {(p.tp, p.plan_key, p.M): p for p in points if p.impl == "vllm_marlin_moe"}

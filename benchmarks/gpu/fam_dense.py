@@ -34,8 +34,15 @@ def gemm_calls(p: Any, torch: Any) -> list:
     dev = torch.device("cuda")
     wbytes = p.K * p.N * 2
     slots = 1 if p.variant == "large_gemm" else slots_for(wbytes)
-    ws = [torch.randn(p.K, p.N, device=dev, dtype=torch.bfloat16) * p.K ** -0.5 for _ in range(slots)]
     x = torch.randn(p.M, p.K, device=dev, dtype=torch.bfloat16)
+    if p.impl in ("torch_addmm", "torch_linear"):  # nn.Linear's [N, K] weight: y = x W^T (+ b, bias epilogue)
+        ws = [torch.randn(p.N, p.K, device=dev, dtype=torch.bfloat16) * p.K ** -0.5 for _ in range(slots)]
+        ys = [torch.empty(p.M, p.N, device=dev, dtype=torch.bfloat16) for _ in range(min(slots, 4))]
+        if p.impl == "torch_linear":
+            return [lambda w=w, y=ys[i % len(ys)]: torch.mm(x, w.t(), out=y) for i, w in enumerate(ws)]
+        bias = torch.randn(p.N, device=dev, dtype=torch.bfloat16) / 8
+        return [lambda w=w, y=ys[i % len(ys)]: torch.addmm(bias, x, w.t(), out=y) for i, w in enumerate(ws)]
+    ws = [torch.randn(p.K, p.N, device=dev, dtype=torch.bfloat16) * p.K ** -0.5 for _ in range(slots)]
     out_dtype = torch.float32 if p.variant == "out_fp32" else torch.bfloat16
     ys = [torch.empty(p.M, p.N, device=dev, dtype=torch.bfloat16) for _ in range(min(slots, 4))]
 

@@ -284,6 +284,9 @@ PRODUCTION_IMPLS = {
     "torch_rms_norm": ("torch", "torch.nn.functional.rms_norm",
                        "stand-in for _C::rms_norm (in the 92 MB _C_stable_libtorch, not carried)"),
     "torch_matmul": ("torch", "cuBLAS through torch.matmul", ""),
+    "torch_linear": ("torch", "cuBLAS through F.linear on nn.Linear's [N, K] weight (vLLM's unquantized linear)", ""),
+    "torch_addmm": ("torch", "cuBLAS through torch.addmm with the bias, weight [N, K] as nn.Linear holds it "
+                             "(vLLM's F.linear for gpt-oss's biased projections)", ""),
     # the plan's small kernels as the whole-layer replay launches them (layer_replay.Layer, fam_production)
     "vllm_attn_res": (VLLM, "Triton _attn_res_kernel (kimi_k3/nvidia/ops/attn_res.py)",
                       "DeepSeek-V3 (no blocks): stand-in for _C::fused_add_rms_norm (not carried)"),
@@ -308,6 +311,33 @@ REPLAY_SMALL = {"attn_res_pre": "vllm_attn_res", "attn_res_post": "vllm_attn_res
                 "kda_conv": "vllm_causal_conv1d", "kda_gated_norm": "fla_gated_rms_norm",
                 "shared_act": "triton_situ_mul", "tail_concat": "torch_cat", "tail_add": "torch_add",
                 "mla_norm": "torch_rms_norm", "mla_cache_insert": "torch_fp8_copy"}
+
+
+ADDMM_M = (1, 8, 32, 64, 256)
+
+
+def addmm_points() -> list[Point]:
+    """The GEMMs with a bias of gpt-oss-20b and -120b (qkv, o_proj, router) at TP1-8: cuBLAS through torch.addmm
+    on nn.Linear's [N, K] weight, as vLLM's unquantized linear calls it (F.linear with the bias). The two models
+    share their attention shapes; the routers differ (32 and 128 experts)."""
+    pts, seen = [], set()
+    for model in ("gpt-oss-20b", "gpt-oss-120b"):
+        for tp in (1, 2, 4, 8):
+            for k in _plan(model, "standard", tp, 1, 1, 512, "gqa"):
+                if k.family == "gemm" and len(k.weights) == 2 and len(k.weights[1].shape) == 1:
+                    K, N = k.weights[0].shape
+                    if (K, N) not in seen:
+                        seen.add((K, N))
+                        pts += [Point("gemm", "torch_addmm", k.key, model, "gqa", tp, M=m, K=K, N=N) for m in ADDMM_M]
+    return pts
+
+
+def linear_points() -> list[Point]:
+    """The grid's cuBLAS GEMMs (torch_matmul rows: x @ W on a [K, N] weight) launched as vLLM's unquantized
+    linear launches them, F.linear on nn.Linear's [N, K] weight: the same shapes and M (a layout probe, its own
+    folder, production/layout)."""
+    return [replace(p, impl="torch_linear") for p in production_points()
+            if p.family == "gemm" and p.impl == "torch_matmul" and p.variant != "out_fp32"]
 
 
 def production_points() -> list[Point]:
@@ -348,6 +378,7 @@ def production_points() -> list[Point]:
     pts += [Point("gemm", "torch_matmul", key, model, layer, tp, M=m, K=K, N=N, fmt="bf16",
                   variant="out_fp32" if out == "fp32" else "")
             for key, model, layer, tp, K, N, out in shapes for m in PROD_BATCH]
+    pts += addmm_points()
     return _unique(pts)
 
 

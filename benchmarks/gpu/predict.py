@@ -41,11 +41,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hardware", default="h200")
     ap.add_argument("--out", type=Path, default=ROOT / "calibration" / "h200" / "predictions.csv")
-    ap.add_argument("--set", choices=("suite", "production", "others"), default="suite",
+    ap.add_argument("--set", choices=("suite", "production", "others", "layout"), default="suite",
                     help="the points to price: the suite's (points.all_points), the production kernels' "
                          "(points.production_points and tile_probe_points, measured by production.py; "
                          "points.gqa_points, by gqa_rows.py), or the production kernels at models the laws were "
-                         "not fitted on (points.other_model_points, production.py / gqa_rows.py --points others)")
+                         "not fitted on (points.other_model_points, production.py / gqa_rows.py --points others), or "
+                         "the grid's GEMMs on nn.Linear's weight layout (points.linear_points, --points layout)")
     ap.add_argument("--add-new", action="store_true",
                     help="keep every row already in --out (its predictions were registered before their run) "
                          "and price only the points it lacks")
@@ -58,7 +59,8 @@ def main() -> int:
             kept = {r["id"]: r for r in csv.DictReader(f)}
     rows = []
     production = pts.production_points() + pts.tile_probe_points() + pts.gqa_points()
-    chosen = {"suite": pts.all_points, "production": lambda: production, "others": pts.other_model_points}[args.set]
+    chosen = {"suite": pts.all_points, "production": lambda: production, "others": pts.other_model_points,
+              "layout": pts.linear_points}[args.set]
     for p in chosen():
         if p.id in kept:
             rows.append(kept[p.id])

@@ -39,7 +39,7 @@ def chosen(family: str, impls: list[str] | None, probe: bool, points: str = "gri
     every = {"grid": pts.production_points, "tile_probe": pts.tile_probe_points,
              "tiles": lambda: [p for p in pts.production_points() + pts.tile_probe_points()
                                if p.impl.startswith("vllm_triton_moe")],
-             "others": pts.other_model_points,
+             "others": pts.other_model_points, "layout": pts.linear_points,
              "others_tiles": lambda: [p for p in pts.other_model_points() if p.impl.startswith("vllm_triton_moe")]
              }[points]()
     todo = [p for p in every if p.family == family and (not impls or p.impl in impls)]
@@ -68,7 +68,7 @@ def record_run(out: Path, family: str, doc: dict) -> None:
 
 
 OUTPUT = {"grid": "{family}.csv", "tile_probe": "{family}_probe.csv", "tiles": "{family}_tiles.csv",
-          "others": "{family}.csv", "others_tiles": "{family}_tiles.csv"}
+          "others": "{family}.csv", "others_tiles": "{family}_tiles.csv", "layout": "{family}.csv"}
 
 
 def run_family(family: str, wheel, torch, out: Path, env: dict, probe: bool, budget_s: float,
@@ -100,7 +100,8 @@ def main() -> int:
                     help="grid: the production grid; tile_probe: the Triton MoE tile probe (-> <family>_probe.csv); "
                          "tiles: every Triton MoE point's tile and occupancy, untimed (-> <family>_tiles.csv); "
                          "others / others_tiles: the same at models the laws were not fitted on "
-                         "(points.other_model_points; give them their own --out)")
+                         "(points.other_model_points; give them their own --out); layout: the grid's GEMMs on "
+                         "nn.Linear's [N, K] weight (points.linear_points; their own --out)")
     args = ap.parse_args()
     if say_no_gpu("moe-sim production kernels", "nothing measured (run it on a machine with an NVIDIA GPU)"):
         return 0
