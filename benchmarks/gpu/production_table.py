@@ -40,11 +40,12 @@ def ceilings(folder: Path) -> tuple[float, float]:
 
 def table(folder: Path, ceiling_folder: Path) -> list[str]:
     read_gbps, gemm_tflops = ceilings(ceiling_folder)
-    priced = {r["id"]: r for r in _rows(folder / "predictions.csv")}
     by_impl: dict[str, list[tuple[float, float, float, str]]] = defaultdict(list)
-    for path in sorted(folder.glob("*.csv")):
+    # the grid, and the layout probe (the grid's GEMMs on nn.Linear's weight, production/layout: not fitted on)
+    for path in sorted(folder.glob("*.csv")) + sorted((folder / "layout").glob("*.csv")):
         if path.name == "predictions.csv":
             continue
+        priced = {r["id"]: r for r in _rows(path.parent / "predictions.csv")}
         for r in _rows(path):
             us, p = float(r["median_us"]), priced[r["id"]]
             by_impl[r["impl"]].append((us, float(p["bytes"]) / us / 1e3, float(p["flops"]) / us / 1e6, r["id"]))

@@ -12,7 +12,7 @@ read the same function: `moe-sim validate` rebuilds the kernel a CSV row measure
 calls `features` on it, exactly as pricing calls it on a plan's kernel. Family by family:
 
   gemm        t0 + max(W + X bytes c_b, tiled flops c_f) + out bytes c_o + c_split [split K]
-                 + K c_narrow [N <= 1024, unsplit]
+                 + K c_narrow [N <= 1024, unsplit]      (a GEMM with a bias, gpt-oss's, its own law and split rule)
               (tiled: 64 x 128 output tiles in waves over the SMs, tiled_gemm_flops; a deep K with a small
               output is split and its partial sums reduced by a second launch, `splits_k`; a narrow output
               left unsplit runs K in series on few CTAs). Short K (<= 1024) and long K fit apart.
@@ -86,6 +86,11 @@ NARROW_N = 1024  # output width at or below which few CTAs share the N dimension
 SPLIT_K_DEPTH = 3584  # cuBLAS on H200 splits K (a second, reducing launch) only at K >= this ...
 SPLIT_K_OUTPUT = 400_000  # ... and an output of at most this many elements (M x N): the launch counts of
 #                           calibration/h200/gemm.csv, 60 of 62 shapes (tests/test_laws.py)
+# cuBLASLt with a bias epilogue (torch.addmm, vLLM's F.linear with a bias) decides otherwise: it splits K from
+# 2,560 on, wherever its output tiles (64 columns x 32 rows) number fewer than 64, at any output size
+# (calibration/h200/production/gemm.csv, the 50 torch_addmm rows of round 7: every launch count)
+BIAS_SPLIT_K_DEPTH = 2560
+BIAS_SPLIT_TILES = 64
 GEMM_TILE = (64, 128)  # output rows x columns of one CTA's tile, as assumed for cuBLAS on Hopper
 SPLIT_K = (1, 2, 3, 4, 6, 8)  # K splits a library may choose; each split keeps >= MIN_SPLIT_DEPTH of K
 MIN_SPLIT_DEPTH = 512
@@ -216,9 +221,12 @@ def wire_bytes(nbytes: int, ranks: int, algorithm: str) -> float:
         algorithm, 2 * (p - 1) / p * n)
 
 
-def splits_k(m: int, k: int, n: int) -> bool:
+def splits_k(m: int, k: int, n: int, impl: str = "torch_matmul") -> bool:
     """Whether the library splits K and launches a reduce after the GEMM: a deep K and an output too small
-    to fill the SMs with tiles (cuBLAS's choice on H200, read from the measured launch counts)."""
+    to fill the SMs with tiles (cuBLAS's choice on H200, read from the measured launch counts; with a bias
+    epilogue, `torch_addmm`, its own rule in output tiles)."""
+    if impl == "torch_addmm":
+        return k >= BIAS_SPLIT_K_DEPTH and -(-n // 64) * -(-m // 32) < BIAS_SPLIT_TILES
     return k >= SPLIT_K_DEPTH and m * n <= SPLIT_K_OUTPUT
 
 
@@ -396,7 +404,7 @@ def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float,
         out = kernel.write_bytes
         f["bytes"] -= out
         f["out_bytes"] = float(out)
-        split = splits_k(m, k, n)
+        split = splits_k(m, k, n, law.impl)
         f["narrow_k"] = k / 1000.0 if n <= NARROW_N and not split else 0.0
         f["split_k"] = float(split)
         f["flops"] = tiled_gemm_flops(m, k, n, sms)  # whole tiles, in waves
@@ -461,9 +469,11 @@ def role_of(kernel: Kernel) -> tuple[str | None, str]:
         return (c.op, "") if ok else (None, "")
     if c is not None:
         return None, ""
-    if fam == "gemm":
-        ok = len(kernel.weights) == 1 and len(kernel.weights[0].shape) == 2 and kernel.flops > 0
-        return ("gemm", "") if ok else (None, "")
+    if fam == "gemm":  # a 2-D weight, and a bias of its N outputs where the GEMM adds one (gpt-oss)
+        w = kernel.weights
+        ok = w and len(w[0].shape) == 2 and kernel.flops > 0
+        bias = len(w) == 2 and w[1].shape == (w[0].shape[1],)
+        return (("gemm.bias" if bias else "gemm"), "") if ok and (len(w) == 1 or bias) else (None, "")
     if fam == "moe":
         if not (kernel.weights and len(kernel.weights[0].shape) == 3 and kernel.group_rows):
             return None, ""

@@ -88,9 +88,10 @@ def _gemm(r: dict) -> Kernel:
     kind = _plan_kind(r) if r["plan_key"] and r["model"] else "gemm"
     out = "fp32" if r["variant"] == "out_fp32" else "bf16"
     M, K, N = r["M"], r["K"], r["N"]
+    bias = (_act("b", N),) if r["impl"] == "torch_addmm" else ()  # y = x W^T + b: the bias epilogue reads N
     return Kernel(r["plan_key"] or "gemm", r["impl"], kind, family="gemm",
                   reads=(_act("x", M, K),), writes=(_act("y", M, N, dtype=out),),
-                  weights=(_act("w", K, N),), flops=2 * M * K * N)
+                  weights=(_act("w", K, N),) + bias, flops=2 * M * K * N)
 
 
 def _plan_kind(r: dict) -> str:

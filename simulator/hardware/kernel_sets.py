@@ -90,7 +90,7 @@ class Fit:
 
 
 # The roles a set maps to measured implementations, and what a kernel must be to take one.
-ROLES = ("gemm", "moe.mxfp4", "moe.bf16", "moe.fp8", "kda.split_v", "kda.per_head", "mla", "gqa", "small",
+ROLES = ("gemm", "gemm.bias", "moe.mxfp4", "moe.bf16", "moe.fp8", "kda.split_v", "kda.per_head", "mla", "gqa", "small",
          "all_reduce", "reduce_scatter", "all_gather")
 # Ranges every fitted constant must lie in, by the unit of its regressor: a byte term between 1 GB/s and
 # 20 TB/s (above any H200 HBM or L2 rate: written bytes may land in L2), a FLOP term between 1 TFLOP/s
