@@ -13,7 +13,9 @@ layer_replay's machinery: `--layers` layers back to back with their own weights,
 CUDA graph, timed over layer_replay.REPLAYS replays, one replay traced and trimmed (capture_traces.trim); each
 configuration appends its row to OUT/replays.csv and its trace to OUT/traces.tar as it finishes. Then
 (`--kernel-rows`) the two matmul_ogs launches alone across batch, as kernel rows (OUT/ogs_rows.csv): the
-same calls, weights rotated over slots that hold >= 4 x L2, routing made once outside the graph.
+same calls, weights rotated over slots that hold >= 4 x L2, routing made once outside the graph. Or
+(`--ogs-points`) the production rows of matmul_ogs (points.ogs_points: fc1, and fc2's matmul without its scatter,
+at exactly U experts) into OUT/moe.csv, the production CSV's columns.
 
 plan key           launched (vllm 0.33.0 sources, loaded from DIR at run time; stand-ins labelled)
 input_norm,        vLLM's Triton _attn_res_kernel with no blocks = residual add + RMSNorm (stand-in for the
@@ -444,6 +446,68 @@ def ogs_rows(torch, kernels: Kernels, tp: int, out: Path) -> None:
             print(json.dumps(row), flush=True)
 
 
+def exact_route(torch, kernels: Kernels, m: int, experts: int, top_k: int, u: int, seed: int):
+    """triton_kernels' routing of M tokens onto exactly U of the rank's experts (every one used, fam_moe.routing's
+    ids placed on a seeded choice of U): logits high on each token's chosen experts, low elsewhere."""
+    import numpy as np
+    from fam_moe import routing as chosen_ids
+    ids = chosen_ids(m, top_k, u, seed)
+    pick = np.random.default_rng(seed).permutation(experts)[:u]
+    logits = torch.full((m, experts), -8.0, device="cuda", dtype=torch.float32)
+    rows = torch.arange(m, device="cuda")[:, None]
+    cols = torch.as_tensor(pick[ids], device="cuda")
+    logits[rows, cols] = 8.0 + torch.rand(m, top_k, device="cuda")
+    route = kernels.routing(logits.to(torch.bfloat16), top_k, sm_first=False)
+    touched = int(route[0].expt_hist.gt(0).sum())
+    if touched != u:
+        raise RuntimeError(f"routing touched {touched} experts, not U={u}")
+    return route
+
+
+def ogs_point(p, torch, kernels: Kernels) -> dict:
+    """A production point of matmul_ogs (points.ogs_points), timed cold: fc1 as vLLM calls it (gather, fused
+    SwiGLU), or fc2's matmul alone (no scatter: its reduce is the plan's finalize), over expert sets rotated on
+    slots holding >= 4 x L2, the route made once outside the graph."""
+    from harness import kernel_names, time_cold
+    from simulator.cost.measured import point_kernel
+    from simulator.cost.validate import normalise
+    plan = plan_of(p.tp, 1, 1720, 0)
+    fc1 = plan.kernel("fc1")
+    e, (_, d, two_f), top_k = fc1.weights[1].shape[0], fc1.weights[0].shape, fc1.writes[0].shape[1]
+    f = padded(two_f // 2)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    route = exact_route(torch, kernels, p.M, e, top_k, p.U, seed=p.M)
+    x = torch.randn(p.M, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    h = torch.randn(1, p.M * top_k, f, device="cuda", dtype=torch.bfloat16, generator=gen)
+    y = torch.empty(1, p.M * top_k, d, device="cuda", dtype=torch.bfloat16)
+
+    def make_calls(slots: int) -> list:
+        sets = [Experts(torch, kernels, e, d, f, gen) for _ in range(slots)]
+        if p.plan_key == "fc1":
+            return [lambda s=s: s.fc1(x, route, h) for s in sets]
+        rd = route[0]
+        return [lambda s=s: kernels.ogs.matmul_ogs(h.view(-1, f), s.w2, s.b2, rd, precision_config=s.pc2, y=y)
+                for s in sets]
+
+    res, calls = time_cold(torch, make_calls, point_kernel(normalise(p.row())).hbm_bytes, max_slots=OGS_SLOTS)
+    return {**res, "kernel_names": kernel_names(torch, calls[0])}
+
+
+def ogs_production_rows(torch, kernels: Kernels, out: Path, budget_s: float) -> dict:
+    """Every points.ogs_points row into OUT/moe.csv through rows.time_points (the production columns)."""
+    import points as pts
+    from harness import environment
+    from rows import time_points
+    env = environment(torch)
+    t0 = time.time()
+    todo = pts.ogs_points()
+    done, failed = time_points(todo, lambda p: ogs_point(p, torch, kernels), torch, out / "moe.csv", env,
+                               ("package", "kernel", "stands_in_for", "kernel_names", "point_s", "cold", "flush_us"),
+                               t0, budget_s)
+    return {"points_ok": done, "points_failed": failed, "points_planned": len(todo),
+            "wall_s": round(time.time() - t0, 1)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--carry", type=Path, required=True, help="the folder --unpack-from wrote")
@@ -458,6 +522,9 @@ def main() -> int:
                                              "instead of the Triton stand-in")
     ap.add_argument("--kernel-rows", action="store_true", help="also time matmul_ogs fc1 / fc2 alone per batch")
     ap.add_argument("--no-replays", action="store_true", help="only the kernel rows")
+    ap.add_argument("--ogs-points", action="store_true",
+                    help="instead of the replays: matmul_ogs's production rows (points.ogs_points) into OUT/moe.csv")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="--ogs-points: stop starting new points after this")
     args = ap.parse_args()
     if args.unpack_from:
         if not (args.unpack_from / TRITON_KERNELS).is_dir():
@@ -489,6 +556,12 @@ def main() -> int:
                                                          indent=2))
     GptOssLayer.split_kv_all = args.split_kv_all
     warm_up(torch)
+    if args.ogs_points:
+        with torch.inference_mode():
+            doc = ogs_production_rows(torch, kernels, args.out, args.budget_s)
+        (args.out / "runs.json").write_text(json.dumps({"moe_ogs": doc}, indent=2))
+        print(json.dumps(doc), flush=True)
+        return 0
     with torch.inference_mode():
         for tp, batch, context, layer_index in ([] if args.no_replays else configurations()):
             if ((args.tp and tp not in args.tp) or (args.batch and batch not in args.batch)

@@ -284,6 +284,8 @@ PRODUCTION_IMPLS = {
     "torch_rms_norm": ("torch", "torch.nn.functional.rms_norm",
                        "stand-in for _C::rms_norm (in the 92 MB _C_stable_libtorch, not carried)"),
     "torch_matmul": ("torch", "cuBLAS through torch.matmul", ""),
+    "triton_matmul_ogs": (VLLM, "triton_kernels matmul_ogs (vllm/third_party/triton_kernels), MXFP4 experts in the "
+                                "Hopper layouts: fc1 with the gather and fused SwiGLU, fc2's matmul", ""),
     "torch_linear": ("torch", "cuBLAS through F.linear on nn.Linear's [N, K] weight (vLLM's unquantized linear)", ""),
     "torch_addmm": ("torch", "cuBLAS through torch.addmm with the bias, weight [N, K] as nn.Linear holds it "
                              "(vLLM's F.linear for gpt-oss's biased projections)", ""),
@@ -329,6 +331,24 @@ def addmm_points() -> list[Point]:
                     if (K, N) not in seen:
                         seen.add((K, N))
                         pts += [Point("gemm", "torch_addmm", k.key, model, "gqa", tp, M=m, K=K, N=N) for m in ADDMM_M]
+    return pts
+
+
+OGS_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def ogs_points() -> list[Point]:
+    """gpt-oss-20b's experts on Hopper as vLLM's TRITON MXFP4 backend runs them: triton_kernels' matmul_ogs,
+    fc1 (gather + fused SwiGLU) and fc2's matmul (its scatter's reduce is the plan's `finalize`), at TP1 and
+    one TP2 rank, M tokens routed to the expected U of the rank's 32 experts (gptoss_replay.py --ogs-points)."""
+    pts = []
+    for tp in (1, 2):
+        L, F = _expert_dims("gpt-oss-20b", tp)
+        for m in OGS_BATCHES:
+            u = _expected_u("gpt-oss-20b", m)
+            pts += [Point("moe", "triton_matmul_ogs", "fc1", "gpt-oss-20b", "gqa", tp, M=m, K=L, N=2 * F, U=u,
+                          fmt="mxfp4"),
+                    Point("moe", "triton_matmul_ogs", "fc2", "gpt-oss-20b", "gqa", tp, M=m, K=F, N=L, U=u, fmt="mxfp4")]
     return pts
 
 
@@ -378,7 +398,7 @@ def production_points() -> list[Point]:
     pts += [Point("gemm", "torch_matmul", key, model, layer, tp, M=m, K=K, N=N, fmt="bf16",
                   variant="out_fp32" if out == "fp32" else "")
             for key, model, layer, tp, K, N, out in shapes for m in PROD_BATCH]
-    pts += addmm_points()
+    pts += addmm_points() + ogs_points()
     return _unique(pts)
 
 
