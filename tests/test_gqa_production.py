@@ -99,6 +99,25 @@ def test_gptoss_layers_priced_as_launched_registered_outcome():
     table = layer_table.table(folder / "predictions_launched.csv", folder, "", gptoss_table.compare)
     committed = {r["replay"]: r for r in read_rows(folder / "comparison.csv")}
     assert len(table) == 32
+    for r in table:
+        assert r["matched"] == r["plan_kernels"] and r["unmatched_measured"] == 0
+        assert float(committed[r["replay"]]["error_pct"]) == pytest.approx(r["error_pct"], abs=0.01)
+    errors = {r["replay"]: abs(r["error_pct"]) for r in table}
+    assert sum(e <= 25 for e in errors.values()) >= 30 and statistics.median(errors.values()) <= 8
+    assert all(e <= 30 for k, e in errors.items() if "-b1-" in k)
+    before = {r["replay"]: float(r["measured_us"]) for r in read_rows(DATA / "gptoss" / "fa3" / "comparison.csv")}
+    assert all(abs(r["measured_us"] / before[r["replay"]] - 1) < 0.05 for r in table)
+
+
+def test_gptoss_layers_with_the_bias_law_registered_outcome():
+    """R1 and R2 (calibration/h200/README.md, round 7), registered before a fresh run: priced as launched with the
+    bias law (fitted on its 50 kernel rows, no layer) and FA3's block bytes, all 32 within 25 %, median <= 5 %, at
+    least 24 within 10 %, every batch-1 replay within 15 %; the makespans reproduce the last run within 5 %. The
+    registered prices are the model's now (the check that none was re-registered after the run)."""
+    folder = DATA / "gptoss" / "fa3" / "round7"
+    table = layer_table.table(folder / "predictions_launched.csv", folder, "", gptoss_table.compare)
+    committed = {r["replay"]: r for r in read_rows(folder / "comparison.csv")}
+    assert len(table) == 32
     import predict_gptoss
     import predict_layers
     hw = predict_layers.as_launched(load_hardware("h200", "vllm"))  # the registered prices are the PDL-off ones
@@ -109,7 +128,9 @@ def test_gptoss_layers_priced_as_launched_registered_outcome():
         assert r["matched"] == r["plan_kernels"] and r["unmatched_measured"] == 0
         assert float(committed[r["replay"]]["error_pct"]) == pytest.approx(r["error_pct"], abs=0.01)
     errors = {r["replay"]: abs(r["error_pct"]) for r in table}
-    assert sum(e <= 25 for e in errors.values()) >= 30 and statistics.median(errors.values()) <= 8
-    assert all(e <= 30 for k, e in errors.items() if "-b1-" in k)
-    before = {r["replay"]: float(r["measured_us"]) for r in read_rows(DATA / "gptoss" / "fa3" / "comparison.csv")}
+    assert all(e <= 25 for e in errors.values()) and statistics.median(errors.values()) <= 5
+    assert sum(e <= 10 for e in errors.values()) >= 24
+    assert all(e <= 15 for k, e in errors.items() if "-b1-" in k)
+    before = {r["replay"]: float(r["measured_us"])
+              for r in read_rows(DATA / "gptoss" / "fa3" / "repeat" / "comparison.csv")}
     assert all(abs(r["measured_us"] / before[r["replay"]] - 1) < 0.05 for r in table)

@@ -46,7 +46,7 @@ def test_production_points_cover_the_grid_and_name_known_kernels():
     assert {m for _, _, m in marlin} == set(pts.PROD_M)
     fc1, fc2 = marlin[(8, "fc1", 1)], marlin[(8, "fc2", 1)]
     assert (fc1.K, fc1.N) == (fc2.N, 2 * fc2.K)  # fc1 [L -> 2F], fc2 [F -> L] of one expert shard
-    top_k = {"kimi-k3": 16, "deepseek-v3": 8}
+    top_k = {"kimi-k3": 16, "deepseek-v3": 8, "gpt-oss-20b": 4}
     assert all(top_k[p.model] <= p.U <= p.M * top_k[p.model] for p in points if p.family == "moe")
 
 

@@ -21,6 +21,9 @@ calls `features` on it, exactly as pricing calls it on a plan's kernel. Family b
               vLLM picks and the programs an SM holds of it, triton_moe_rounds and engine_tiles)
   moe W4A16   t0 + bytes c_b + tiles K N c_dq + rows K ceil(N / BLOCK_N) c_a + U c_U   (a tile dequantises its
               slab; each N-program re-reads the routed rows). fc1 and fc2 fit apart (fc2's K is short).
+  moe ogs     t0 + max(bytes c_b, waves x (K x 256 x (1/2 + 1/32) bytes c_p + BLOCK_M x K x 256 c_m))
+              (triton_kernels' matmul_ogs: one program per SM at a time, each streaming its expert's K x 256
+              MXFP4 slab and multiplying its BLOCK_M rows by it, ogs_grid)
   small       t0[kernel] + bytes c_b + (launches - 1) c_launch + sources c_src + steps c_step
                  + experts c_E + aligned rows c_row          (a floor per kernel: a top-k is not a copy)
               (what the engine launches around the plan kernel, from the kernel and the implementation set:
@@ -111,6 +114,13 @@ OWN_SORT = "vllm/third_party/triton_kernels/"
 # instead (8.4 -> 17.9 µs from M = 64 to 256, calibration/h200/small.csv), its chain and its stream adding up
 CHAIN_HIDES_STREAM = {"vllm"}
 SEQUENCE_BLOCK = 256  # features per program of vLLM's causal_conv1d_update (its BLOCK_N; grid batch x dim / 256)
+# triton_kernels' matmul_ogs on Hopper (gpt-oss's MXFP4 experts, vLLM's TRITON backend; opt_flags.py): one program
+# per BLOCK_M routed rows of an expert x 256 output columns (compute_block_n for N > 128 with the 8-warp Hopper
+# scale layout), BLOCK_M the next power of two of the rows per expert of the rank, clamped to [16, 128]; each
+# program streams its expert's K x 256 slab of 4-bit values and their 32-wide E8M0 scales
+OGS_BLOCK_N = 256
+OGS_WEIGHT_BYTES = 0.5 + 1 / 32  # per weight: a nibble and a 32nd of a one-byte scale
+DECLARED_ONLY = {"triton_matmul_ogs"}  # a measured law only the kernels that declare it take (Kernel.impl)
 COLLECTIVE_ALGORITHM = {"nccl_all_reduce": "ring", "symm_one_shot": "one_shot", "symm_two_shot": "two_shot",
                         "nccl_reduce_scatter": "reduce_scatter", "nccl_all_gather": "all_gather"}
 
@@ -303,6 +313,17 @@ def triton_moe_rounds(kernel: Kernel, impl: str, sms: int, tile: "engine_tiles.T
     return blocks * -(-n // tile.block_n) * tile.windows(k) / (sms * tile.resident(fp8))
 
 
+def ogs_grid(kernel: Kernel, sms: int) -> tuple[int, int]:
+    """(waves, BLOCK_M) of matmul_ogs programs over the SMs (one program per SM at a time: the H200 rows step with
+    ceil(programs / 132), calibration/h200/README.md round 8): expected BLOCK_M-row tiles of the touched experts
+    (expected_tiles, the block as opt_flags picks it) x 256-column blocks of N."""
+    tokens, rows, experts, _, n = moe_shape(kernel)
+    total = kernel.group_experts or experts
+    block = max(16, min(128, 1 << max(0, (max(1, rows // total) - 1).bit_length())))
+    tiles, _ = expected_tiles(tokens, rows, experts, block)
+    return math.ceil(round(tiles, 6) * -(-n // OGS_BLOCK_N) / sms), block
+
+
 def kda_shape(kernel: Kernel) -> tuple[int, int, int, int, int]:
     """(B sequences, heads, head dim H, T tokens per sequence, bytes of the states stored per token) of a KDA
     kernel: the state it reads is its one [B, heads, H, H] fp32 tensor; a verify that keeps each token's
@@ -412,6 +433,12 @@ def features(kernel: Kernel, law: "LawKey", sms: int, l2_bytes: float,
         tiles, block = moe_tiles(kernel)
         _, rows, experts, k, n = moe_shape(kernel)
         f["experts"] = float(experts)
+        if law.impl == "triton_matmul_ogs":  # waves of programs, each streaming its expert's K x 256 slab
+            _, _, _, k, _ = moe_shape(kernel)    # and multiplying its BLOCK_M rows by it
+            waves, block = ogs_grid(kernel, sms)
+            return {"t0": 1.0, "bytes": float(kernel.hbm_bytes),
+                    "program_bytes": float(waves * k * OGS_BLOCK_N * OGS_WEIGHT_BYTES),
+                    "program_rows": waves * block * k * OGS_BLOCK_N / 1e6}
         if kernel.weights[0].dtype in ("mxfp4", "nvfp4"):  # W4A16: CUDA-core work per tile, not tensor-core math
             del f["flops"]
             f["dequant"] = tiles * k * n / 1e6
@@ -499,7 +526,10 @@ def law_keys(kernel: Kernel, kset: KernelSet) -> tuple[LawKey, ...]:
     if role is None or (kernel.collective is not None and kernel.collective.ranks not in kset.ranks):
         return ()
     fam = "collective" if role in ("all_reduce", "reduce_scatter", "all_gather") else role.split(".")[0]
-    return tuple(LawKey(fam, impl, key) for impl in kset.impls_of(role))
+    impls = kset.impls_of(role)
+    if kernel.impl in impls:  # the plan says which implementation launches it (gpt-oss's experts: matmul_ogs)
+        impls = (kernel.impl,)
+    return tuple(LawKey(fam, impl, key) for impl in impls if impl not in DECLARED_ONLY or impl == kernel.impl)
 
 
 def law_us(kernel: Kernel, kset: KernelSet, sms: int, l2_bytes: float) -> float | None:

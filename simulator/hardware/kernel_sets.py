@@ -34,6 +34,7 @@ ROOFS = ((("bytes",), ("flops",)),  # a kernel's streaming against its math
          (("serial", "state_bytes", "token_state_bytes"), ("drain_bytes", "drain_state_bytes")),
          (("tile_steps",), ("cache_bytes",)),  # MLA: the grid's tile steps against streaming the cache
          (("tile_bytes",), ("cache_bytes",)),  # FA3: each program's stream of key blocks against HBM's
+         (("bytes",), ("program_bytes", "program_rows")),  # matmul_ogs: HBM against each wave of programs
          (("chain_t0", "sources"), ("stream_t0", "stream_bytes")))  # AttnRes: its chain of source reads, streaming
 
 

@@ -43,6 +43,7 @@ ALIGN = {"rocm": (256, 256), "cuda": (1, 64)}  # (hidden, intermediate per rank)
 # vllm/model_executor/layers/fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size (ROCm,
 # activation not SiTU / SiLU: 256; CUDA: the default branch, the intermediate to 64, e.g. 1440 -> 1472 at TP2)
 TILE = "16x128x256x1"  # BLOCK_M x BLOCK_N x BLOCK_K x split-K that triton_kernels picked in the MI300X trace
+IMPL = "triton_matmul_ogs"  # the measured implementation a kernel set may hold a law for (cost/laws.py)
 
 
 def takes(d: Dims, arch: str) -> bool:
@@ -114,7 +115,7 @@ def fc1(d: Dims, arch: str) -> Kernel:
     cfg, M, L, F, k = d.cfg, d.M, d.L, d.F_r, d.cfg.top_k
     w = _padded(moe._experts(d, ("w_gate", "w_up"), pad=False), arch)
     return Kernel(key="fc1", name=f"_matmul_ogs_NNT_bf16xbf16xmxfp4_{TILE}_swiglu", kind="moe", family="moe",
-                  op=ex.expert_fc1, consts=(("cfg", cfg),),
+                  impl=IMPL, group_experts=cfg.num_experts, op=ex.expert_fc1, consts=(("cfg", cfg),),
                   reads=(act("x2", M, L), act("topk.idx", M, k, dtype="int32")),
                   weights=(w,) + moe._expert_bias(d, False),
                   writes=(act("moe.h", M, k, F),),
@@ -130,7 +131,7 @@ def fc2(d: Dims, arch: str) -> Kernel:
     M, L, F, k = d.M, d.L, d.F_r, d.cfg.top_k
     w = _padded(moe._experts(d, ("w_down",), pad=False), arch)
     return Kernel(key="fc2", name=f"_matmul_ogs_NNT_bf16xbf16xmxfp4_{TILE}", kind="moe", family="moe",
-                  op=ex.expert_fc2, reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32")),
+                  impl=IMPL, group_experts=d.cfg.num_experts, op=ex.expert_fc2, reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32")),
                   weights=(w,) + moe._expert_bias(d, True), writes=(act("moe.slots", M, k, L),),
                   flops=lin.gemm_flops(M * k, F, L),
                   math=moe.expert_math(d), group_rows=M * k, group_tokens=M, source=TK + "matmul_ogs.py:matmul_ogs",
