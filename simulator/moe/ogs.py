@@ -131,7 +131,8 @@ def fc2(d: Dims, arch: str) -> Kernel:
     M, L, F, k = d.M, d.L, d.F_r, d.cfg.top_k
     w = _padded(moe._experts(d, ("w_down",), pad=False), arch)
     return Kernel(key="fc2", name=f"_matmul_ogs_NNT_bf16xbf16xmxfp4_{TILE}", kind="moe", family="moe",
-                  impl=IMPL, group_experts=d.cfg.num_experts, op=ex.expert_fc2, reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32")),
+                  impl=IMPL, group_experts=d.cfg.num_experts, op=ex.expert_fc2,
+                  reads=(act("moe.h", M, k, F), act("topk.idx", M, k, dtype="int32")),
                   weights=(w,) + moe._expert_bias(d, True), writes=(act("moe.slots", M, k, L),),
                   flops=lin.gemm_flops(M * k, F, L),
                   math=moe.expert_math(d), group_rows=M * k, group_tokens=M, source=TK + "matmul_ogs.py:matmul_ogs",
