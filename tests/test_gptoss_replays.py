@@ -101,9 +101,10 @@ def test_committed_comparisons_are_what_the_traces_and_predictions_give(table):
 
 def test_the_figures_docs_quote(table):
     """docs/gpt-oss.md: with the measured (vllm) laws the median |error| is ~11 % (15 of 32 within 10 %, 23
-    within 25 %); the datasheet set under-predicts every replay, median ~41 %; the matmul_ogs experts land
-    within 8 % from batch 32 on and miss by +45 to +70 % at batch 1; the three worst misses are full layers at
-    8,192 positions and batch >= 32, where the Triton stand-in's decode runs far behind the law."""
+    within 25 %); the datasheet set under-predicts every replay, median ~41 %; the matmul_ogs experts, with
+    their own law (round 8; the makespans above were registered with Marlin's), land within 13 % in all but one
+    replay; the three worst misses are full layers at 8,192 positions and batch >= 32, where the Triton stand-in's
+    decode runs far behind the law."""
     vllm = {r["replay"]: r for r in table if r["kernel_set"] == "vllm"}
     sheet = {r["replay"]: r for r in table if r["kernel_set"] == "datasheet"}
     errs = [abs(r["error_pct"]) for r in vllm.values()]
@@ -111,12 +112,8 @@ def test_the_figures_docs_quote(table):
     assert sum(e <= 10 for e in errs) == 15 and sum(e <= 25 for e in errs) == 23
     assert all(r["error_pct"] > 0 for r in sheet.values())
     assert 40 <= statistics.median(r["error_pct"] for r in sheet.values()) <= 42
-    for name, r in vllm.items():
-        b = int(name.split("-b")[1].split("-")[0])
-        if b >= 32:
-            assert abs(r["moe_error_pct"]) <= 8, name
-        if b == 1:
-            assert 45 <= r["moe_error_pct"] <= 70, name
+    moe = sorted(abs(r["moe_error_pct"]) for r in vllm.values())
+    assert moe[-2] <= 13 and moe[-1] <= 30
     worst = sorted(vllm, key=lambda n: vllm[n]["error_pct"])[-3:]
     assert all(n.endswith("-c8192-l1") and vllm[n]["gqa_error_pct"] > 60 for n in worst)
 
