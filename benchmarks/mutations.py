@@ -87,7 +87,7 @@ MUTATIONS = [
              'stream="aux", deps=deps, reads=(act("x2", M, D),)', 'stream="main", deps=deps, reads=(act("x2", M, D),)',
              "the stock latent down-projection leaves the aux stream"),
     Mutation("fc1_dependency", "simulator/moe/fused.py",
-             'moe.fc1(d, deps=("latent_down",) if cfg.latent_dim else ())', "moe.fc1(d, deps=())",
+             'deps = ("latent_down",) if cfg.latent_dim else ()', "deps = ()",
              "FC1 no longer waits for the aux-stream latent it reads"),
     Mutation("shared_overlap_dependency", "simulator/moe/fused.py",
              'stream, deps = ("aux", (x2_from,)) if "shared_overlap" in on else ("main", ())',

@@ -80,7 +80,7 @@ def test_gzip_trace_reads_like_the_plain_one(tmp_path: Path) -> None:
 def test_table_output_names_the_unmatched_sides(tmp_path: Path) -> None:
     path = _trace(tmp_path, *SHAPE, "--variant", "standard")
     r = runner.invoke(app, ["compare-trace", str(path), *SHAPE])
-    assert r.exit_code == 0 and "matched 21 kernels" in r.output and "unmatched plan kernels" in r.output
+    assert r.exit_code == 0 and "matched 22 kernels" in r.output and "unmatched plan kernels" in r.output
 
 
 def test_plot_draws_measured_under_model(tmp_path: Path) -> None:

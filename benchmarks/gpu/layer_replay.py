@@ -311,6 +311,9 @@ class Layer:
     def k_fc2(self, k):
         return self._moe()["fc2"]
 
+    def k_moe_act(self, k):  # the routed rows' activation, its own launch on Hopper (plan kernel moe_act)
+        return self._moe()["moe_act"]
+
     def k_finalize(self, k):
         y = self.buf(k.reads[0])
         out = self.buf(k.writes[0])
@@ -399,8 +402,8 @@ class Layer:
         a2 = torch.randn(m * top_k, f, device="cuda", dtype=torch.bfloat16, generator=self.gen)
         out = self.buf(self.plan.kernel("fc2").writes[0]).view(m * top_k, big_l)
         return {"align": align,
-                "fc1": [fp._marlin_call(self.wheel, torch, "fc1", a1, h, w1, s1, routed, m, big_l, two_f, ws),
-                        self._act(m * top_k, f)],
+                "fc1": [fp._marlin_call(self.wheel, torch, "fc1", a1, h, w1, s1, routed, m, big_l, two_f, ws)],
+                "moe_act": [self._act(m * top_k, f)],
                 "fc2": [fp._marlin_call(self.wheel, torch, "fc2", a2, out, w2, s2, routed, m, f, big_l, ws)]}
 
     def _triton_fp8(self) -> dict[str, list]:
@@ -412,7 +415,7 @@ class Layer:
         f = two_f // 2
         e, top_k = 256, ROUTING[self.model]["top_k"]
         align, ids, weights, _ = self._align()
-        out: dict[str, list] = {"align": align, "fc1": [], "fc2": []}
+        out: dict[str, list] = {"align": align, "fc1": [], "moe_act": [self._act(m * top_k, f)], "fc2": []}
         for key, kk, n in (("fc1", big_l, two_f), ("fc2", f, big_l)):
             p = Point("moe", "vllm_triton_moe_fp8", key, self.model, "mla", TP, M=m, K=kk, N=n, U=ids.unique().numel(),
                       fmt="fp8")
@@ -420,8 +423,6 @@ class Layer:
             w, w_scale = fp._triton_moe_weights(torch, p, e)
             call = fp._triton_moe_call(torch, self.wheel, p, w, w_scale, ids, weights, cfg, e, top_k)[0]
             out[key].append(call)
-            if key == "fc1":
-                out[key].append(self._act(m * top_k, f))
         return out
 
 

@@ -120,7 +120,10 @@ SEQUENCE_BLOCK = 256  # features per program of vLLM's causal_conv1d_update (its
 # program streams its expert's K x 256 slab of 4-bit values and their 32-wide E8M0 scales
 OGS_BLOCK_N = 256
 OGS_WEIGHT_BYTES = 0.5 + 1 / 32  # per weight: a nibble and a 32nd of a one-byte scale
-DECLARED_ONLY = {"triton_matmul_ogs"}  # a measured law only the kernels that declare it take (Kernel.impl)
+DECLARED_ONLY = {"triton_matmul_ogs"}
+# small plan kernels that launch what another plan kernel's measured rows launch: the routed experts' activation on
+# Hopper is the same _C activation kernel as the shared expert's (the replays' SiTU-and-mul stand-in for both)
+SAME_LAUNCH = {"moe_act": "shared_act"}  # a measured law only the kernels that declare it take (Kernel.impl)
 COLLECTIVE_ALGORITHM = {"nccl_all_reduce": "ring", "symm_one_shot": "one_shot", "symm_two_shot": "two_shot",
                         "nccl_reduce_scatter": "reduce_scatter", "nccl_all_gather": "all_gather"}
 
@@ -517,7 +520,7 @@ def role_of(kernel: Kernel) -> tuple[str | None, str]:
         return ("mla", "") if ok else (None, "")
     if fam == "gqa":  # a measured law once a GPU's kernel set holds one; the datasheet law until then
         return ("gqa", "") if "gqa" in ROLES and len(kernel.reads) > 3 else (None, "")
-    return "small", kernel.key
+    return "small", SAME_LAUNCH.get(kernel.key, kernel.key)
 
 
 def law_keys(kernel: Kernel, kset: KernelSet) -> tuple[LawKey, ...]:

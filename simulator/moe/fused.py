@@ -1,8 +1,8 @@
 """vLLM's FusedMoE: the MoE path of every layer the other paths do not take (DeepSeek-V3, Qwen3-MoE, Mixtral,
 gpt-oss on Blackwell; Kimi K3 on Hopper and above the tier-0 tail's 128 tokens).
 
-    standard     router | [latent down-projection (aux)] | [shared gate_up -> act -> down] | top-k | FC1 -> FC2 ->
-                 finalize | classic tail: routed + shared partial -> all-reduce
+    standard     router | [latent down-projection (aux)] | [shared gate_up -> act -> down] | top-k | FC1 [-> act on
+                 Hopper] -> FC2 -> finalize | classic tail: routed + shared partial -> all-reduce
                           | latent tail: concat -> all-reduce -> latent norm -> latent up -> add shared
     specialized  split router GEMM -> all-gather + top-k | shared gate_up+act -> down (aux) | FC1 ->
                  FC2 + finalize | AR + norm + RS -> sharded up + add + all-gather (each under its fusion)
@@ -14,17 +14,50 @@ Dimension legend: M tokens, D hidden, L latent (expert input width).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from simulator.ops import experts as ex
 from simulator.ops import norm, pointwise
 from simulator.ops import linear as lin
+from simulator.ops.fused_experts import expert_gate_up
 from simulator.plans import moe_kernels as moe
 from simulator.plans.common import PLAIN, Dims, Launch, act, all_reduce_kernel, context_free, post_norm_key, weight
 from simulator.plans.fuse import cite
 from simulator.plans.kernel import K3, Kernel
 
 
+# Hopper: the Triton fused_moe (bf16, block FP8) and Marlin (MXFP4) experts launch the gate+up GEMM, then the
+# activation as its own kernel, then the down GEMM (vLLM 0.33.0)
+HOPPER_MOE = moe.FUSED_MOE + "fused_moe.py:fused_experts_impl"
+HOPPER_ACT = moe.FUSED_MOE + "activation.py:apply_moe_activation"
+
+
 def takes(d: Dims, arch: str) -> bool:
     """Every MoE layer (the registry tries this path last)."""
     return True
+
+
+# ===================================================================== Hopper's experts: the activation apart
+@context_free
+def fc1_gate_up(d: Dims, deps: tuple[str, ...] = ()) -> Kernel:
+    """FC1 as Hopper's Triton fused_moe and Marlin MoE launch it: the gate+up grouped GEMM alone, its [M, k, 2F]
+    product written for the activation launch that follows (moe_act)."""
+    M, F, k = d.M, d.F_r, d.cfg.top_k
+    return replace(moe.fc1(d, deps=deps), name="fused_moe_kernel_gate_up", op=expert_gate_up, consts=(),
+                   writes=(act("moe.gu", M, k, 2 * F),), flops=lin.gemm_flops(M * k, d.L, 2 * F), source=HOPPER_MOE,
+                   note=f"grouped GEMM over the U(M) = {moe.expected_experts(d)} touched experts' TP shards; the "
+                        "activation is the next launch")
+
+
+@context_free
+def moe_act(d: Dims) -> Kernel:
+    """The routed experts' activation as its own launch (vLLM's apply_moe_activation on Hopper: _C's
+    silu_and_mul, or K3's situ_and_mul), over the M k routed rows."""
+    cfg, M, F, k = d.cfg, d.M, d.F_r, d.cfg.top_k
+    return Kernel(key="moe_act", name=f"{cfg.hidden_act}_and_mul", kind="pointwise", family="small",
+                  op=ex.glu_product, consts=(("cfg", cfg),), reads=(act("moe.gu", M, k, 2 * F),),
+                  writes=(act("moe.h", M, k, F),), flops=ex.glu_flops(M * k, F, cfg.hidden_act), source=HOPPER_ACT,
+                  note="activation and multiply of the routed rows between the two expert GEMMs, a separate kernel")
 
 
 # ===================================================================== the unfused tails
@@ -93,7 +126,12 @@ def standard(d: Dims, c1: Launch, arch: str = "sm100") -> list[Kernel]:
         kernels.append(moe.latent_down(d, deps=(post_norm_key(d),)))
     if cfg.num_shared_experts:
         kernels += moe.gated_mlp(d, "shared", d.S_r, "shared expert (V-LMR: not reduced until the latent tail)")
-    kernels += [moe.topk(d), moe.fc1(d, deps=("latent_down",) if cfg.latent_dim else ()), moe.fc2(d), moe.finalize(d)]
+    deps = ("latent_down",) if cfg.latent_dim else ()
+    if arch == "sm90":  # Triton fused_moe / Marlin: the activation is a launch of its own (fused_experts_impl)
+        experts = [fc1_gate_up(d, deps=deps), moe_act(d)]
+    else:  # trtllm-gen on Blackwell: the activation in FC1's epilogue
+        experts = [moe.fc1(d, deps=deps)]
+    kernels += [moe.topk(d)] + experts + [moe.fc2(d), moe.finalize(d)]
     return kernels + (latent_tail(d) if cfg.latent_dim else classic_tail(d))
 
 
