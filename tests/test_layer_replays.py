@@ -249,3 +249,19 @@ def test_round5_registered_outcome_after_the_tile_and_attn_res_laws():
     assert max(abs(r["error_pct"]) for r in table) < 10
     assert statistics.median(abs(r["error_pct"]) for r in table) <= 4
     assert abs(next(r["error_pct"] for r in table if r["replay"] == "mla-b8t4")) <= 8
+
+
+def test_round9_registered_outcome_with_hoppers_activation_launch():
+    """L2 and L3 (calibration/h200/README.md, round 9), registered before a fresh run with the activation between
+    the expert GEMMs a plan kernel of its own (moe_act): 12 of 12 within 10 %, median |error| <= 4 %, every plan
+    kernel matched to a launch of its own, none unmatched; the makespans reproduce round 5's within 5 %."""
+    table = layer_table.table(LAYERS_DIR / "predictions_round9_launched.csv", LAYERS_DIR / "round9", "")
+    committed = {r["replay"]: r for r in read_rows(LAYERS_DIR / "round9" / "comparison.csv")}
+    before = {r["replay"]: float(r["measured_us"]) for r in read_rows(LAYERS_DIR / "round5" / "comparison.csv")}
+    assert len(table) == 12
+    for r in table:
+        assert r["matched"] == r["plan_kernels"] and r["unmatched_measured"] == r["unmatched_plan"] == 0
+        assert float(committed[r["replay"]]["error_pct"]) == pytest.approx(r["error_pct"], abs=0.01)
+        assert abs(r["measured_us"] / before[r["replay"]] - 1) < 0.05
+    assert max(abs(r["error_pct"]) for r in table) < 10
+    assert statistics.median(abs(r["error_pct"]) for r in table) <= 4
