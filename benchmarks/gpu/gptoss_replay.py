@@ -180,6 +180,13 @@ def mxfp4_experts(torch, kernels: Kernels, experts: int, k: int, n: int, gen) ->
     return w, pc
 
 
+def expert_dims(plan) -> tuple[int, int, int, int]:
+    """(experts of the rank, hidden D, the plan's gate+up width 2F, top-k) of a gpt-oss plan's fc1: its bias holds
+    every expert of the rank, its weight [U, D, 2F], its output [M, k, F]."""
+    fc1 = plan.kernel("fc1")
+    return fc1.weights[1].shape[0], fc1.weights[0].shape[1], fc1.weights[0].shape[2], fc1.writes[0].shape[1]
+
+
 def padded(f: int) -> int:
     """The expert hidden vLLM allocates for the TRITON backend on CUDA: rounded up to 64
     (oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size): 2880 stays, 1440 (TP2) -> 1472."""
@@ -374,9 +381,7 @@ class GptOssLayer(Layer):
 
     def _experts(self) -> Experts:
         if "experts" not in self.__dict__:
-            fc1 = self.plan.kernel("fc1")
-            e = fc1.weights[1].shape[0]  # the bias holds every expert of the rank
-            _, d, two_f = fc1.weights[0].shape
+            e, d, two_f, _ = expert_dims(self.plan)
             self.experts = Experts(self.torch, self.kt, e, d, padded(two_f // 2), self.gen)
         return self.experts
 
@@ -416,9 +421,7 @@ def ogs_rows(torch, kernels: Kernels, tp: int, out: Path) -> None:
     """matmul_ogs fc1 / fc2 alone per batch (OGS_BATCHES): rotated over slots of distinct experts that hold
     >= 4 x L2, routing from random logits made once; one row per kernel and batch, appended as it finishes."""
     from harness import kernel_names, time_graph
-    plan = plan_of(tp, 1, 1720, 0)
-    fc1 = plan.kernel("fc1")
-    e, (_, d, two_f), top_k = fc1.weights[1].shape[0], fc1.weights[0].shape, fc1.writes[0].shape[1]
+    e, d, two_f, top_k = expert_dims(plan_of(tp, 1, 1720, 0))
     f = padded(two_f // 2)
     gen = torch.Generator(device="cuda").manual_seed(7)
     slots = [Experts(torch, kernels, e, d, f, gen) for _ in range(OGS_SLOTS)]
@@ -471,9 +474,7 @@ def ogs_point(p, torch, kernels: Kernels) -> dict:
     from harness import kernel_names, time_cold
     from simulator.cost.measured import point_kernel
     from simulator.cost.validate import normalise
-    plan = plan_of(p.tp, 1, 1720, 0)
-    fc1 = plan.kernel("fc1")
-    e, (_, d, two_f), top_k = fc1.weights[1].shape[0], fc1.weights[0].shape, fc1.writes[0].shape[1]
+    e, d, two_f, top_k = expert_dims(plan_of(p.tp, 1, 1720, 0))
     f = padded(two_f // 2)
     gen = torch.Generator(device="cuda").manual_seed(11)
     route = exact_route(torch, kernels, p.M, e, top_k, p.U, seed=p.M)

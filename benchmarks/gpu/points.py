@@ -322,15 +322,27 @@ def addmm_points() -> list[Point]:
     """The GEMMs with a bias of gpt-oss-20b and -120b (qkv, o_proj, router) at TP1-8: cuBLAS through torch.addmm
     on nn.Linear's [N, K] weight, as vLLM's unquantized linear calls it (F.linear with the bias). The two models
     share their attention shapes; the routers differ (32 and 128 experts)."""
+    sources = [(model, tp) for model in ("gpt-oss-20b", "gpt-oss-120b") for tp in (1, 2, 4, 8)]
+    return _plan_gemm_points("torch_addmm", sources, ADDMM_M, bias=True, per_model=False)
+
+
+def _plan_gemm_points(impl: str, sources, ms: tuple[int, ...], bias: bool, per_model: bool) -> list[Point]:
+    """`impl`'s points at each M of `ms` for every GEMM of a 2-D weight (and a bias of its N outputs, where `bias`)
+    in the standard plans of `sources` ((model, TP) pairs, each at its own layer type): the first plan kernel of
+    each shape wins, the shape counted per model where `per_model`."""
     pts, seen = [], set()
-    for model in ("gpt-oss-20b", "gpt-oss-120b"):
-        for tp in (1, 2, 4, 8):
-            for k in _plan(model, "standard", tp, 1, 1, 512, "gqa"):
-                if k.family == "gemm" and len(k.weights) == 2 and len(k.weights[1].shape) == 1:
-                    K, N = k.weights[0].shape
-                    if (K, N) not in seen:
-                        seen.add((K, N))
-                        pts += [Point("gemm", "torch_addmm", k.key, model, "gqa", tp, M=m, K=K, N=N) for m in ADDMM_M]
+    for model, tp in sources:
+        layer = _layer_of(model)
+        for k in _plan(model, "standard", tp, 1, 1, 512, layer):
+            w = k.weights
+            if (k.family != "gemm" or len(w) != 1 + bias or len(w[0].shape) != 2
+                    or (bias and w[1].shape != (w[0].shape[1],))):
+                continue
+            K, N = w[0].shape
+            shape = (model, K, N) if per_model else (K, N)
+            if shape not in seen:
+                seen.add(shape)
+                pts += [Point("gemm", impl, k.key, model, layer, tp, M=m, K=K, N=N) for m in ms]
     return pts
 
 
@@ -453,15 +465,9 @@ def other_model_points() -> list[Point]:
     their dense GEMMs (cuBLAS), their experts (Triton fused_moe, vLLM's tuned H200 tile for their E and N) and
     their decode attention (FlashAttention 3, head dim 128, no sinks, no window). None of these shapes is in the
     grid the laws were fitted on."""
-    pts, seen = [], set()
+    pts = _plan_gemm_points("torch_matmul", OTHER_MODELS, OTHER_GEMM_M, bias=False, per_model=True)
     for model, tp in OTHER_MODELS:
         layer = _layer_of(model)
-        for k in _plan(model, "standard", tp, 1, 1, 512, layer):
-            if k.family == "gemm" and len(k.weights) == 1 and len(k.weights[0].shape) == 2:
-                K, N = k.weights[0].shape
-                if (model, K, N) not in seen:
-                    seen.add((model, K, N))
-                    pts += [Point("gemm", "torch_matmul", k.key, model, layer, tp, M=m, K=K, N=N) for m in OTHER_GEMM_M]
         L, F = _expert_dims(model, tp)
         for m in OTHER_MOE_M:
             u = _expected_u(model, m)

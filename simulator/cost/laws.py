@@ -73,7 +73,7 @@ import numpy as np
 
 import simulator.cost.engine_tiles as engine_tiles
 from simulator.hardware.kernel_sets import ROLES, KernelSet
-from simulator.plans.kernel import Kernel
+from simulator.plans.kernel import DTYPE_BYTES, Kernel
 
 MLA_TILE = 64  # cache slots per tile of a split-KV decode kernel
 # query rows (tokens x heads of a sequence) one program of an MLA decode kernel holds: the suite's Triton
@@ -120,10 +120,10 @@ SEQUENCE_BLOCK = 256  # features per program of vLLM's causal_conv1d_update (its
 # program streams its expert's K x 256 slab of 4-bit values and their 32-wide E8M0 scales
 OGS_BLOCK_N = 256
 OGS_WEIGHT_BYTES = 0.5 + 1 / 32  # per weight: a nibble and a 32nd of a one-byte scale
-DECLARED_ONLY = {"triton_matmul_ogs"}
+DECLARED_ONLY = {"triton_matmul_ogs"}  # a measured law only the kernels that declare it take (Kernel.impl)
 # small plan kernels that launch what another plan kernel's measured rows launch: the routed experts' activation on
 # Hopper is the same _C activation kernel as the shared expert's (the replays' SiTU-and-mul stand-in for both)
-SAME_LAUNCH = {"moe_act": "shared_act"}  # a measured law only the kernels that declare it take (Kernel.impl)
+SAME_LAUNCH = {"moe_act": "shared_act"}
 COLLECTIVE_ALGORITHM = {"nccl_all_reduce": "ring", "symm_one_shot": "one_shot", "symm_two_shot": "two_shot",
                         "nccl_reduce_scatter": "reduce_scatter", "nccl_all_gather": "all_gather"}
 
@@ -216,7 +216,7 @@ def fa3_block_bytes(kernel: Kernel) -> int:
     law's term is in bytes, not steps, and a head dim of 128 (Qwen3-MoE, Mixtral) costs twice gpt-oss's 64
     (calibration/h200/production/others: 1.9 µs a block against 1.0)."""
     pool = kernel.reads[1]
-    return 2 * FA3_BLOCK_N * pool.shape[-1] * pool.nbytes // max(1, math.prod(pool.shape))
+    return int(2 * FA3_BLOCK_N * pool.shape[-1] * DTYPE_BYTES[pool.dtype])
 
 
 def gqa_chain_us(kernel: Kernel, sms: int, cta_bandwidth: float) -> float:
